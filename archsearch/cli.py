@@ -1,0 +1,257 @@
+"""The `archsearch` command line: a thin layer over the library.
+
+Data goes to stdout (a table, or JSON with `--json`), messages to stderr. A user error (an
+`ArchsearchError`) becomes one line, `error: ...`, and exit code 2; a bug keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from typer.core import TyperGroup
+
+from archsearch.errors import ArchsearchError, ConfigError
+from archsearch.space import (
+    PRESETS,
+    ArchConfig,
+    cost_report,
+    load_config,
+    param_counts,
+    preset,
+    relu_feature_loss,
+    save_config,
+)
+from archsearch.space.knobs import DEFAULT_MULTIPLE_OF, config_from_knobs
+from archsearch.space.width import gated_d_ff
+
+EXIT_USAGE = 2  # Click's code for bad usage; archsearch uses it for every bad input
+
+
+class _Group(TyperGroup):
+    """Turns library errors into one line on stderr and exit code 2, at the command boundary."""
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ArchsearchError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(EXIT_USAGE) from None
+
+
+app = typer.Typer(
+    cls=_Group,
+    help="Hardware-aware architecture search for transformer language models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+config_app = typer.Typer(cls=_Group, help="Write and check ArchConfig JSON files.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")]
+
+
+def _stdout() -> Console:
+    # Piped output gets a wide fixed width instead of rich's 80 columns, so rows do not wrap.
+    console = Console(highlight=False)
+    return console if console.is_terminal else Console(highlight=False, width=160)
+
+
+def _print_json(obj: Any) -> None:
+    typer.echo(json.dumps(obj, indent=2))
+
+
+def _si(value: float, unit: str = "") -> str:
+    """`124439808` -> `124.4M`: short magnitudes for tables (JSON keeps exact numbers)."""
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.4g}{prefix}{unit}"
+    return f"{value:.4g}{unit}"
+
+
+def describe(cfg: ArchConfig) -> str:
+    """A one-line summary of a shape, for tables and logs."""
+    parts = [
+        f"d_model {cfg.d_model}",
+        f"{cfg.n_layers} layers (aspect {cfg.aspect_ratio:.4g})",
+        f"{cfg.n_heads}x{cfg.head_dim} heads, {cfg.n_kv_heads} kv ({cfg.attention_layout})",
+        f"d_ff {cfg.d_ff} ({cfg.d_ff_ratio:.3g}x {cfg.activation})",
+        f"{cfg.norm_placement} {cfg.norm}",
+        f"{cfg.pos_embedding} positions",
+    ]
+    flags = [name for name in ("parallel_block", "bias", "tie_embeddings", "qk_norm") if getattr(cfg, name)]
+    return ", ".join(parts + flags)
+
+
+def _resolve_config(path: Path | None, preset_name: str | None) -> ArchConfig:
+    if (path is None) == (preset_name is None):
+        raise ConfigError("give a CONFIG file or --preset NAME (exactly one)")
+    return load_config(path) if path is not None else preset(preset_name)  # type: ignore[arg-type]
+
+
+@app.command()
+def cost(
+    config: Annotated[Path | None, typer.Argument(help="ArchConfig JSON file.")] = None,
+    preset_name: Annotated[str | None, typer.Option("--preset", help="A built-in shape.")] = None,
+    dtype: Annotated[str, typer.Option(help="Dtype for weight and KV-cache bytes.")] = "bf16",
+    as_json: JsonFlag = False,
+) -> None:
+    """Exact parameters, FLOPs per token and memory of one shape."""
+    cfg = _resolve_config(config, preset_name)
+    report = cost_report(cfg, dtype)
+    if as_json:
+        _print_json({"config": cfg.to_dict(), **report})
+        return
+    table = Table()
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    table.add_column("exact", justify="right")
+    rows = [
+        ("params total", "params_total", ""),
+        ("  non-embedding", "params_non_embedding", ""),
+        ("  embedding", "params_embedding", ""),
+        ("  attention", "params_attention", ""),
+        ("  mlp", "params_mlp", ""),
+        ("  norms", "params_norms", ""),
+        ("  lm head (untied)", "params_head", ""),
+        ("forward / token", "flops_forward_per_token", "FLOP"),
+        ("  causal", "flops_forward_per_token_causal", "FLOP"),
+        ("train / token (3x fwd)", "flops_train_per_token", "FLOP"),
+        (f"weights ({dtype})", "weight_bytes", "B"),
+        (f"kv cache / token ({dtype})", "kv_cache_bytes_per_token", "B"),
+    ]
+    for label, key, unit in rows:
+        table.add_row(label, _si(report[key], unit), f"{report[key]:,}")
+    risk = report["relu_feature_loss_log10"]
+    if risk is not None:
+        table.add_row("relu feature loss log10 P(K<n)", f"{risk:.4g}", "")
+    console = _stdout()
+    console.print(describe(cfg))
+    console.print(table)
+    console.print(f"conventions: {report['conventions']}")
+
+
+@app.command()
+def presets(as_json: JsonFlag = False) -> None:
+    """List the built-in shapes with their exact and published parameter counts."""
+    if as_json:
+        _print_json(
+            [
+                {
+                    "name": name,
+                    "params_total": param_counts(p.config).total,
+                    "published_params": p.published_params,
+                    "source": p.source,
+                    "config": p.config.to_dict(),
+                }
+                for name, p in PRESETS.items()
+            ]
+        )
+        return
+    table = Table("name", "params", "published", "d_model", "layers", "heads", "kv", "head_dim",
+                  "d_ff", "activation", "norm", "pos")  # fmt: skip
+    for name, p in PRESETS.items():
+        c = p.config
+        published = f"{p.published_params:,}" if p.published_params is not None else "-"
+        table.add_row(
+            name, f"{param_counts(c).total:,}", published, *map(str, (c.d_model, c.n_layers, c.n_heads,
+            c.n_kv_heads, c.head_dim, c.d_ff)), c.activation, f"{c.norm_placement} {c.norm}", c.pos_embedding,
+        )  # fmt: skip
+    _stdout().print(table)
+
+
+@app.command()
+def width(
+    d_model: Annotated[int, typer.Argument(help="Residual width n.", min=1)],
+    multiple_of: Annotated[int, typer.Option(help="Round gated widths up to this.", min=1)] = 256,
+    as_json: JsonFlag = False,
+) -> None:
+    """MLP width analysis: gated parity size and the ReLU feature-loss risk by expansion ratio."""
+    rows = []
+    for ratio in (1, 2, 3, 4, 8):
+        loss = relu_feature_loss(d_model, ratio * d_model)
+        rows.append(
+            {"ratio": ratio, "d_ff": ratio * d_model, "log10_risk": loss.log10_risk, "risk": loss.risk}
+        )
+    result = {
+        "d_model": d_model,
+        "gated_d_ff": gated_d_ff(d_model, multiple_of),
+        "multiple_of": multiple_of,
+        "relu_feature_loss": rows,
+    }
+    if as_json:
+        _print_json(result)
+        return
+    typer.echo(f"gated parity d_ff (8/3 rule, multiple of {multiple_of}): {result['gated_d_ff']}")
+    table = Table("d_ff / d_model", "d_ff", "P(K < n)", "log10 P(K < n)")
+    for row in rows:
+        table.add_row(str(row["ratio"]), str(row["d_ff"]), f"{row['risk']:.4g}", f"{row['log10_risk']:.6g}")
+    _stdout().print(table)
+
+
+@config_app.command("new")
+def config_new(
+    ctx: typer.Context,
+    d_model: Annotated[int | None, typer.Option(help="Residual width.")] = None,
+    n_layers: Annotated[int | None, typer.Option(help="Blocks (or give --aspect-ratio).")] = None,
+    aspect_ratio: Annotated[float | None, typer.Option(help="d_model / n_layers.")] = None,
+    n_heads: Annotated[int | None, typer.Option(help="Query heads (default d_model / head_dim).")] = None,
+    head_dim: Annotated[int | None, typer.Option(help="Per-head width (default 64).")] = None,
+    n_kv_heads: Annotated[int | None, typer.Option(help="KV heads (default n_heads: MHA).")] = None,
+    d_ff: Annotated[int | None, typer.Option(help="MLP width (or give --d-ff-ratio).")] = None,
+    d_ff_ratio: Annotated[float, typer.Option(help="Plain-MLP ratio; gated get 2/3.")] = 4.0,
+    multiple_of: Annotated[int, typer.Option(help="Round d_ff up to this.")] = DEFAULT_MULTIPLE_OF,
+    vocab_size: Annotated[int, typer.Option(help="Vocabulary (256: bytes).")] = 256,
+    seq_len: Annotated[int, typer.Option(help="Context length.")] = 256,
+    activation: Annotated[str, typer.Option(help="relu gelu silu reglu geglu swiglu.")] = "swiglu",
+    norm: Annotated[str, typer.Option(help="layernorm or rmsnorm.")] = "rmsnorm",
+    norm_placement: Annotated[str, typer.Option(help="pre, post or sandwich.")] = "pre",
+    pos_embedding: Annotated[str, typer.Option(help="rope, learned or none.")] = "rope",
+    parallel_block: Annotated[bool, typer.Option(help="GPT-J style parallel block.")] = False,
+    bias: Annotated[bool, typer.Option(help="Biases in linears and LayerNorm.")] = False,
+    tie_embeddings: Annotated[bool, typer.Option(help="Tie LM head to embeddings.")] = False,
+    qk_norm: Annotated[bool, typer.Option(help="Norm queries and keys.")] = False,
+    from_preset: Annotated[str | None, typer.Option(help="Start from a preset; flags override.")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write here, else stdout.")] = None,
+) -> None:
+    """Write an ArchConfig JSON from flags, deriving n_layers, heads and d_ff from ratios."""
+    if from_preset is not None:
+        base = preset(from_preset).to_dict()
+        given = {n for n, v in ctx.params.items() if ctx.get_parameter_source(n).name != "DEFAULT"}
+        knobs = sorted(given - set(base) - {"from_preset", "output"})
+        if knobs:
+            flags = ", ".join("--" + k.replace("_", "-") for k in knobs)
+            raise ConfigError(f"{flags} cannot be combined with --from-preset; give the sizes")
+        cfg = ArchConfig.from_dict({**base, **{n: ctx.params[n] for n in given & set(base)}})
+    else:
+        if d_model is None:
+            raise ConfigError("--d-model is required (or start from --from-preset)")
+        cfg = config_from_knobs(
+            d_model=d_model, n_layers=n_layers, aspect_ratio=aspect_ratio, n_heads=n_heads,
+            head_dim=head_dim, n_kv_heads=n_kv_heads, d_ff=d_ff, d_ff_ratio=d_ff_ratio,
+            multiple_of=multiple_of, vocab_size=vocab_size, seq_len=seq_len, activation=activation,
+            norm=norm, norm_placement=norm_placement, pos_embedding=pos_embedding,
+            parallel_block=parallel_block, bias=bias, tie_embeddings=tie_embeddings, qk_norm=qk_norm,
+        )  # fmt: skip
+    if output is None:
+        typer.echo(cfg.to_json())
+    else:
+        save_config(cfg, output)
+        typer.echo(f"wrote {output}: {describe(cfg)}", err=True)
+
+
+@config_app.command("check")
+def config_check(config: Annotated[Path, typer.Argument(help="ArchConfig JSON file.")]) -> None:
+    """Validate a config file and summarise it."""
+    cfg = load_config(config)
+    typer.echo(f"ok: {describe(cfg)}; {param_counts(cfg).total:,} params")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,22 @@
+"""The library's error types.
+
+Every error a user can cause (a bad config, file, flag or name) is an `ArchsearchError`; the CLI
+turns it into one line on stderr and exit code 2. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class ArchsearchError(Exception):
+    """Base class of errors caused by user input, reported as one line."""
+
+
+class ConfigError(ArchsearchError, ValueError):
+    """An `ArchConfig` (or its JSON form) breaks a rule; the message names the field and rule."""
+
+
+class UnknownNameError(ArchsearchError, KeyError):
+    """A name is not in a registry; the message lists the valid names."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""

@@ -1,0 +1,231 @@
+"""The proxy transformer: a decoder-only LM built from any valid `ArchConfig`.
+
+One file, read top to bottom (nanoGPT's layout). Same code on CPU and CUDA: attention is
+`F.scaled_dot_product_attention` (causal, GQA through `enable_gqa`), no hand-written kernels.
+Parameter counts equal `space.costs.param_counts` exactly and the FLOPs that
+`torch.utils.flop_counter` measures equal `space.costs.flop_counts`; tests pin both.
+
+Shapes in comments: B batch, T sequence, C d_model, H n_heads, K n_kv_heads, D head_dim.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.flop_counter import (
+    flop_registry,
+    register_flop_formula,
+    sdpa_backward_flop_count,
+    sdpa_flop_count,
+)
+
+from archsearch.registry import Registry
+from archsearch.space.config import POSITIONS, ArchConfig
+
+ROPE_THETA = 10_000.0  # RoPE base of Su et al. 2021 and LLaMA 1/2
+NORM_EPS = 1e-5  # LayerNorm's default; also used for RMSNorm
+INIT_STD = 0.02  # GPT-2's init; output projections are scaled by 1/sqrt(2 n_layers) on top
+
+# Pointwise functions behind `ACTIVATIONS[name].base`. GELU is the tanh form of GPT-2 and Gemma.
+POINTWISE: Registry[Callable[[torch.Tensor], torch.Tensor]] = Registry("pointwise function")
+POINTWISE.register("relu", F.relu)
+POINTWISE.register("gelu", functools.partial(F.gelu, approximate="tanh"))
+POINTWISE.register("silu", F.silu)
+
+
+# FlopCounterMode has no formula for the CPU flash-attention kernel SDPA picks on CPU (torch 2.13),
+# so it counts CPU attention as 0 FLOPs. Give it torch's own SDPA formulas, unless torch has some.
+def _cpu_flash_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _cpu_flash_backward_flop(
+    grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs
+) -> int:
+    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+for _op, _formula in (
+    (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu, _cpu_flash_flop),
+    (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward, _cpu_flash_backward_flop),
+):
+    if _op not in flop_registry:
+        register_flop_formula(_op)(_formula)
+
+
+def make_norm(cfg: ArchConfig, width: int) -> nn.Module:
+    """A norm of `cfg.norm` kind over the last `width` features."""
+    if cfg.norm == "layernorm":
+        return nn.LayerNorm(width, eps=NORM_EPS, bias=cfg.bias)
+    return nn.RMSNorm(width, eps=NORM_EPS)
+
+
+def rope_tables(seq_len: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of RoPE's rotation angles, each (T, D/2), in float32."""
+    inv_freq = ROPE_THETA ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (B, H, T, D) by position, pairing dim i with i + D/2 (the Hugging Face Llama layout)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos[: x.size(-2)].to(x.dtype), sin[: x.size(-2)].to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class Attention(nn.Module):
+    """Causal self-attention with H query heads sharing K key/value heads (MHA, GQA, MQA)."""
+
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        # One fused projection for Q, K and V: one GEMM instead of three, same parameters.
+        self.qkv = nn.Linear(cfg.d_model, cfg.q_dim + 2 * cfg.kv_dim, bias=cfg.bias)
+        self.out = nn.Linear(cfg.q_dim, cfg.d_model, bias=cfg.bias)
+        self.q_norm = make_norm(cfg, cfg.head_dim) if cfg.qk_norm else None
+        self.k_norm = make_norm(cfg, cfg.head_dim) if cfg.qk_norm else None
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        cfg = self.cfg
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).split([cfg.q_dim, cfg.kv_dim, cfg.kv_dim], dim=-1)
+        q = q.view(B, T, cfg.n_heads, cfg.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = k.view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)  # (B, K, T, D)
+        v = v.view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)  # (B, K, T, D)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=cfg.n_kv_heads != cfg.n_heads
+        )  # (B, H, T, D)
+        return self.out(y.transpose(1, 2).reshape(B, T, cfg.q_dim))
+
+
+class MLP(nn.Module):
+    """`down(act(up x))`, or gated `down(act(gate x) * up x)` with gate and up fused in one GEMM."""
+
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        spec = cfg.activation_spec
+        self.gated = spec.gated
+        self.act = POINTWISE[spec.base]
+        self.up = nn.Linear(cfg.d_model, (2 if spec.gated else 1) * cfg.d_ff, bias=cfg.bias)
+        self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(x)  # (B, T, d_ff), or (B, T, 2 d_ff) gated
+        if self.gated:
+            gate, up = h.chunk(2, dim=-1)
+            return self.down(self.act(gate) * up)
+        return self.down(self.act(h))
+
+
+class Block(nn.Module):
+    """One transformer block; `cfg.placement` says where its norms sit.
+
+    Serial:   x = x + A(x), then x = x + M(x), where for each sublayer S
+              pre: x + S(n(x))   post: n(x + S(x))   sandwich: x + n_out(S(n_in(x))).
+    Parallel: attention and MLP read the same (normed) input and add to the residual together.
+    """
+
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.placement = cfg.placement
+        self.parallel = cfg.parallel_block
+        self.attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        p, n_in = self.placement, 1 if cfg.parallel_block else 2
+
+        def norms(present: bool, count: int) -> nn.ModuleList:
+            return nn.ModuleList(make_norm(cfg, cfg.d_model) for _ in range(count if present else 0))
+
+        self.norm_in = norms(p.before, n_in)  # shared by both branches when parallel
+        self.norm_out = norms(p.after, 2)  # one per branch
+        self.norm_residual = norms(p.residual, n_in)  # after the (joint) residual add
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        branches = (lambda h: self.attn(h, rope), self.mlp)
+        if self.parallel:
+            h = self.norm_in[0](x) if self.norm_in else x
+            outs = [f(h) for f in branches]
+            if self.norm_out:
+                outs = [norm(o) for norm, o in zip(self.norm_out, outs, strict=True)]
+            x = x + outs[0] + outs[1]
+            return self.norm_residual[0](x) if self.norm_residual else x
+        for i, f in enumerate(branches):
+            h = f(self.norm_in[i](x) if self.norm_in else x)
+            x = x + (self.norm_out[i](h) if self.norm_out else h)
+            if self.norm_residual:
+                x = self.norm_residual[i](x)
+        return x
+
+
+class ProxyLM(nn.Module):
+    """Decoder-only LM: embeddings, `n_layers` blocks, an optional final norm, the LM head."""
+
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        position = POSITIONS[cfg.pos_embedding]
+        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model) if position.learned_table else None
+        if position.rotary:
+            cos, sin = rope_tables(cfg.seq_len, cfg.head_dim)
+            # Buffers, not parameters; not saved in state dicts since they are recomputed.
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.rotary = position.rotary
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm_final = make_norm(cfg, cfg.d_model) if cfg.placement.final else None
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.head.weight = self.tok_emb.weight
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """GPT-2 init: N(0, 0.02) weights, zero biases, unit norm scales; residual-branch
+        output projections scaled down by sqrt(2 n_layers) so the stream's variance stays flat."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+            if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+                module.reset_parameters()
+        residual_std = INIT_STD / math.sqrt(2 * self.cfg.n_layers)
+        for block in self.blocks:
+            nn.init.normal_(block.attn.out.weight, mean=0.0, std=residual_std)
+            nn.init.normal_(block.mlp.down.weight, mean=0.0, std=residual_std)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """Logits (B, T, vocab_size) for token ids `idx` (B, T), T <= seq_len."""
+        T = idx.size(1)
+        if T > self.cfg.seq_len:
+            raise ValueError(f"sequence of {T} tokens is longer than seq_len={self.cfg.seq_len}")
+        x = self.tok_emb(idx)  # (B, T, C)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(torch.arange(T, device=idx.device))
+        rope = (self.rope_cos, self.rope_sin) if self.rotary else None
+        for block in self.blocks:
+            x = block(x, rope)
+        if self.norm_final is not None:
+            x = self.norm_final(x)
+        return self.head(x)  # (B, T, vocab_size)
+
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy in nats per token, computed in float32."""
+        logits = self(idx)
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Distinct parameters (a tied matrix once), as `space.costs.param_counts(cfg).total`."""
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,50 @@
+"""What archsearch searches: the `ArchConfig` shape, its exact costs, width rules and presets.
+
+Imports neither torch nor Ray, so sampling and costing stay cheap.
+"""
+
+from archsearch.space.config import (
+    ACTIVATIONS,
+    NORM_PLACEMENTS,
+    NORMS,
+    POSITIONS,
+    ArchConfig,
+    load_config,
+    save_config,
+)
+from archsearch.space.costs import (
+    DTYPE_BYTES,
+    FlopCounts,
+    ParamCounts,
+    cost_report,
+    flop_counts,
+    kv_cache_bytes_per_token,
+    param_counts,
+    weight_bytes,
+)
+from archsearch.space.presets import PRESETS, Preset, preset
+from archsearch.space.width import FeatureLoss, gated_d_ff, relu_feature_loss
+
+__all__ = [
+    "ACTIVATIONS",
+    "DTYPE_BYTES",
+    "NORMS",
+    "NORM_PLACEMENTS",
+    "POSITIONS",
+    "PRESETS",
+    "ArchConfig",
+    "FeatureLoss",
+    "FlopCounts",
+    "ParamCounts",
+    "Preset",
+    "cost_report",
+    "flop_counts",
+    "gated_d_ff",
+    "kv_cache_bytes_per_token",
+    "load_config",
+    "param_counts",
+    "preset",
+    "relu_feature_loss",
+    "save_config",
+    "weight_bytes",
+]

@@ -1,0 +1,117 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from archsearch.cli import app
+from archsearch.space import ArchConfig, load_config, param_counts, preset
+
+runner = CliRunner()
+
+
+def run(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def test_cost_json_has_the_contract_keys():
+    result = run("cost", "--preset", "gpt2-small", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["params_total"] == 124_439_808
+    assert report["params_non_embedding"] == 85_056_000
+    assert report["flops_forward_per_token"] == 284_812_800
+    assert report["flops_forward_per_token_causal"] == 265_956_864
+    assert report["flops_train_per_token"] == 3 * 284_812_800
+    assert report["kv_cache_bytes_per_token"] == 2 * 12 * 768 * 2
+    assert report["relu_feature_loss_log10"] is None
+    assert ArchConfig.from_dict(report["config"]) == preset("gpt2-small")
+
+
+def test_cost_of_a_file_prints_a_table(tmp_path):
+    path = tmp_path / "cfg.json"
+    assert run("config", "new", "--d-model", "256", "--aspect-ratio", "64", "--activation", "relu",
+               "-o", str(path)).exit_code == 0  # fmt: skip
+    result = run("cost", str(path))
+    assert result.exit_code == 0, result.output
+    total = param_counts(load_config(path)).total
+    assert f"{total:,}" in result.stdout
+    assert "relu feature loss" in result.stdout
+
+
+def test_presets_lists_every_preset_with_counts():
+    result = run("presets", "--json")
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    assert rows["llama3-8b"]["params_total"] == rows["llama3-8b"]["published_params"] == 8_030_261_248
+    table = run("presets").stdout
+    assert "mistral-7b" in table and "7,241,732,096" in table
+
+
+def test_width_reports_gated_size_and_risk():
+    result = json.loads(run("width", "4096", "--json").stdout)
+    assert result["gated_d_ff"] == 11008
+    by_ratio = {row["ratio"]: row for row in result["relu_feature_loss"]}
+    assert 0.49 < by_ratio[2]["risk"] < 0.5
+    assert by_ratio[8]["risk"] == 0.0 and by_ratio[8]["log10_risk"] < -4000
+
+
+def test_config_new_from_preset_overrides_fields():
+    result = run("config", "new", "--from-preset", "llama2-7b", "--n-layers", "8", "--n-kv-heads", "8")
+    cfg = ArchConfig.from_json(result.stdout)
+    assert (cfg.n_layers, cfg.n_kv_heads, cfg.d_ff) == (8, 8, 11008)
+
+
+def test_config_check(tmp_path):
+    path = tmp_path / "cfg.json"
+    path.write_text(preset("byte-1m").to_json())
+    result = run("config", "check", str(path))
+    assert result.exit_code == 0
+    assert result.stdout.startswith("ok: d_model 128, 4 layers")
+
+
+@pytest.mark.parametrize(
+    ("args", "files", "message"),
+    [
+        (["cost", "missing.json"], {}, "error: config file not found: missing.json"),
+        (["cost", "bad.json"], {"bad.json": "{not json"}, "error: bad.json: invalid JSON at line 1 column 2"),
+        (["cost", "cfg.json"], {"cfg.json": '{"d_model": 64}'}, "error: cfg.json: missing ArchConfig key(s)"),
+        (
+            ["cost", "cfg.json"],
+            {"cfg.json": json.dumps(preset("byte-1m").to_dict() | {"n_kv_heads": 3})},
+            "error: cfg.json: n_kv_heads=3 must divide n_heads=4",
+        ),
+        (["cost", "--preset", "gpt5"], {}, "error: unknown preset 'gpt5'; valid: gpt2-small"),
+        (["cost"], {}, "error: give a CONFIG file or --preset NAME (exactly one)"),
+        (["cost", "--preset", "gpt2-small", "--dtype", "int4"], {}, "error: unknown dtype 'int4'"),
+        (["config", "new", "--d-model", "100", "--n-layers", "2"], {}, "error: head_dim=64 must divide"),
+        (
+            ["config", "new", "--from-preset", "gpt2-small", "--aspect-ratio", "8"],
+            {},
+            "error: --aspect-ratio cannot be combined",
+        ),
+        (["config", "check", "missing.json"], {}, "error: config file not found"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, args, files, message):
+    monkeypatch.chdir(tmp_path)
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    result = run(*args)
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith(message)
+    assert result.stderr.count("\n") == 1
+    assert "Traceback" not in result.stderr
+
+
+def test_console_script_end_to_end(tmp_path):
+    exe = [sys.executable, "-m", "archsearch", "cost", "--preset", "llama2-7b", "--json"]
+    done = subprocess.run(exe, capture_output=True, text=True, check=True, cwd=tmp_path)
+    assert json.loads(done.stdout)["params_total"] == 6_738_415_616
+    bad = subprocess.run([*exe[:3], "cost", "nope.json"], capture_output=True, text=True, cwd=tmp_path)
+    assert bad.returncode == 2
+    assert bad.stderr == "error: config file not found: nope.json\n"
