@@ -6,12 +6,16 @@ Data goes to stdout (a table, or JSON with `--json`), messages to stderr. A user
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from typer.core import TyperGroup
 
@@ -67,8 +71,18 @@ def _print_json(obj: Any) -> None:
 
 
 def _si(value: float, unit: str = "") -> str:
-    """`124439808` -> `124.4M`: short magnitudes for tables (JSON keeps exact numbers)."""
-    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+    """`124439808` -> `124.4M`, `0.00034` -> `340u`: short magnitudes for tables (JSON is exact)."""
+    prefixes = (
+        (1e15, "P"),
+        (1e12, "T"),
+        (1e9, "G"),
+        (1e6, "M"),
+        (1e3, "k"),
+        (1, ""),
+        (1e-3, "m"),
+        (1e-6, "u"),
+    )
+    for factor, prefix in prefixes:
         if abs(value) >= factor:
             return f"{value / factor:.4g}{prefix}{unit}"
     return f"{value:.4g}{unit}"
@@ -250,6 +264,202 @@ def config_check(config: Annotated[Path, typer.Argument(help="ArchConfig JSON fi
     """Validate a config file and summarise it."""
     cfg = load_config(config)
     typer.echo(f"ok: {describe(cfg)}; {param_counts(cfg).total:,} params")
+
+
+@app.command()
+def train(
+    config: Annotated[Path | None, typer.Argument(help="ArchConfig JSON file.")] = None,
+    preset_name: Annotated[str | None, typer.Option("--preset", help="A built-in shape.")] = None,
+    tokens: Annotated[int | None, typer.Option(help="Budget: training tokens.")] = None,
+    flops: Annotated[float | None, typer.Option(help="Budget: training FLOPs.")] = None,
+    seconds: Annotated[float | None, typer.Option(help="Budget: seconds of training.")] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(help="Text file or folder (bytes), or .bin token file(s); default: bundled corpus."),
+    ] = None,
+    vocab_size: Annotated[int | None, typer.Option(help="Vocabulary of .bin token files.")] = None,
+    token_dtype: Annotated[str, typer.Option(help="dtype of .bin token files.")] = "uint16",
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.")] = "auto",
+    precision: Annotated[str, typer.Option(help="bf16, fp32 or auto.")] = "auto",
+    batch_size: Annotated[int, typer.Option(help="Sequences per step.")] = 16,
+    lr: Annotated[float, typer.Option(help="Peak learning rate at --base-width.")] = 3e-3,
+    base_width: Annotated[int, typer.Option(help="Width at which --lr applies unscaled.")] = 128,
+    schedule: Annotated[str, typer.Option(help="cosine or wsd.")] = "cosine",
+    seed: Annotated[int, typer.Option(help="Seed for init and batches.")] = 0,
+    compile_model: Annotated[bool, typer.Option("--compile", help="torch.compile the model.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Train a shape's proxy LM on a budget; report held-out loss, throughput and MFU.
+
+    Exit code 1 when the run fails (NaN loss, out of memory, too large), with the reason.
+    """
+    from archsearch.evaluators.data import load_dataset
+    from archsearch.evaluators.trainer import TrainSettings
+    from archsearch.evaluators.trainer import train as run_training
+
+    cfg = _resolve_config(config, preset_name)
+    settings = TrainSettings(
+        tokens=tokens, flops=flops, seconds=seconds, batch_size=batch_size, lr=lr, base_width=base_width,
+        schedule=schedule, seed=seed, device=device, precision=precision, compile=compile_model,
+    )  # fmt: skip
+    dataset = load_dataset(data, vocab_size=vocab_size, dtype=token_dtype, seq_len=cfg.seq_len)
+    with _progress_bar("training") as update:
+        result = run_training(cfg, dataset, settings, progress=update)
+    if as_json:
+        _print_json(result.to_dict())
+    else:
+        console = _stdout()
+        console.print(describe(cfg))
+        table = Table("result", "value")
+        rows = [
+            ("status", result.status + (f" ({result.reason})" if result.reason else "")),
+            ("val loss (nats/token)", _fmt(result.val_loss, ".4f")),
+            ("bits per byte", _fmt(result.bits_per_byte, ".4f")),
+            ("tokens", f"{result.tokens:,} in {result.steps:,} steps"),
+            ("tokens / s", f"{result.tokens_per_second:,.0f}"),
+            ("achieved FLOP/s", _si(result.achieved_flops_per_second, "FLOP/s")),
+            ("MFU", _fmt(result.mfu, ".1%") + f" of {_si(result.peak_flops_per_second or 0, 'FLOP/s')} peak"),
+            ("precision", result.precision),
+            ("device", result.device),
+            ("wall time", f"{result.wall_time_s:.1f} s"),
+            ("corpus", f"{dataset.name} ({result.corpus_fingerprint})"),
+        ]
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+    if result.status == "failed":
+        raise typer.Exit(1)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+@app.command()
+def profile(
+    config: Annotated[Path | None, typer.Argument(help="ArchConfig JSON file.")] = None,
+    preset_name: Annotated[str | None, typer.Option("--preset", help="A built-in shape.")] = None,
+    device: Annotated[
+        str, typer.Option(help="cpu, cuda, cuda:N (measured) or a catalogued GPU (modelled, see `devices`).")
+    ] = "cpu",
+    batch: Annotated[int, typer.Option(help="Sequences per micro-batch.", min=1)] = 8,
+    dtype: Annotated[str, typer.Option(help="bf16, fp16 or fp32.")] = "bf16",
+    cache: Annotated[Path | None, typer.Option(help="JSON file caching measurements across runs.")] = None,
+    min_run_time: Annotated[float, typer.Option(help="Seconds of repeats per kernel.")] = 0.1,
+    top: Annotated[int, typer.Option(help="Kernels shown in the table (JSON has all).")] = 20,
+    as_json: JsonFlag = False,
+) -> None:
+    """Kernel-by-kernel time of one training step: measured here, or modelled for a GPU."""
+    cfg = _resolve_config(config, preset_name)
+    from archsearch.evaluators.hardware import ACCELERATORS, device_model, predict_step
+    from archsearch.evaluators.kernels import step_kernels
+
+    if device not in ACCELERATORS and device.split(":")[0] not in ("cpu", "cuda"):
+        raise ConfigError(
+            f"unknown device {device!r}; measured: cpu, cuda, cuda:N; modelled: {', '.join(ACCELERATORS)}"
+        )
+    if device in ACCELERATORS:
+        report = predict_step(device_model(device), step_kernels(cfg, batch, dtype))
+    else:
+        from archsearch.evaluators.profiler import InMemoryCache, JsonFileCache, profile_step
+
+        store = JsonFileCache(cache) if cache is not None else InMemoryCache()
+        interactive = Console(stderr=True).is_terminal
+        report = profile_step(cfg, batch, device, dtype, store, min_run_time, progress=interactive)
+    if as_json:
+        _print_json(report.to_dict())
+        return
+    console = _stdout()
+    how = "modelled" if report.modelled else "measured"
+    console.print(
+        f"{describe(cfg)}\n{how} on {report.device['name']}, {dtype}, batch {batch} x {cfg.seq_len}"
+    )
+    table = Table("kernel", "m", "n", "k", "count", "time/call", "total", "TFLOP/s", "share")
+    rows = sorted(report.kernels, key=lambda r: r.total_s, reverse=True)
+    for r in rows[:top]:
+        table.add_row(
+            r.name, str(r.m), str(r.n), str(r.k), str(r.count), _si(r.time_s, "s"), _si(r.total_s, "s"),
+            f"{r.tflops:.3g}", f"{r.total_s / report.step_time_s:.1%}",
+        )  # fmt: skip
+    console.print(table)
+    mem = Table("memory-bound op", "bytes", "time", "share")
+    for op in sorted(report.memory_ops, key=lambda o: o.time_s, reverse=True):
+        mem.add_row(op.name, _si(op.bytes, "B"), _si(op.time_s, "s"), f"{op.time_s / report.step_time_s:.1%}")
+    console.print(mem)
+    console.print(
+        f"step {_si(report.step_time_s, 's')} ({report.kernel_time_s / report.step_time_s:.0%} in matmuls "
+        f"and attention), {report.tokens_per_second:,.0f} tokens/s"
+    )
+
+
+@app.command()
+def align(
+    config: Annotated[Path | None, typer.Argument(help="ArchConfig JSON file.")] = None,
+    preset_name: Annotated[str | None, typer.Option("--preset", help="A built-in shape.")] = None,
+    device: Annotated[str, typer.Option(help="A catalogued GPU (see `devices`).")] = "h100-sxm",
+    batch: Annotated[int, typer.Option(help="Sequences per micro-batch.", min=1)] = 8,
+    dtype: Annotated[str, typer.Option(help="bf16, fp16, fp8, tf32 or fp32.")] = "bf16",
+    as_json: JsonFlag = False,
+) -> None:
+    """Is each GEMM width tile- and wave-friendly on the target, and which nearby sizes run better?"""
+    from archsearch.evaluators.hardware import alignment_report, device_model
+
+    cfg = _resolve_config(config, preset_name)
+    report = alignment_report(device_model(device), cfg, batch, dtype)
+    if as_json:
+        _print_json(report.to_dict())
+        return
+    console = _stdout()
+    console.print(f"{describe(cfg)}\nmodelled on {report.device}, {dtype}, batch {batch} x {cfg.seq_len}")
+    table = Table(
+        "width", "value", "aligned", "tiles", "waves", "better sizes (step gain, GEMM efficiency gain)"
+    )
+    for d in report.dimensions:
+        better = ", ".join(
+            f"{o.value} ({o.step_gain_pct:+.1f}%, {o.gemm_gain_pct:+.1f}%)" for o in d.better_options
+        )
+        aligned = "yes" if d.well_aligned else ("8-aligned" if d.aligned else "NO")
+        table.add_row(
+            d.name, str(d.value), aligned, "ok" if d.tile_friendly else "partial",
+            f"{d.wave_efficiency:.0%}" + ("" if d.wave_friendly else " (low)"), better or "-",
+        )  # fmt: skip
+    console.print(table)
+
+
+@app.command()
+def devices(as_json: JsonFlag = False) -> None:
+    """The catalogue of GPUs that `profile` and `align` model, with their sources."""
+    from archsearch.evaluators.hardware import ACCELERATORS
+
+    if as_json:
+        _print_json([{"key": key, **dataclasses.asdict(acc)} for key, acc in ACCELERATORS.items()])
+        return
+    table = Table("key", "name", "SMs", "dense TFLOP/s", "bandwidth", "source")
+    for key, acc in ACCELERATORS.items():
+        peaks = ", ".join(f"{d} {t:g}" for d, t in acc.peak_tflops)
+        table.add_row(key, acc.name, str(acc.units), peaks, _si(acc.memory_bandwidth, "B/s"), acc.source)
+    _stdout().print(table)
+
+
+@contextlib.contextmanager
+def _progress_bar(label: str) -> Iterator[Callable[[int, int, float, float], None] | None]:
+    """A rich progress bar on stderr when it is a terminal; yields its update callback or None."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield None
+        return
+    columns = (
+        TextColumn(f"{label} "), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} tokens"),
+        TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[rate]:,.0f} tok/s"),
+        TimeElapsedColumn(),
+    )  # fmt: skip
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(label, total=None, loss=float("nan"), rate=0.0)
+
+        def update(done: int, total: int, loss: float, rate: float) -> None:
+            bar.update(task, completed=done, total=total, loss=loss, rate=rate)
+
+        yield update
 
 
 def main() -> None:

@@ -115,3 +115,101 @@ def test_console_script_end_to_end(tmp_path):
     bad = subprocess.run([*exe[:3], "cost", "nope.json"], capture_output=True, text=True, cwd=tmp_path)
     assert bad.returncode == 2
     assert bad.stderr == "error: config file not found: nope.json\n"
+
+
+TINY_TRAIN = ["--tokens", "4096", "--batch-size", "4", "--precision", "fp32"]
+
+
+@pytest.fixture
+def tiny_config(tmp_path):
+    path = tmp_path / "tiny.json"
+    path.write_text(
+        ArchConfig(
+            vocab_size=256, seq_len=32, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64
+        ).to_json()
+    )
+    return path
+
+
+def test_train_json_has_the_contract_keys(tiny_config):
+    result = run("train", str(tiny_config), *TINY_TRAIN, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    for key in ("val_loss", "bits_per_byte", "tokens_per_second", "achieved_flops_per_second", "mfu"):
+        assert report[key] > 0, key
+    assert (report["status"], report["reason"], report["precision"]) == ("complete", None, "fp32")
+    assert report["tokens"] == 4096
+    assert report["val_loss"] < 5.545  # below ln(256), the loss of a uniform byte model
+
+
+def test_train_table_and_failure_exit_code(tiny_config):
+    result = run("train", str(tiny_config), *TINY_TRAIN)
+    assert result.exit_code == 0 and "val loss (nats/token)" in result.stdout
+    failed = run("train", str(tiny_config), *TINY_TRAIN, "--lr", "1e30")
+    assert failed.exit_code == 1
+    assert "failed (training loss is" in failed.stdout or "failed (validation loss is" in failed.stdout
+
+
+def test_profile_measured_json(tiny_config):
+    result = run(
+        "profile", str(tiny_config), "--batch", "2", "--min-run-time", "0.01", "--dtype", "fp32", "--json"
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["modelled"] is False
+    assert report["step_time_s"] > 0
+    assert report["tokens_per_second"] == pytest.approx(64 / report["step_time_s"])
+    names = {k["name"] for k in report["kernels"]}
+    assert {"qkv.fwd", "mlp_down.wgrad", "lm_head.dgrad", "sdpa.fwd", "sdpa.bwd"} <= names
+    for row in report["kernels"]:
+        assert {"name", "m", "n", "k", "count", "dtype", "time_s", "tflops"} <= set(row)
+
+
+def test_profile_modelled_gpu_and_table():
+    result = run("profile", "--preset", "llama3-8b", "--device", "h100-sxm", "--batch", "1", "--json")
+    report = json.loads(result.stdout)
+    assert report["modelled"] is True and report["device"]["name"] == "NVIDIA H100 SXM5 80GB"
+    assert report["tokens_per_second"] == pytest.approx(8192 / report["step_time_s"])
+    table = run("profile", "--preset", "llama3-8b", "--device", "h100-sxm").stdout
+    assert "modelled on NVIDIA H100 SXM5 80GB" in table and "mlp_up.fwd" in table
+
+
+def test_align_flags_a_misaligned_d_ff(tmp_path):
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps(preset("llama2-7b").to_dict() | {"d_ff": 11000}))
+    report = json.loads(run("align", str(path), "--device", "a100-80gb", "--batch", "1", "--json").stdout)
+    d_ff = next(d for d in report["dimensions"] if d["name"] == "d_ff")
+    assert d_ff["value"] == 11000 and not d_ff["well_aligned"]
+    assert 11008 in [o["value"] for o in d_ff["options"] if o["gemm_gain_pct"] >= 1]
+
+
+def test_devices_lists_the_catalogue():
+    rows = {row["key"]: row for row in json.loads(run("devices", "--json").stdout)}
+    assert {"a100-80gb", "h100-sxm", "h200", "l4", "rtx4090"} <= set(rows)
+    assert rows["h100-sxm"]["units"] == 132
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["train", "--preset", "byte-1m"], "error: give exactly one budget: tokens, flops or seconds"),
+        (
+            ["train", "--preset", "byte-1m", "--tokens", "10", "--data", "nope.txt"],
+            "error: data path not found",
+        ),
+        (["train", "--preset", "byte-1m", "--tokens", "10", "--schedule", "step"], "error: schedule 'step'"),
+        (
+            ["profile", "--preset", "byte-1m", "--device", "tpu-v9"],
+            "error: unknown device 'tpu-v9'; measured: cpu, cuda, cuda:N; modelled: a100-80gb, h100-sxm",
+        ),
+        (["profile", "--preset", "byte-1m", "--dtype", "int4"], "error: dtype 'int4' cannot be profiled"),
+        (["align", "--preset", "byte-1m", "--device", "b200"], "error: unknown accelerator 'b200'"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
+)
+def test_bad_evaluator_input_is_one_line_and_exit_2(tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    result = run(*args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(message)
+    assert result.stderr.count("\n") == 1

@@ -1,0 +1,768 @@
+"""Token data for the proxy trainer: the bundled corpus, user text, pre-tokenized files, batches.
+
+`load_dataset(path)` is the one entry point. It returns a `Dataset`: plain, picklable facts (a
+fingerprint, token counts, where the tokens live) and never the tokens themselves, which stay on
+disk and are memory-mapped per batch, so a worker can receive it cheaply and a 20 GB token file
+costs no RAM.
+
+Sources, by what `path` is:
+- None: the bundled corpus, byte-level text (vocab 256) built from the running Python's own
+  standard-library sources (code and docstring prose, present on every machine, no network).
+  Built once (a fraction of a second), cached under `cache_dir()`, memory-mapped afterwards.
+- a folder holding `train.bin` and `val.bin`: pre-tokenized ids, the nanoGPT layout.
+- a `.bin` file: pre-tokenized ids; the last `val_fraction` of them is the validation split.
+- any other file: byte-level text; the last `val_fraction` of its bytes is the validation split.
+- any other folder: byte-level text from every non-hidden, non-empty, non-binary file under it,
+  recursively (binary: a NUL byte in its first 8000 bytes, git's test), concatenated once into
+  the cache like the bundled corpus.
+
+Splits. Folders of text (the bundled corpus too) are split by file: a stable hash of each file's
+relative path sends about `val_fraction` of the files to validation, so the validation text is
+documents the model never trains on, not the tail of a document it has half seen. When that
+leaves a split empty (a folder of very few files) the concatenation is split by bytes instead,
+like a single file. Either way the validation tokens are a range of the corpus file after the
+training range (or `val.bin`, apart from `train.bin`): the two never overlap.
+
+Fingerprint. `Dataset.fingerprint` is `"<16 hex digits>-v<vocab_size>"`: a sha256 over the exact
+stored token bytes of each source file, the token dtype and where the split falls. Losses are
+comparable only between runs with the same fingerprint. The bundled corpus follows the Python
+version (each release changes its standard library), so its fingerprint does too, by design.
+
+Losses are in nats per token; `bits_per_byte` converts them for byte-level data (BRIEF.md
+section 6).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import itertools
+import json
+import logging
+import math
+import os
+import stat
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+import numpy as np
+
+from archsearch.errors import ArchsearchError
+from archsearch.registry import Registry
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+# Bump when the corpus recipe, cache layout or fingerprint recipe changes: old caches are ignored
+# and every fingerprint changes, so results built on the old recipe stop comparing as equal.
+FORMAT_VERSION = 1
+BYTE_VOCAB = 256  # byte-level text: every byte value is a token
+VAL_FRACTION = 0.02  # of the files: in Python 3.11's stdlib 7 files, 90 KB, 350 windows of 256
+DEFAULT_CORPUS_BYTES = 32 * 2**20  # cap on the bundled corpus; Python 3.11's filtered stdlib is ~8.6 MB
+# Ends every document of a text folder, as GPT-2's <|endoftext|> does. Text files never contain
+# NUL (a file with one is skipped as binary), so the separator is unambiguous.
+DOC_SEPARATOR = b"\x00"
+
+_BINARY_SNIFF = 8000  # git's heuristic: a NUL byte in the first 8000 bytes means a binary file
+_READ_CHUNK = 1 << 20  # bytes per read while copying text files; more than _BINARY_SNIFF
+_SCAN_CHUNK = 1 << 24  # tokens per chunk while scanning a token file: bounded memory at any size
+
+# Standard-library trees left out of the bundled corpus, with why:
+_STDLIB_SKIP_DIRS = frozenset(
+    {
+        "site-packages",  # third-party code: differs per machine, would break determinism
+        "dist-packages",  # Debian's site-packages
+        "__pycache__",
+        # Tests: deliberately malformed or oddly encoded fixtures and generated tables; Debian
+        # ships them in a separate package, so they would make the corpus depend on the distro.
+        "test",
+        "tests",
+        "idle_test",
+        # Trees distributions split into optional packages (Debian: idle, python3-tk,
+        # python3-distutils, python3-lib2to3) or removed in later Pythons; left out so one Python
+        # version gives one corpus wherever possible.
+        "idlelib",
+        "tkinter",
+        "turtledemo",
+        "distutils",
+        "lib2to3",
+        "ensurepip",
+        "encodings",  # ~1.4 MB of generated charmap tables: hex, neither code nor prose
+    }
+)
+
+# Dtypes of pre-tokenized files; uint16 is nanoGPT's (GPT-2's 50257 ids fit). Little-endian
+# explicitly, as nanoGPT writes them on x86 and ARM, so a file reads the same on any host.
+TOKEN_DTYPES: Registry[np.dtype[Any]] = Registry("token dtype")
+TOKEN_DTYPES.register("uint8", np.dtype("<u1"))
+TOKEN_DTYPES.register("uint16", np.dtype("<u2"))
+TOKEN_DTYPES.register("uint32", np.dtype("<u4"))
+
+
+class DataError(ArchsearchError, ValueError):
+    """A dataset is missing, empty, malformed or too small; the message names the file."""
+
+
+def cache_dir() -> Path:
+    """Where built corpora and file scans are cached: `$ARCHSEARCH_CACHE`, else `~/.cache/archsearch`."""
+    env = os.environ.get("ARCHSEARCH_CACHE")
+    # Absolute: the spans of a cached corpus point into it, and a worker may run elsewhere.
+    return Path(env).expanduser().absolute() if env else Path.home() / ".cache" / "archsearch"
+
+
+def bits_per_byte(nats_per_token: float, bytes_per_token: float) -> float:
+    """Convert a loss in nats per token to bits per byte of the underlying text.
+
+    Args:
+        nats_per_token: mean cross-entropy, natural log.
+        bytes_per_token: text bytes one token stands for on average; 1 for byte-level data.
+
+    Raises:
+        ValueError: `bytes_per_token` is not positive.
+    """
+    if bytes_per_token <= 0:
+        raise ValueError(f"bytes_per_token must be positive, got {bytes_per_token}")
+    return nats_per_token / math.log(2) / bytes_per_token
+
+
+@dataclass(frozen=True)
+class TokenSpan:
+    """A contiguous run of token ids in a file, memory-mapped when opened, never read whole."""
+
+    path: str  # the file holding the ids, absolute: a worker may run in another directory
+    dtype: str  # a TOKEN_DTYPES name
+    offset: int  # index of the first token in the file, in tokens
+    length: int  # tokens
+
+    def open(self) -> np.memmap:
+        """A read-only memory map of the span, shape (length,)."""
+        dtype = TOKEN_DTYPES[self.dtype]
+        return np.memmap(
+            self.path, dtype=dtype, mode="r", offset=self.offset * dtype.itemsize, shape=(self.length,)
+        )
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A tokenized corpus split into training and validation tokens. Plain data: cheap to pickle.
+
+    Build one with `load_dataset`. Tokens are read by memory-mapping `train` or `val` per batch.
+    """
+
+    name: str  # short label: "stdlib-py3.11" or the file or folder name
+    source: str  # the resolved path the tokens came from
+    vocab_size: int  # token ids are in [0, vocab_size)
+    fingerprint: str  # "<16 hex>-v<vocab_size>"; losses compare only on equal fingerprints
+    bytes_per_token: float | None  # 1.0 for byte-level text; None when unknown (pre-tokenized)
+    train: TokenSpan
+    val: TokenSpan
+
+    @property
+    def n_train_tokens(self) -> int:
+        return self.train.length
+
+    @property
+    def n_val_tokens(self) -> int:
+        return self.val.length
+
+    def to_dict(self) -> dict[str, Any]:
+        """What a training result records about its data: plain JSON values."""
+        return {
+            "name": self.name,
+            "source": self.source,
+            "vocab_size": self.vocab_size,
+            "n_train_tokens": self.n_train_tokens,
+            "n_val_tokens": self.n_val_tokens,
+            "fingerprint": self.fingerprint,
+            "bytes_per_token": self.bytes_per_token,
+        }
+
+    def bits_per_byte(self, nats_per_token: float) -> float | None:
+        """`nats_per_token` in bits per byte; None when the bytes per token are unknown."""
+        if self.bytes_per_token is None:
+            return None
+        return bits_per_byte(nats_per_token, self.bytes_per_token)
+
+    def check_seq_len(self, seq_len: int) -> None:
+        """Check that both splits hold at least one window of `seq_len` inputs plus its target.
+
+        Raises:
+            DataError: `seq_len` is not a positive integer or a split has fewer than
+                `seq_len + 1` tokens.
+        """
+        self._check_window("train", seq_len)
+        self._check_window("validation", seq_len)
+
+    def _check_window(self, split: str, seq_len: int) -> None:
+        _check_positive("seq_len", seq_len)
+        span = self.train if split == "train" else self.val
+        if span.length < seq_len + 1:
+            raise DataError(
+                f"{self.name}: the {split} split has {span.length} tokens, too few for "
+                f"seq_len={seq_len} (needs at least {seq_len + 1}); use a shorter seq_len or more data"
+            )
+
+    def train_batches(
+        self, batch_size: int, seq_len: int, seed: int, device: str | torch.device = "cpu"
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """An endless stream of random training batches, the same stream for the same seed.
+
+        Each row is a window at a uniformly random offset of the training split; `y` is `x`
+        shifted by one token. Checked here, before the first batch, so a bad size fails at once.
+
+        Args:
+            batch_size: rows per batch.
+            seq_len: tokens per row.
+            seed: seeds a `numpy.random.Generator` that draws the offsets.
+            device: where the tensors go.
+
+        Returns:
+            An iterator of `(x, y)`, each an int64 tensor of shape (batch_size, seq_len).
+
+        Raises:
+            DataError: a size is not a positive integer or the training split is too small.
+        """
+        _check_positive("batch_size", batch_size)
+        self._check_window("train", seq_len)
+        rng = np.random.default_rng(seed)
+        high = self.train.length - seq_len  # last valid offset + 1: y's window must fit too
+
+        def stream() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+            while True:
+                starts = rng.integers(0, high, size=batch_size)
+                # Re-mapped per batch, as nanoGPT's get_batch does: pages a long-lived memmap has
+                # touched keep counting as the process's memory (stackoverflow.com/q/45132940).
+                yield _batch(self.train.open(), starts, seq_len, device)
+
+        return stream()
+
+    def val_batches(
+        self, batch_size: int, seq_len: int, count: int, device: str | torch.device = "cpu"
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A fixed set of validation batches: the same tokens on every call, for every candidate.
+
+        The `count * batch_size` windows are evenly spaced over the validation split rather
+        than drawn at random: no seed is needed for determinism, and spreading them over the whole
+        split (stratified sampling) gives a lower-variance loss than random offsets.
+
+        Args:
+            batch_size: rows per batch.
+            seq_len: tokens per row.
+            count: batches returned.
+            device: where the tensors go.
+
+        Returns:
+            `count` pairs `(x, y)`, each an int64 tensor of shape (batch_size, seq_len),
+            `y` being `x` shifted by one token.
+
+        Raises:
+            DataError: a size is not a positive integer or the validation split is too small.
+        """
+        _check_positive("batch_size", batch_size)
+        _check_positive("count", count)
+        self._check_window("validation", seq_len)
+        last = self.val.length - seq_len - 1  # last valid offset
+        starts = np.linspace(0, last, num=count * batch_size).round().astype(np.int64)
+        tokens = self.val.open()
+        return [_batch(tokens, row, seq_len, device) for row in starts.reshape(count, batch_size)]
+
+
+def load_dataset(
+    path: str | Path | None = None,
+    vocab_size: int | None = None,
+    dtype: str = "uint16",
+    *,
+    seq_len: int | None = None,
+    val_fraction: float = VAL_FRACTION,
+    max_corpus_bytes: int = DEFAULT_CORPUS_BYTES,
+) -> Dataset:
+    """Open a dataset, checking it is usable before any training starts.
+
+    Args:
+        path: None for the bundled corpus; else a text file, a folder of text files, a `.bin`
+            token file or a folder with `train.bin` and `val.bin` (see the module docstring).
+        vocab_size: required for `.bin` files (the tokenizer's vocabulary, e.g. 50257 for GPT-2);
+            for text it must be None or 256.
+        dtype: the ids' type in `.bin` files, a TOKEN_DTYPES name; unused for text.
+        seq_len: when given, both splits must hold at least `seq_len + 1` tokens; otherwise 2.
+        val_fraction: share of the files (text folders) or tokens (single files) held out.
+            Ignored for `train.bin`/`val.bin`, which are split already.
+        max_corpus_bytes: cap on the bundled corpus, in bytes.
+
+    Returns:
+        The `Dataset`, its tokens left on disk.
+
+    Raises:
+        DataError: the path is missing or unreadable, a file is empty or malformed, a token id is
+            at least `vocab_size`, an argument is invalid or a split is too small for `seq_len`.
+        UnknownNameError: `dtype` is not a TOKEN_DTYPES name.
+    """
+    if not 0 < val_fraction < 1:
+        raise DataError(f"val_fraction must be between 0 and 1, got {val_fraction}")
+    if path is None:
+        _check_byte_vocab(vocab_size, "the bundled corpus")
+        dataset = stdlib_corpus(max_bytes=max_corpus_bytes, val_fraction=val_fraction)
+    else:
+        p = Path(path).expanduser()
+        if not p.exists():
+            raise DataError(f"data path not found: {p}")
+        if p.is_dir() and ((p / "train.bin").exists() or (p / "val.bin").exists()):
+            dataset = _split_token_files(p, _check_token_vocab(vocab_size, dtype, p), dtype)
+        elif p.is_dir():
+            _check_byte_vocab(vocab_size, str(p))
+            dataset = _text_folder(p, val_fraction)
+        elif p.suffix == ".bin":
+            dataset = _token_file(p, _check_token_vocab(vocab_size, dtype, p), dtype, val_fraction)
+        else:
+            _check_byte_vocab(vocab_size, str(p))
+            dataset = _text_file(p, val_fraction)
+    dataset.check_seq_len(1 if seq_len is None else seq_len)
+    logger.info(
+        "dataset %s: %d train + %d val tokens, vocab %d, fingerprint %s",
+        dataset.name,
+        dataset.n_train_tokens,
+        dataset.n_val_tokens,
+        dataset.vocab_size,
+        dataset.fingerprint,
+    )
+    return dataset
+
+
+def stdlib_corpus(max_bytes: int = DEFAULT_CORPUS_BYTES, val_fraction: float = VAL_FRACTION) -> Dataset:
+    """The bundled byte-level corpus: the running Python's standard-library `.py` sources.
+
+    Files are taken in sorted order of their relative path, the trees in `_STDLIB_SKIP_DIRS`
+    left out, until `max_bytes` (the file that crosses it is cut); each ends with DOC_SEPARATOR.
+    Built on first use and cached under `cache_dir()`.
+
+    Raises:
+        DataError: `max_bytes` is not positive or the cache cannot be written.
+    """
+    _check_positive("max_bytes", max_bytes)
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = _list_files(root, _is_stdlib_source, _STDLIB_SKIP_DIRS)
+    name = f"stdlib-py{sys.version_info.major}.{sys.version_info.minor}"
+    return _text_corpus(name, root, files, max_bytes, val_fraction)
+
+
+# --- byte-level text ---
+
+
+def _is_stdlib_source(rel: str) -> bool:
+    name = rel.rsplit("/", 1)[-1]
+    # _sysconfigdata records this build's compiler flags and install paths: machine-specific.
+    return name.endswith(".py") and not name.startswith("_sysconfigdata") and not rel.startswith("config-")
+
+
+def _is_user_file(rel: str) -> bool:
+    return not rel.rsplit("/", 1)[-1].startswith(".")
+
+
+def _list_files(
+    root: Path, keep: Callable[[str], bool], skip_dirs: frozenset[str]
+) -> list[tuple[str, Path, int, int]]:
+    """Files under `root` as (relative posix path, path, size, mtime_ns), sorted by relative path.
+
+    Hidden folders (".git") and `skip_dirs` are pruned before descending into them.
+    """
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in skip_dirs and not d.startswith(".")]
+        for filename in filenames:
+            path = Path(dirpath, filename)
+            rel = path.relative_to(root).as_posix()
+            if not keep(rel):
+                continue
+            try:
+                st = path.stat()
+            except OSError as exc:
+                raise DataError(f"cannot read {path}: {exc.strerror}") from None
+            if stat.S_ISREG(st.st_mode):  # not a FIFO or device: reading those could block
+                found.append((rel, path, st.st_size, st.st_mtime_ns))
+    # Sort the full list, not each folder's names: os.walk's order differs between file systems.
+    return sorted(found, key=lambda f: f[0])
+
+
+def _text_folder(root: Path, val_fraction: float) -> Dataset:
+    files = _list_files(root, _is_user_file, frozenset({"__pycache__"}))
+    if not files:
+        raise DataError(f"no files in folder {root}")
+    return _text_corpus(root.name, root, files, None, val_fraction)
+
+
+def _in_validation(rel: str, val_fraction: float) -> bool:
+    """Whether a file goes to validation: a stable hash of its path (Python's hash() is salted)."""
+    digest = hashlib.sha256(rel.encode("utf-8", "surrogateescape")).digest()
+    return int.from_bytes(digest[:8], "big") < val_fraction * 2**64
+
+
+def _text_corpus(
+    name: str, root: Path, files: list[tuple[str, Path, int, int]], max_bytes: int | None, val_fraction: float
+) -> Dataset:
+    """The corpus of `files` under `root`, from the cache or built into it."""
+    # The cache key is computed before reading anything: the listing's sizes and mtimes stand in
+    # for the content, so a changed file rebuilds the corpus.
+    listing = [(rel, size, mtime) for rel, _, size, mtime in files]
+    key = _digest([FORMAT_VERSION, sys.version, str(root.resolve()), max_bytes, val_fraction, listing])
+    index_path = cache_dir() / "corpus" / f"{name}-{key[:24]}.json"
+    index = _read_index(index_path)
+    if index is None:
+        index = _build_corpus(index_path, root, files, max_bytes, val_fraction)
+    data_path = str(index_path.parent / index["file"])
+    n_train, n_val = index["n_train"], index["n_val"]
+    return Dataset(
+        name=name,
+        source=str(root.resolve()),
+        vocab_size=BYTE_VOCAB,
+        fingerprint=index["fingerprint"],
+        bytes_per_token=1.0,
+        train=TokenSpan(data_path, "uint8", 0, n_train),
+        val=TokenSpan(data_path, "uint8", n_train, n_val),
+    )
+
+
+def _read_index(index_path: Path) -> dict[str, Any] | None:
+    """A cached corpus's index, or None when absent or not matching its data file."""
+    try:
+        index = json.loads(index_path.read_text(encoding="utf-8"))
+        size = (index_path.parent / index["file"]).stat().st_size
+        if size == index["n_train"] + index["n_val"]:
+            return index
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        logger.warning("rebuilding the corpus: its cache index %s is unusable (%s)", index_path, exc)
+        return None
+    logger.warning("rebuilding the corpus: the data file of %s has the wrong size", index_path)
+    return None
+
+
+def _build_corpus(
+    index_path: Path,
+    root: Path,
+    files: list[tuple[str, Path, int, int]],
+    max_bytes: int | None,
+    val_fraction: float,
+) -> dict[str, Any]:
+    """Concatenate the text files into one cached byte file: training files, then validation files.
+
+    Written atomically (parts built in a scratch folder, renamed into place, the index written
+    last), so a crash or a concurrent build never leaves a half-written corpus a later run trusts.
+
+    Returns:
+        The index: data file name, fingerprint, split sizes and how each file was used.
+
+    Raises:
+        DataError: a file cannot be read, nothing is left after skipping empty and binary files,
+            or the cache cannot be written.
+    """
+    start = time.perf_counter()
+    folder = index_path.parent
+    manifest: list[list[Any]] = []  # [relative path, "train" or "val", bytes], to audit the split
+    skipped = 0
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder, prefix=".build-") as scratch:
+            parts = {split: Path(scratch, f"{split}.part") for split in ("train", "val")}
+            budget = max_bytes
+            with open(parts["train"], "wb") as train_out, open(parts["val"], "wb") as val_out:
+                for rel, path, _, _ in files:
+                    if budget is not None and budget <= 0:
+                        break
+                    split = "val" if _in_validation(rel, val_fraction) else "train"
+                    written = _copy_text(path, val_out if split == "val" else train_out, budget)
+                    if written is None:
+                        skipped += 1
+                        continue
+                    manifest.append([rel, split, written])
+                    if budget is not None:
+                        budget -= written
+                n_train, n_val = train_out.tell(), val_out.tell()
+            total = n_train + n_val
+            if total == 0:
+                raise DataError(f"no text in {root}: every file is empty or binary")
+            # Append the validation part to the training part, hashing the result as it forms.
+            sha = hashlib.sha256()
+            with open(parts["train"], "r+b") as out, open(parts["val"], "rb") as val_in:
+                while chunk := out.read(_READ_CHUNK):
+                    sha.update(chunk)
+                while chunk := val_in.read(_READ_CHUNK):
+                    sha.update(chunk)
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())  # the data must be on disk before the index vouches for it
+            split_by = "file"
+            if n_train == 0 or n_val == 0:
+                # Too few files for both splits: split the concatenation by position instead.
+                split_by = "bytes"
+                n_val = _val_count(total, val_fraction)
+                n_train = total - n_val
+            fingerprint = _fingerprint(BYTE_VOCAB, "uint8", n_train, n_val, [sha.hexdigest()])
+            data_name = f"{fingerprint}.bin"
+            os.replace(parts["train"], folder / data_name)
+        index = {
+            "format": FORMAT_VERSION,
+            "file": data_name,
+            "fingerprint": fingerprint,
+            "n_train": n_train,
+            "n_val": n_val,
+            "split_by": split_by,
+            "files": manifest,
+        }
+        _write_atomic(index_path, json.dumps(index).encode())
+    except OSError as exc:
+        raise DataError(
+            f"cannot write the corpus cache in {folder}: {exc.strerror}; "
+            "set ARCHSEARCH_CACHE to a writable folder"
+        ) from None
+    if skipped:
+        logger.info("skipped %d empty or binary file(s) under %s", skipped, root)
+    logger.info(
+        "built corpus %s: %d files, %.2f MB (%d validation bytes, split by %s) in %.2f s",
+        data_name,
+        len(manifest),
+        total / 1e6,
+        n_val,
+        split_by,
+        time.perf_counter() - start,
+    )
+    return index
+
+
+def _copy_text(path: Path, out: BinaryIO, budget: int | None) -> int | None:
+    """Append a text file plus DOC_SEPARATOR to `out`, at most `budget` bytes in all.
+
+    Returns:
+        Bytes written, or None for an empty or binary file (nothing written).
+
+    Raises:
+        DataError: the file cannot be read.
+        OSError: `out` cannot be written (the caller reports the cache as unwritable).
+    """
+    with contextlib.closing(_read_chunks(path)) as chunks:
+        first = next(chunks, b"")
+        if not first or b"\0" in first[:_BINARY_SNIFF]:
+            return None
+        written = 0
+        for chunk in itertools.chain([first], chunks):
+            if budget is not None:
+                chunk = chunk[: budget - written]
+            out.write(chunk)
+            written += len(chunk)
+            if budget is not None and written >= budget:
+                return written
+    separator = DOC_SEPARATOR if budget is None else DOC_SEPARATOR[: budget - written]
+    out.write(separator)
+    return written + len(separator)
+
+
+def _read_chunks(path: Path) -> Iterator[bytes]:
+    """A file's bytes in chunks, a read error turned into a DataError naming the file."""
+    try:
+        with open(path, "rb") as f:
+            # The first chunk is at least _BINARY_SNIFF bytes (a regular file reads in full).
+            while chunk := f.read(_READ_CHUNK):
+                yield chunk
+    except OSError as exc:
+        raise DataError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _text_file(path: Path, val_fraction: float) -> Dataset:
+    """A single text file, memory-mapped as it is: its last `val_fraction` of bytes is validation."""
+    scan = _scan(path, "uint8")
+    n_val = _val_count(scan.n_tokens, val_fraction)
+    n_train = scan.n_tokens - n_val
+    return Dataset(
+        name=path.name,
+        source=str(path.resolve()),
+        vocab_size=BYTE_VOCAB,
+        fingerprint=_fingerprint(BYTE_VOCAB, "uint8", n_train, n_val, [scan.sha256]),
+        bytes_per_token=1.0,
+        train=TokenSpan(str(path.resolve()), "uint8", 0, n_train),
+        val=TokenSpan(str(path.resolve()), "uint8", n_train, n_val),
+    )
+
+
+# --- pre-tokenized files ---
+
+
+def _token_file(path: Path, vocab_size: int, dtype: str, val_fraction: float) -> Dataset:
+    """One `.bin` token file: its last `val_fraction` of tokens is validation."""
+    scan = _checked_scan(path, dtype, vocab_size)
+    n_val = _val_count(scan.n_tokens, val_fraction)
+    n_train = scan.n_tokens - n_val
+    return Dataset(
+        name=path.name,
+        source=str(path.resolve()),
+        vocab_size=vocab_size,
+        fingerprint=_fingerprint(vocab_size, dtype, n_train, n_val, [scan.sha256]),
+        bytes_per_token=None,
+        train=TokenSpan(str(path.resolve()), dtype, 0, n_train),
+        val=TokenSpan(str(path.resolve()), dtype, n_train, n_val),
+    )
+
+
+def _split_token_files(folder: Path, vocab_size: int, dtype: str) -> Dataset:
+    """A folder with `train.bin` and `val.bin`, split already (nanoGPT's prepare.py layout)."""
+    paths = {split: folder / f"{split}.bin" for split in ("train", "val")}
+    for split, path in paths.items():
+        if not path.is_file():
+            raise DataError(
+                f"{folder} has no {split}.bin; a pre-tokenized folder needs train.bin and val.bin"
+            )
+    train, val = (_checked_scan(paths[s], dtype, vocab_size) for s in ("train", "val"))
+    return Dataset(
+        name=folder.name,
+        source=str(folder.resolve()),
+        vocab_size=vocab_size,
+        fingerprint=_fingerprint(vocab_size, dtype, train.n_tokens, val.n_tokens, [train.sha256, val.sha256]),
+        bytes_per_token=None,
+        train=TokenSpan(str(paths["train"].resolve()), dtype, 0, train.n_tokens),
+        val=TokenSpan(str(paths["val"].resolve()), dtype, 0, val.n_tokens),
+    )
+
+
+def _checked_scan(path: Path, dtype: str, vocab_size: int) -> _Scan:
+    """Scan a token file and check every id is below `vocab_size`."""
+    scan = _scan(path, dtype)
+    if scan.max_id >= vocab_size:
+        raise DataError(
+            f"{path}: token id {scan.max_id} is >= vocab_size {vocab_size}; is vocab_size or dtype wrong?"
+        )
+    return scan
+
+
+@dataclass(frozen=True)
+class _Scan:
+    """What one pass over a token file learns."""
+
+    n_tokens: int
+    max_id: int
+    sha256: str  # of the file's bytes
+
+
+def _scan(path: Path, dtype: str) -> _Scan:
+    """Count, hash and find the largest id of a token file, chunk by chunk; cached.
+
+    The cache is keyed by the file's resolved path, size and modification time, so the pass over
+    a multi-gigabyte file happens once, not in every trial's worker.
+
+    Raises:
+        DataError: the file is unreadable, empty, or not a whole number of `dtype` tokens.
+    """
+    itemsize = TOKEN_DTYPES[dtype].itemsize
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise DataError(f"cannot read {path}: {exc.strerror}") from None
+    if st.st_size == 0:
+        raise DataError(f"data file is empty: {path}")
+    if st.st_size % itemsize:
+        raise DataError(
+            f"{path} is {st.st_size} bytes, not a whole number of {dtype} tokens "
+            f"({itemsize} bytes each); is dtype wrong?"
+        )
+    key = _digest([FORMAT_VERSION, str(path.resolve()), st.st_size, st.st_mtime_ns, dtype])
+    cached = cache_dir() / "scans" / f"{key[:32]}.json"
+    try:
+        return _Scan(**json.loads(cached.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        pass  # not scanned yet, or an unreadable entry: scan again
+    sha = hashlib.sha256()
+    max_id = 0
+    chunk_bytes = _SCAN_CHUNK * itemsize
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(chunk_bytes):
+                sha.update(chunk)
+                max_id = max(max_id, int(np.frombuffer(chunk, dtype=TOKEN_DTYPES[dtype]).max()))
+    except OSError as exc:
+        raise DataError(f"cannot read {path}: {exc.strerror}") from None
+    scan = _Scan(n_tokens=st.st_size // itemsize, max_id=max_id, sha256=sha.hexdigest())
+    try:
+        _write_atomic(cached, json.dumps(dataclasses.asdict(scan)).encode())
+    except OSError as exc:  # the scan cache only saves time; the data is fine without it
+        logger.warning("cannot cache the scan of %s in %s: %s", path, cached.parent, exc.strerror)
+    return scan
+
+
+# --- helpers ---
+
+
+def _batch(
+    tokens: np.ndarray, starts: np.ndarray, seq_len: int, device: str | torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and targets for windows at `starts`: each (len(starts), seq_len) int64 on `device`."""
+    import torch
+
+    # One gather of seq_len + 1 tokens per row reads each window once; a memmap reads only the
+    # pages the indices touch. int64 because embeddings and cross_entropy index with it.
+    window = tokens[starts[:, None] + np.arange(seq_len + 1)].astype(np.int64)  # (B, T+1)
+    x = torch.from_numpy(np.ascontiguousarray(window[:, :-1]))  # (B, T)
+    y = torch.from_numpy(np.ascontiguousarray(window[:, 1:]))  # (B, T)
+    target = torch.device(device)
+    if target.type == "cuda":
+        # Pinned host memory lets the copy run asynchronously, overlapping compute (nanoGPT).
+        return x.pin_memory().to(target, non_blocking=True), y.pin_memory().to(target, non_blocking=True)
+    return x.to(target), y.to(target)
+
+
+def _val_count(n_tokens: int, val_fraction: float) -> int:
+    """Validation tokens of a split by position: at least one, so a tiny file fails the size check."""
+    return max(1, round(n_tokens * val_fraction))
+
+
+def _fingerprint(vocab_size: int, dtype: str, n_train: int, n_val: int, digests: list[str]) -> str:
+    """`"<16 hex>-v<vocab_size>"` over the sources' sha256 digests, the dtype and the split sizes."""
+    return f"{_digest([FORMAT_VERSION, dtype, n_train, n_val, digests])[:16]}-v{vocab_size}"
+
+
+def _digest(parts: list[Any]) -> str:
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write `path` whole or not at all: a temporary file in the same folder, then a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".tmp-", delete=False) as tmp:
+        try:
+            tmp.write(data)
+        except BaseException:
+            os.unlink(tmp.name)
+            raise
+    os.replace(tmp.name, path)
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise DataError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _check_byte_vocab(vocab_size: int | None, what: str) -> None:
+    if vocab_size is not None and vocab_size != BYTE_VOCAB:
+        raise DataError(
+            f"{what} is byte-level text with vocab_size {BYTE_VOCAB}, got vocab_size={vocab_size}"
+        )
+
+
+def _check_token_vocab(vocab_size: int | None, dtype: str, path: Path) -> int:
+    """The vocabulary of a pre-tokenized source: given, positive and representable in `dtype`."""
+    limit = np.iinfo(TOKEN_DTYPES[dtype]).max + 1
+    if vocab_size is None:
+        raise DataError(
+            f"{path} holds pre-tokenized ids: give its vocab_size "
+            "(the tokenizer's vocabulary, 50257 for GPT-2)"
+        )
+    _check_positive("vocab_size", vocab_size)
+    if vocab_size > limit:
+        raise DataError(f"vocab_size {vocab_size} does not fit {dtype} ids (at most {limit}); use uint32")
+    return vocab_size

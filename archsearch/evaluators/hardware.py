@@ -1,0 +1,905 @@
+"""Predicted kernel times of a training step on devices that are not here. Pure, no torch.
+
+A tile-and-wave roofline (BRIEF.md section 5; NVIDIA, "Matrix Multiplication Background User's
+Guide", DU-09799-001, sections 2-3). A GEMM `(m x k) @ (k x n)` runs as output tiles of
+`tile_m x tile_n`, one tile per streaming multiprocessor (SM) at a time:
+1. Tile quantization: the kernel computes `ceil(m/tile_m) * ceil(n/tile_n)` whole tiles, so a
+   dimension one past a tile edge pays for a whole, mostly empty, extra row of tiles.
+2. Wave quantization: tiles run in waves of one per SM; `ceil(tiles / SMs)` waves each take as
+   long as one tile, so a last wave that is nearly empty costs a full one.
+3. Alignment: a dimension that is not a multiple of 16 bytes (8 elements in 16-bit types) falls
+   back to slower kernels; one aligned to 16 bytes but not to 64 elements runs a little slower.
+   This is separate from 1 and 2: k = 4095 and k = 4096 run the same tiles.
+4. Roofline: a call takes `max(compute, memory) + launch`, memory being A, B and C moved once.
+The GEMM library's heuristic is modelled as picking, among the catalogued tiles (and split-K when
+one wave would leave SMs idle), the plan with the least predicted time. Attention calls are a
+roofline on their causal FLOPs at a flash-kernel efficiency, memory-bound ops their bytes over the
+achievable bandwidth, and a step is the sum of its kernels run back to back on one stream.
+
+Everything published about a device lives in `ACCELERATORS` with its source; everything that is
+a modelling assumption (achievable fractions of peak, alignment penalties) is a field of
+`DeviceModel`, where `calibrate` can fit it to measurements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import platform
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from archsearch.errors import ConfigError, UnknownNameError
+from archsearch.evaluators.kernels import (
+    AttentionCall,
+    Gemm,
+    GemmWidths,
+    KernelRow,
+    MemoryOp,
+    MemoryRow,
+    ProfileReport,
+    StepKernels,
+    step_kernels,
+)
+from archsearch.registry import Registry
+from archsearch.space.config import ArchConfig
+from archsearch.space.costs import DTYPE_BYTES
+
+
+# --- dtypes a kernel computes in ---
+@dataclass(frozen=True)
+class ComputeDtype:
+    """A math mode: how operands are stored (a `DTYPE_BYTES` name) and which units run it."""
+
+    storage: str  # tf32 is a tensor-core mode over fp32 storage
+    tensor_core: bool
+
+    @property
+    def bytes(self) -> int:
+        return DTYPE_BYTES[self.storage]
+
+
+COMPUTE_DTYPES: Registry[ComputeDtype] = Registry("compute dtype")
+# Plain FP32 on CUDA cores: PyTorch's default for fp32 matmuls (allow_tf32 is off since 1.12).
+COMPUTE_DTYPES.register("fp32", ComputeDtype("fp32", tensor_core=False))
+COMPUTE_DTYPES.register("tf32", ComputeDtype("fp32", tensor_core=True))
+COMPUTE_DTYPES.register("bf16", ComputeDtype("bf16", tensor_core=True))
+COMPUTE_DTYPES.register("fp16", ComputeDtype("fp16", tensor_core=True))
+COMPUTE_DTYPES.register("fp8", ComputeDtype("fp8", tensor_core=True))
+
+
+# --- the catalogue ---
+@dataclass(frozen=True)
+class Accelerator:
+    """What is published about a device. Every number comes from `source`.
+
+    Raises:
+        ConfigError: a count, rate or tile is not positive, or a peak names an unknown dtype.
+    """
+
+    name: str  # human name
+    units: int  # streaming multiprocessors (GPU) or cores (CPU): each runs one tile at a time
+    # Dense (no 2:4 sparsity) peak TFLOP/s per compute dtype, FP32 accumulation for 16-bit and
+    # FP8 tensor math (what training uses). A dtype missing here is not supported by the part.
+    peak_tflops: tuple[tuple[str, float], ...]
+    memory_bandwidth: float  # bytes/s of device memory (HBM or GDDR)
+    tiles: tuple[tuple[int, int], ...]  # (tile_m, tile_n) output tiles the GEMM library uses
+    alignment_bytes: int  # leading dimensions must be multiples of this for full-speed kernels
+    launch_overhead_s: float  # fixed cost of one kernel call
+    source: str
+
+    def __post_init__(self) -> None:
+        if self.units <= 0:
+            raise ConfigError(f"{self.name}: units must be positive, got {self.units}")
+        if not self.peak_tflops:
+            raise ConfigError(f"{self.name}: peak_tflops needs at least one dtype")
+        for dtype, tflops in self.peak_tflops:
+            COMPUTE_DTYPES[dtype]  # raises UnknownNameError listing the compute dtypes
+            if not tflops > 0:
+                raise ConfigError(f"{self.name}: peak {dtype} TFLOP/s must be positive, got {tflops}")
+        if not self.memory_bandwidth > 0:
+            raise ConfigError(f"{self.name}: memory_bandwidth must be positive")
+        if not self.tiles or any(tm <= 0 or tn <= 0 for tm, tn in self.tiles):
+            raise ConfigError(f"{self.name}: tiles must be non-empty positive (tile_m, tile_n)")
+        if self.alignment_bytes <= 0 or self.launch_overhead_s < 0:
+            raise ConfigError(f"{self.name}: alignment_bytes > 0 and launch_overhead_s >= 0 required")
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        return tuple(dtype for dtype, _ in self.peak_tflops)
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak FLOP/s in `dtype`.
+
+        Raises:
+            UnknownNameError: `dtype` is not a compute dtype, or this part lacks it.
+        """
+        COMPUTE_DTYPES[dtype]  # an unknown dtype is reported as such, not as missing here
+        for name, tflops in self.peak_tflops:
+            if name == dtype:
+                return tflops * 1e12
+        valid = ", ".join(self.dtypes)
+        raise UnknownNameError(f"{self.name} has no {dtype} peak; valid: {valid}")
+
+    def alignment_elements(self, dtype: str) -> int:
+        """Alignment in elements of `dtype`: 16 bytes is 8 bf16, 16 fp8, 4 fp32 elements."""
+        return max(1, self.alignment_bytes // COMPUTE_DTYPES[dtype].bytes)
+
+
+# cuBLAS's typical output tiles (Matrix Multiplication Background guide, section 2.3), largest
+# first: larger tiles reuse each loaded operand more, so they win ties. Plus skinny 16-wide tiles
+# (16 rows is the smallest tensor-core MMA, and cublasLt lists tiles down to 8x8) so that a GEMM
+# with few rows, such as a small batch, is not charged for 64 rows of work.
+_CUBLAS_TILES = (
+    (256, 128), (128, 256), (128, 128), (256, 64), (64, 256), (128, 64), (64, 128), (64, 64),
+    (128, 16), (16, 128),
+)  # fmt: skip
+# Tensor cores need leading dimensions in multiples of 16 bytes (guide, section 2.2).
+_TENSOR_CORE_ALIGNMENT_BYTES = 16
+# A typical CUDA kernel launch-to-launch cost; an assumption, not a datasheet figure: calibrate().
+_CUDA_LAUNCH_S = 4e-6
+_GPU_MODEL_NOTE = (
+    "; tiles and 16-byte alignment: NVIDIA Matrix Multiplication Background User's Guide; "
+    "launch overhead: assumed 4 us"
+)
+
+ACCELERATORS: Registry[Accelerator] = Registry("accelerator")
+ACCELERATORS.register(
+    "a100-80gb",
+    Accelerator(
+        name="NVIDIA A100 80GB SXM",
+        units=108,
+        peak_tflops=(("fp32", 19.5), ("tf32", 156.0), ("bf16", 312.0), ("fp16", 312.0)),
+        memory_bandwidth=2.039e12,
+        tiles=_CUBLAS_TILES,
+        alignment_bytes=_TENSOR_CORE_ALIGNMENT_BYTES,
+        launch_overhead_s=_CUDA_LAUNCH_S,
+        source=(
+            "NVIDIA A100 Tensor Core GPU datasheet (80GB SXM): FP32 19.5, TF32 156, BF16/FP16 312 "
+            "dense TFLOP/s (sparse figures halved), 2,039 GB/s; NVIDIA A100 Tensor Core GPU "
+            "Architecture whitepaper: 108 SMs; no FP8 tensor cores" + _GPU_MODEL_NOTE
+        ),
+    ),
+)
+ACCELERATORS.register(
+    "h100-sxm",
+    Accelerator(
+        name="NVIDIA H100 SXM5 80GB",
+        units=132,
+        peak_tflops=(
+            ("fp32", 66.9),
+            ("tf32", 494.7),
+            ("bf16", 989.4),
+            ("fp16", 989.4),
+            ("fp8", 1978.9),
+        ),
+        memory_bandwidth=3.35e12,
+        tiles=_CUBLAS_TILES,
+        alignment_bytes=_TENSOR_CORE_ALIGNMENT_BYTES,
+        launch_overhead_s=_CUDA_LAUNCH_S,
+        source=(
+            "NVIDIA H100 Tensor Core GPU Architecture whitepaper (H100 SXM5): 132 SMs, dense "
+            "FP32 66.9, TF32 494.7, BF16/FP16 989.4, FP8 1978.9 TFLOP/s; NVIDIA H100 datasheet "
+            "(SXM): 3.35 TB/s HBM3" + _GPU_MODEL_NOTE
+        ),
+    ),
+)
+ACCELERATORS.register(
+    "h200",
+    Accelerator(
+        name="NVIDIA H200 SXM 141GB",
+        units=132,
+        peak_tflops=(
+            ("fp32", 67.0),
+            ("tf32", 494.5),
+            ("bf16", 989.5),
+            ("fp16", 989.5),
+            ("fp8", 1979.0),
+        ),
+        memory_bandwidth=4.8e12,
+        tiles=_CUBLAS_TILES,
+        alignment_bytes=_TENSOR_CORE_ALIGNMENT_BYTES,
+        launch_overhead_s=_CUDA_LAUNCH_S,
+        source=(
+            "NVIDIA H200 Tensor Core GPU product brief (SXM): FP32 67, TF32 989, BF16/FP16 1,979, "
+            "FP8 3,958 TFLOP/s with sparsity (halved here for dense), 4.8 TB/s HBM3e; same GH100 "
+            "SXM5 compute as H100, 132 SMs (H100 whitepaper)" + _GPU_MODEL_NOTE
+        ),
+    ),
+)
+ACCELERATORS.register(
+    "l4",
+    Accelerator(
+        name="NVIDIA L4 24GB",
+        units=58,
+        peak_tflops=(("fp32", 30.3), ("tf32", 60.0), ("bf16", 121.0), ("fp16", 121.0), ("fp8", 242.5)),
+        memory_bandwidth=300e9,
+        tiles=_CUBLAS_TILES,
+        alignment_bytes=_TENSOR_CORE_ALIGNMENT_BYTES,
+        launch_overhead_s=_CUDA_LAUNCH_S,
+        source=(
+            "NVIDIA L4 Tensor Core GPU datasheet: FP32 30.3, TF32 120, BF16/FP16 242, FP8 485 "
+            "TFLOP/s with sparsity (halved here for dense), 300 GB/s GDDR6; 58 SMs, not in the "
+            "datasheet: 7,424 CUDA cores (TechPowerUp GPU database) at 128 per Ada SM (Ada "
+            "whitepaper), which matches the datasheet: 58 SMs x 1,024 dense FP16 FLOP/clk x "
+            "2.04 GHz boost = 121 TFLOP/s" + _GPU_MODEL_NOTE
+        ),
+    ),
+)
+ACCELERATORS.register(
+    "rtx4090",
+    Accelerator(
+        name="NVIDIA GeForce RTX 4090",
+        units=128,
+        # GeForce Ada runs 16-bit tensor math with FP32 accumulate at half the FP16-accumulate
+        # rate (330.3 TFLOP/s); training accumulates in FP32.
+        peak_tflops=(("fp32", 82.6), ("tf32", 82.6), ("bf16", 165.2), ("fp16", 165.2), ("fp8", 330.3)),
+        memory_bandwidth=1008e9,
+        tiles=_CUBLAS_TILES,
+        alignment_bytes=_TENSOR_CORE_ALIGNMENT_BYTES,
+        launch_overhead_s=_CUDA_LAUNCH_S,
+        source=(
+            "NVIDIA Ada GPU Architecture whitepaper, RTX 4090 column: 128 SMs, FP32 82.6, TF32 "
+            "82.6, FP16/BF16 with FP32 accumulate 165.2, FP8 with FP32 accumulate 330.3 dense "
+            "TFLOP/s, 1,008 GB/s GDDR6X" + _GPU_MODEL_NOTE
+        ),
+    ),
+)
+
+
+# --- the model ---
+@dataclass(frozen=True)
+class DeviceModel:
+    """A catalogued (or calibrated) device plus the modelling assumptions `calibrate` can fit.
+
+    Raises:
+        ConfigError: an efficiency or factor is not positive, or a factor exceeds 1.
+    """
+
+    device: Accelerator
+    # Achievable fractions of the published peaks: large aligned cuBLAS GEMMs reach ~75-85% of
+    # dense peak, streaming kernels ~80-90% of DRAM bandwidth. Round defaults; calibrate().
+    compute_efficiency: float = 0.8
+    bandwidth_efficiency: float = 0.85
+    launch_overhead_s: float | None = None  # None: the catalogued device's figure
+    # Flash attention relative to a GEMM: FlashAttention-2 reaches 50-73% of A100 peak forward
+    # and less backward (Dao 2023), against ~80% for GEMMs.
+    attention_efficiency: float = 0.8
+    # Alignment (assumed penalties; the guide shows the effect, its size varies by library and
+    # shape): off the 16-byte alignment a fallback kernel runs at about half speed; aligned to
+    # 16 bytes but not to `well_aligned_elements` costs a little (BRIEF.md section 5).
+    misaligned_factor: float = 0.5
+    coarse_aligned_factor: float = 0.9
+    well_aligned_elements: int = 64
+    # A tile reuses each loaded element tile_m*tile_n/(tile_m+tile_n) times per k step; a small
+    # tile needs more operand bandwidth per FLOP. Its speed relative to an infinitely large tile is
+    # reuse / (reuse + tile_reuse_half), normalised to the device's best tile.
+    tile_reuse_half: float = 16.0
+    max_split_k: int = 16  # split-K slices tried when one wave of output tiles leaves units idle
+    fast_head_dims: tuple[int, ...] = (64, 128)  # flash kernels are tuned for these head sizes
+    other_head_dim_factor: float = 0.85  # "mild" penalty for any other head_dim
+
+    def __post_init__(self) -> None:
+        for name in ("compute_efficiency", "bandwidth_efficiency", "attention_efficiency"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
+                raise ConfigError(f"{name} must be a positive number, got {value!r}")
+        for name in ("misaligned_factor", "coarse_aligned_factor", "other_head_dim_factor"):
+            value = getattr(self, name)
+            if not 0 < value <= 1:
+                raise ConfigError(f"{name} must be in (0, 1], got {value!r}")
+        if self.launch_overhead_s is not None and not self.launch_overhead_s >= 0:
+            raise ConfigError(f"launch_overhead_s must be >= 0, got {self.launch_overhead_s!r}")
+        if self.well_aligned_elements <= 0 or self.max_split_k < 1 or self.tile_reuse_half < 0:
+            raise ConfigError("well_aligned_elements > 0, max_split_k >= 1, tile_reuse_half >= 0 required")
+
+    @property
+    def launch_s(self) -> float:
+        """The launch overhead in use: this model's, else the device's."""
+        if self.launch_overhead_s is None:
+            return self.device.launch_overhead_s
+        return self.launch_overhead_s
+
+    @property
+    def bandwidth(self) -> float:
+        """Achievable bytes/s."""
+        return self.device.memory_bandwidth * self.bandwidth_efficiency
+
+
+def device_model(name: str, **assumptions: Any) -> DeviceModel:
+    """The model of catalogued device `name`, with any `DeviceModel` field overridden.
+
+    Raises:
+        UnknownNameError: `name` is not in ACCELERATORS (the message lists the valid names).
+        ConfigError: an overridden assumption is out of range.
+    """
+    return DeviceModel(device=ACCELERATORS[name], **assumptions)
+
+
+def local_cpu(
+    cores: int | None = None,
+    gflops_per_core: float = 50.0,
+    bandwidth_gbs: float = 20.0,
+    tile: tuple[int, int] = (6, 16),
+) -> DeviceModel:
+    """A starting model of this machine's CPU, to be fitted with `calibrate`.
+
+    The peak and bandwidth are nominal placeholders (about one AVX2 core: 2 FMA pipes x 8 fp32
+    lanes x 2 FLOPs x ~1.5 GHz sustained); `calibrate` replaces them with effective values.
+
+    Args:
+        cores: parallel units; default the cores this process may run on.
+        gflops_per_core: nominal fp32 GFLOP/s of one core.
+        bandwidth_gbs: nominal memory bandwidth of the whole socket, GB/s.
+        tile: the register micro-tile (rows, columns) of fp32 output one core computes at a
+            time. The default is BLIS's Haswell/Zen sgemm kernel: six rows of two 8-lane AVX2
+            vectors. Cores share out micro-tiles, so wave effects stay small on a CPU.
+
+    Returns:
+        A DeviceModel with efficiencies 1 (the fit goes into the peaks) and mild alignment
+        penalties: BLAS libraries copy operands into aligned panels, so an odd size costs only
+        edge micro-kernels.
+    """
+    units = cores if cores is not None else _available_cores()
+    if units <= 0:
+        raise ConfigError(f"cores must be positive, got {units}")
+    device = Accelerator(
+        name=f"local CPU ({platform.machine() or 'unknown'}, {units} cores)",
+        units=units,
+        peak_tflops=(("fp32", units * gflops_per_core / 1e3),),
+        memory_bandwidth=bandwidth_gbs * 1e9,
+        tiles=(tile,),
+        # One 64-byte cache line (16 fp32 elements): panels are packed in whole lines.
+        alignment_bytes=64,
+        launch_overhead_s=1e-5,  # a PyTorch CPU op's dispatch cost, nominal
+        source="nominal placeholders for the local CPU; fit with calibrate()",
+    )
+    return DeviceModel(
+        device=device,
+        compute_efficiency=1.0,
+        bandwidth_efficiency=1.0,
+        misaligned_factor=0.95,
+        coarse_aligned_factor=1.0,
+        tile_reuse_half=0.0,
+    )
+
+
+def _available_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+# --- GEMMs ---
+@dataclass(frozen=True)
+class GemmPlan:
+    """The predicted execution of one GEMM call `(m x k) @ (k x n)`."""
+
+    m: int
+    n: int
+    k: int
+    dtype: str
+    tile: tuple[int, int]  # (tile_m, tile_n) the library is predicted to pick
+    split_k: int  # slices of k run in parallel (1: no split)
+    tiles: int  # tiles launched: output tiles x split_k
+    waves: int  # ceil(tiles / units)
+    wave_efficiency: float  # tiles / (waves * units): 1 when the last wave is full
+    alignment_factor: float  # 1, coarse_aligned_factor or misaligned_factor
+    compute_s: float
+    memory_s: float
+    launch_s: float
+
+    @property
+    def time_s(self) -> float:
+        """Seconds per call: the roofline plus the launch overhead."""
+        return max(self.compute_s, self.memory_s) + self.launch_s
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+    @property
+    def tflops(self) -> float:
+        """Achieved TFLOP/s (useful FLOPs only)."""
+        return self.flops / self.time_s / 1e12
+
+    @property
+    def tile_efficiency(self) -> float:
+        """Useful fraction of the computed output area: m*n over the area of whole tiles."""
+        tm, tn = self.tile
+        return self.m * self.n / (math.ceil(self.m / tm) * tm * math.ceil(self.n / tn) * tn)
+
+    @property
+    def bound(self) -> str:
+        return "compute" if self.compute_s >= self.memory_s else "memory"
+
+
+def _check_size(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _alignment_factor(model: DeviceModel, dims: Sequence[int], align: int) -> float:
+    """Speed factor of the worst-aligned dimension: one fallback kernel, not one per dimension."""
+    if any(d % align for d in dims):
+        return model.misaligned_factor
+    if any(d % model.well_aligned_elements for d in dims):
+        return model.coarse_aligned_factor
+    return 1.0
+
+
+def _tile_speeds(model: DeviceModel) -> dict[tuple[int, int], float]:
+    """Each catalogued tile's speed relative to the device's best tile (operand reuse)."""
+
+    def speed(tile: tuple[int, int]) -> float:
+        reuse = tile[0] * tile[1] / (tile[0] + tile[1])
+        return reuse / (reuse + model.tile_reuse_half)
+
+    best = max(speed(t) for t in model.device.tiles)
+    return {t: speed(t) / best for t in model.device.tiles}
+
+
+def _gemm_options(model: DeviceModel, m: int, n: int, k: int, dtype: str) -> list[GemmPlan]:
+    """Every (tile, split-K) plan the library could run for this call."""
+    for name, value in (("m", m), ("n", n), ("k", k)):
+        _check_size(name, value)
+    device = model.device
+    spec = COMPUTE_DTYPES[dtype]
+    unit_rate = device.peak_flops(dtype) * model.compute_efficiency / device.units
+    align = _alignment_factor(model, (m, n, k), device.alignment_elements(dtype))
+    bandwidth = model.bandwidth
+    operand_bytes = (m * k + k * n + m * n) * spec.bytes
+    plans = []
+    for tile, tile_speed in _tile_speeds(model).items():
+        tm, tn = tile
+        out_tiles = math.ceil(m / tm) * math.ceil(n / tn)
+        # Split-K only when one wave of output tiles leaves units idle, as cuBLAS's heuristics
+        # do; its fp32 partial sums are written and read back once more.
+        splits = [1]
+        if out_tiles < device.units:
+            splits += [s for s in (2, 4, 8, 16, 32, 64) if s <= model.max_split_k]
+        for split in splits:
+            tiles = out_tiles * split
+            waves = math.ceil(tiles / device.units)
+            # One wave lasts as long as one tile's k-loop on one unit.
+            tile_s = 2 * tm * tn * math.ceil(k / split) / (unit_rate * tile_speed * align)
+            extra = 2 * split * m * n * 4 if split > 1 else 0
+            plans.append(
+                GemmPlan(
+                    m=m, n=n, k=k, dtype=dtype, tile=tile, split_k=split, tiles=tiles, waves=waves,
+                    wave_efficiency=tiles / (waves * device.units), alignment_factor=align,
+                    compute_s=waves * tile_s, memory_s=(operand_bytes + extra) / bandwidth,
+                    launch_s=model.launch_s,
+                )
+            )  # fmt: skip
+    return plans
+
+
+def plan_gemm(model: DeviceModel, m: int, n: int, k: int, dtype: str = "bf16") -> GemmPlan:
+    """The fastest predicted plan for one call of `(m x k) @ (k x n)` in `dtype`.
+
+    Ties go to the earlier (larger) catalogued tile, as larger tiles reuse operands more.
+
+    Raises:
+        ConfigError: m, n or k is not a positive integer.
+        UnknownNameError: `dtype` is unknown or the device lacks it.
+    """
+    plans = _gemm_options(model, m, n, k, dtype)
+    return min(plans, key=lambda p: max(p.compute_s, p.memory_s))
+
+
+def predict_gemm(model: DeviceModel, m: int, n: int, k: int, dtype: str = "bf16") -> float:
+    """Predicted seconds of one call of `(m x k) @ (k x n)` (see `plan_gemm`)."""
+    return plan_gemm(model, m, n, k, dtype).time_s
+
+
+# --- attention and memory-bound kernels ---
+def predict_attention(model: DeviceModel, call: AttentionCall, dtype: str = "bf16") -> float:
+    """Predicted seconds of all `call.count` calls of one causal SDPA shape (flash kernels).
+
+    A roofline on the causal FLOPs and the bytes of q, k, v and o: forward reads q, k, v and
+    writes o; backward reads q, k, v, o, do and writes dq, dk, dv.
+
+    Raises:
+        UnknownNameError: `dtype` is unknown or the device lacks it.
+    """
+    device = model.device
+    size = COMPUTE_DTYPES[dtype].bytes
+    factor = 1.0 if call.head_dim in model.fast_head_dims else model.other_head_dim_factor
+    if call.head_dim % device.alignment_elements(dtype):
+        factor *= model.misaligned_factor
+    rate = device.peak_flops(dtype) * model.compute_efficiency * model.attention_efficiency * factor
+    q = call.batch * call.n_heads * call.seq_len * call.head_dim
+    kv = call.batch * call.n_kv_heads * call.seq_len * call.head_dim
+    tensors = 2 if call.name == "sdpa.fwd" else 4  # per q-sized and per kv-sized tensor
+    per_call_bytes = tensors * (q + kv) * size
+    per_call_flops = call.causal_flops / call.count
+    roofline = max(per_call_flops / rate, per_call_bytes / model.bandwidth)
+    return call.count * (roofline + model.launch_s)
+
+
+def predict_memory_op(model: DeviceModel, op: MemoryOp) -> float:
+    """Predicted seconds of a memory-bound step: its bytes at achievable bandwidth, one launch.
+
+    `MemoryOp` records bytes but not calls, so one launch overhead is charged per op.
+    """
+    return op.bytes / model.bandwidth + model.launch_s
+
+
+# --- a whole step ---
+def predict_step(model: DeviceModel, kernels: StepKernels, compute_dtype: str | None = None) -> ProfileReport:
+    """Predict every kernel of one training step: the profiler's report, marked as modelled.
+
+    Args:
+        model: the device model.
+        kernels: the step's inventory, from `kernels.step_kernels`.
+        compute_dtype: math mode of GEMMs and attention; default the inventory's dtype (pass
+            "tf32" for fp32 tensors with TF32 enabled).
+
+    Raises:
+        UnknownNameError: the dtype is unknown or the device lacks it.
+    """
+    dtype = kernels.dtype if compute_dtype is None else compute_dtype
+    rows = [
+        KernelRow(g.name, "gemm", *g.shape, g.count, dtype, g.shape, g.flops // g.count,
+                  predict_gemm(model, *g.shape, dtype))
+        for g in kernels.gemms
+    ]  # fmt: skip
+    rows += [
+        # Attention rows as the profiler writes them: batch * heads, seq_len, head_dim.
+        KernelRow(a.name, a.name, a.batch * a.n_heads, a.seq_len, a.head_dim, a.count, dtype,
+                  (a.batch, a.n_heads, a.n_kv_heads, a.seq_len, a.head_dim), a.causal_flops // a.count,
+                  predict_attention(model, a, dtype) / a.count)
+        for a in kernels.attention
+    ]  # fmt: skip
+    memory = tuple(MemoryRow(op.name, op.bytes, predict_memory_op(model, op)) for op in kernels.memory_ops)
+    device = model.device
+    return ProfileReport(
+        config=kernels.config,
+        device={"name": device.name, "units": device.units, "fingerprint": f"model:{device.name}"},
+        dtype=dtype,
+        batch=kernels.batch,
+        tokens=kernels.tokens,
+        kernels=tuple(rows),
+        memory_ops=memory,
+        bandwidth_bytes_per_s=model.bandwidth,
+        min_run_time=0.0,
+        modelled=True,
+    )
+
+
+# --- alignment report ---
+# The widths the report examines, in GemmWidths field names (q/kv: the attention projections).
+REPORT_DIMENSIONS = ("d_model", "d_ff", "q_width", "kv_width", "vocab_size", "tokens")
+
+
+@dataclass(frozen=True)
+class SizeOption:
+    """A nearby size for one dimension and what it is predicted to gain."""
+
+    value: int
+    reason: str  # why it was tried: "multiple of 128 above", "fills the last wave", ...
+    step_gain_pct: float  # step time saved, % (positive: faster); the rest of the step held fixed
+    gemm_gain_pct: float  # achieved TFLOP/s of the dimension's GEMMs, % (positive: more efficient)
+
+    @property
+    def better(self) -> bool:
+        """At least 1% more efficient per FLOP. A smaller size is always a faster step (less
+        work), so the step gain alone does not make a size better."""
+        return self.gemm_gain_pct >= 1.0
+
+
+@dataclass(frozen=True)
+class DimensionReport:
+    """How hardware-friendly one width is on the target, and nearby sizes that do better."""
+
+    name: str
+    value: int
+    gemm_sizes: tuple[int, ...]  # the sizes GEMMs see: d_ff and 2*d_ff when gated, q+2kv fused
+    aligned: bool  # all a multiple of the tensor-core alignment (8 elements for 16-bit)
+    well_aligned: bool  # all a multiple of the model's well_aligned_elements (64)
+    tile_friendly: bool  # the tiles picked for its GEMMs cover it exactly (no partial tile)
+    wave_friendly: bool  # its GEMMs' time-weighted wave efficiency reaches the threshold
+    wave_efficiency: float
+    gemm_time_s: float  # per step, all GEMMs that use this width
+    options: tuple[SizeOption, ...]  # nearest first
+
+    @property
+    def better_options(self) -> tuple[SizeOption, ...]:
+        return tuple(o for o in self.options if o.better)
+
+
+@dataclass(frozen=True)
+class AlignmentReport:
+    """Per-dimension hardware friendliness of one config and micro-batch on one device."""
+
+    device: str
+    dtype: str
+    batch: int
+    step_time_s: float
+    dimensions: tuple[DimensionReport, ...]
+
+    def dimension(self, name: str) -> DimensionReport:
+        """The report on dimension `name`.
+
+        Raises:
+            UnknownNameError: no such dimension (the message lists them).
+        """
+        for dim in self.dimensions:
+            if dim.name == name:
+                return dim
+        valid = ", ".join(d.name for d in self.dimensions)
+        raise UnknownNameError(f"unknown dimension {name!r}; valid: {valid}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _gemm_set_time(model: DeviceModel, gemms: Iterable[Gemm], dtype: str) -> tuple[float, int]:
+    """Seconds and FLOPs of all calls of `gemms`."""
+    gemms = tuple(gemms)
+    return sum(g.count * predict_gemm(model, *g.shape, dtype) for g in gemms), sum(g.flops for g in gemms)
+
+
+def _candidates(
+    model: DeviceModel, widths: GemmWidths, name: str, touched: Sequence[int], dtype: str, max_change: float
+) -> list[tuple[int, str]]:
+    """Nearby values of width `name`: multiples of 64 and 128 each side, and wave-filling sizes."""
+    value = getattr(widths, name)
+    found: dict[int, list[str]] = {}
+    for mult in (64, 128):
+        down, up = (value // mult) * mult, -(-value // mult) * mult
+        if 0 < down < value:
+            found.setdefault(down, []).append(f"multiple of {mult} below")
+        if up > value:
+            found.setdefault(up, []).append(f"multiple of {mult} above")
+    # Wave filling, on the slowest GEMM where the width sets an output side (m or n).
+    base = widths.gemms()
+    bumped = dataclasses.replace(widths, **{name: value + 1}).gemms()
+    best: tuple[float, int, str] | None = None
+    for i in touched:
+        g, h = base[i], bumped[i]
+        for axis in ("m", "n"):
+            slope = getattr(h, axis) - getattr(g, axis)
+            if slope:
+                t = g.count * predict_gemm(model, *g.shape, dtype)
+                if best is None or t > best[0]:
+                    best = (t, i, axis)
+    if best is not None:
+        _, i, axis = best
+        g = base[i]
+        slope = getattr(bumped[i], axis) - getattr(g, axis)
+        offset = getattr(g, axis) - slope * value  # GEMM side = slope * value + offset
+        plan = plan_gemm(model, *g.shape, dtype)
+        if plan.split_k == 1:
+            tm, tn = plan.tile
+            edge, other = (tm, math.ceil(g.n / tn)) if axis == "m" else (tn, math.ceil(g.m / tm))
+            align = model.device.alignment_elements(dtype)
+            units = model.device.units
+            for waves, reason in ((plan.waves, "fills the last wave"), (plan.waves - 1, "one wave fewer")):
+                side = (waves * units // other) * edge
+                v = (side - offset) // slope
+                v -= v % align  # keep the suggestion aligned
+                near = abs(v - value) <= max_change * value
+                if v > 0 and v != value and near and (v > value) == (waves == plan.waves):
+                    found.setdefault(v, []).append(reason)
+    return sorted(((v, ", ".join(r)) for v, r in found.items()), key=lambda vr: (abs(vr[0] - value), vr[0]))
+
+
+def alignment_report(
+    model: DeviceModel,
+    cfg: ArchConfig,
+    batch: int,
+    dtype: str = "bf16",
+    wave_threshold: float = 0.9,
+    max_change: float = 0.1,
+) -> AlignmentReport:
+    """Which widths of `cfg` suit the target's tiles, waves and alignment, and what to use instead.
+
+    For each width in REPORT_DIMENSIONS, nearby sizes are tried (multiples of 64 and 128 on
+    either side; the largest size that keeps the slowest GEMM's waves, filling its last wave; the
+    one that drops a wave) and predicted GEMM by GEMM. Only the GEMMs that use the width change;
+    attention and memory-bound kernels are held fixed, which is close for neighbouring sizes.
+
+    Args:
+        model: the target device model.
+        cfg: the architecture.
+        batch: sequences per micro-batch.
+        dtype: compute dtype.
+        wave_threshold: time-weighted wave efficiency at or above which a width is wave-friendly.
+        max_change: wave-based sizes further than this fraction of the width are not suggested
+            (the multiples of 64 and 128 always are).
+
+    Raises:
+        ValueError: batch is not positive.
+        UnknownNameError: dtype is unknown or the device lacks it.
+    """
+    step = predict_step(model, step_kernels(cfg, batch, COMPUTE_DTYPES[dtype].storage), dtype)
+    widths = GemmWidths.of(cfg, batch)
+    base = widths.gemms()
+    align = model.device.alignment_elements(dtype)
+    reports = []
+    for name in REPORT_DIMENSIONS:
+        value = getattr(widths, name)
+        bumped = dataclasses.replace(widths, **{name: value + 1}).gemms()
+        touched = [i for i, (g, h) in enumerate(zip(base, bumped, strict=True)) if g.shape != h.shape]
+        sizes = sorted(
+            {a for i in touched for a, b in zip(base[i].shape, bumped[i].shape, strict=True) if a != b}
+        )
+        plans = [(base[i], plan_gemm(model, *base[i].shape, dtype)) for i in touched]
+        # Tiles cut m and n only; a width seen only as k never leaves a partial tile.
+        partial = [
+            side % edge
+            for (g, plan), i in zip(plans, touched, strict=True)
+            for side, moved, edge in zip(g.shape[:2], bumped[i].shape[:2], plan.tile, strict=True)
+            if side != moved
+        ]
+        time0, flops0 = _gemm_set_time(model, (base[i] for i in touched), dtype)
+        wave_eff = sum(g.count * p.time_s * p.wave_efficiency for g, p in plans) / time0
+        options = []
+        for v, reason in _candidates(model, widths, name, touched, dtype, max_change):
+            changed = dataclasses.replace(widths, **{name: v}).gemms()
+            time1, flops1 = _gemm_set_time(model, (changed[i] for i in touched), dtype)
+            options.append(
+                SizeOption(
+                    value=v,
+                    reason=reason,
+                    step_gain_pct=100 * (time0 - time1) / step.step_time_s,
+                    gemm_gain_pct=100 * ((flops1 / time1) / (flops0 / time0) - 1),
+                )
+            )
+        reports.append(
+            DimensionReport(
+                name=name,
+                value=value,
+                gemm_sizes=tuple(sizes),
+                aligned=all(s % align == 0 for s in sizes),
+                well_aligned=all(s % model.well_aligned_elements == 0 for s in sizes),
+                tile_friendly=not any(partial),
+                wave_friendly=wave_eff >= wave_threshold,
+                wave_efficiency=wave_eff,
+                gemm_time_s=time0,
+                options=tuple(options),
+            )
+        )
+    return AlignmentReport(model.device.name, dtype, batch, step.step_time_s, tuple(reports))
+
+
+# --- calibration ---
+@dataclass(frozen=True)
+class GemmMeasurement:
+    """One measured GEMM call: `(m x k) @ (k x n)` in `dtype` took `seconds` (median of repeats).
+
+    Raises:
+        ConfigError: a size is not a positive integer or seconds is not a positive number.
+    """
+
+    m: int
+    n: int
+    k: int
+    dtype: str
+    seconds: float
+
+    def __post_init__(self) -> None:
+        for name in ("m", "n", "k"):
+            _check_size(name, getattr(self, name))
+        if not (isinstance(self.seconds, int | float) and self.seconds > 0 and math.isfinite(self.seconds)):
+            raise ConfigError(f"seconds must be a positive number, got {self.seconds!r}")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A fitted model and how well it fits its own measurements."""
+
+    model: DeviceModel
+    fitted: str  # "efficiency" (catalogued peaks kept) or "peaks" (effective peak and bandwidth)
+    n_measurements: int
+    median_error: float  # |predicted - measured| / measured over the fitting set
+    worst_error: float
+
+
+def prediction_errors(model: DeviceModel, measurements: Iterable[GemmMeasurement]) -> tuple[float, ...]:
+    """Relative errors `|predicted - measured| / measured`, one per measurement, in order."""
+    return tuple(abs(predict_gemm(model, x.m, x.n, x.k, x.dtype) / x.seconds - 1) for x in measurements)
+
+
+def _is_catalogued(device: Accelerator) -> bool:
+    return any(device == entry for _, entry in ACCELERATORS.items())
+
+
+def _pareto_options(model: DeviceModel, x: GemmMeasurement) -> list[tuple[float, float]]:
+    """(compute_s, memory_s) of the plans no other plan beats on both (the fit's choices)."""
+    pairs = sorted({(p.compute_s, p.memory_s) for p in _gemm_options(model, x.m, x.n, x.k, x.dtype)})
+    front: list[tuple[float, float]] = []
+    for c, mem in pairs:
+        if not front or mem < front[-1][1]:
+            front.append((c, mem))
+    return front
+
+
+def calibrate(base: DeviceModel, measurements: Iterable[GemmMeasurement]) -> Calibration:
+    """Fit compute rate, bandwidth and launch overhead to measured GEMM times.
+
+    Least squares on log time, so a 10 us kernel counts as much as a 10 ms one. The model is
+    `max(C / s_c, M / s_m) + L` per plan, with C and M the base model's compute and memory times,
+    so three numbers are fitted: the scales s_c, s_m and the launch overhead L, by a coarse grid
+    search then a shrinking local grid (no scipy). For a catalogued device the scales go into
+    `compute_efficiency` and `bandwidth_efficiency` (the datasheet peaks stay); for any other
+    device (the local CPU) into the device's peak FLOP/s (every dtype alike) and bandwidth. Tile,
+    wave and alignment effects keep the base model's assumptions.
+
+    Args:
+        base: the starting model; its tiles, units and penalties shape the fit.
+        measurements: at least 3, ideally spanning memory-, launch- and compute-bound shapes.
+
+    Returns:
+        The fitted model and its median and worst relative error on `measurements`.
+
+    Raises:
+        ConfigError: fewer than 3 measurements.
+        UnknownNameError: a measurement's dtype is unknown or the device lacks it.
+    """
+    data = tuple(measurements)
+    if len(data) < 3:
+        raise ConfigError(f"calibration needs at least 3 measurements, got {len(data)}")
+    fronts = [_pareto_options(base, x) for x in data]
+    width = max(len(f) for f in fronts)
+    # (n, options) arrays, padded with +inf so padding never wins the min over options.
+    comp = np.full((len(data), width), np.inf)
+    mem = np.full((len(data), width), np.inf)
+    for i, front in enumerate(fronts):
+        for j, (c, m) in enumerate(front):
+            comp[i, j], mem[i, j] = c, m
+    log_t = np.log([x.seconds for x in data])
+
+    def loss(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """Mean squared log error for parameter vectors (log s_c, log s_m, log10 L)."""
+        a, b, c = (v[:, None, None] for v in (a, b, c))
+        roofline = np.maximum(comp[None] * np.exp(-a), mem[None] * np.exp(-b)).min(axis=2)
+        pred = np.log(roofline + 10.0 ** c[:, :, 0])
+        # A whisper of ridge toward the base model settles directions the data cannot see
+        # (e.g. bandwidth when every measurement is compute-bound).
+        return ((pred - log_t[None]) ** 2).mean(axis=1) + 1e-6 * (a[:, 0, 0] ** 2 + b[:, 0, 0] ** 2)
+
+    # Coarse grid: scales from 1e-3 to 1e3 of the base model, launch from 0.1 ns to 100 ms.
+    axes = (np.linspace(-7.0, 7.0, 49), np.linspace(-7.0, 7.0, 49), np.linspace(-10.0, -1.0, 28))
+    steps = [ax[1] - ax[0] for ax in axes]
+    chunk = max(1, 2_000_000 // comp.size)  # grid points per evaluation: bounded memory
+
+    def argmin(grid_axes: Sequence[np.ndarray]) -> np.ndarray:
+        grid = np.stack(np.meshgrid(*grid_axes, indexing="ij"), axis=-1).reshape(-1, 3)
+        values = np.concatenate(
+            [loss(g[:, 0], g[:, 1], g[:, 2]) for g in np.split(grid, range(chunk, len(grid), chunk))]
+        )
+        return grid[np.argmin(values)]
+
+    best = argmin(axes)
+    offsets = np.linspace(-1.0, 1.0, 7)
+    for _ in range(40):  # each round shrinks the local grid; 0.6**40 leaves ~1e-9 of a step
+        best = argmin([best[d] + offsets * steps[d] for d in range(3)])
+        steps = [s * 0.6 for s in steps]
+    s_c, s_m, launch = math.exp(best[0]), math.exp(best[1]), 10.0 ** best[2]
+    if _is_catalogued(base.device):
+        fitted = "efficiency"
+        model = dataclasses.replace(
+            base,
+            compute_efficiency=base.compute_efficiency * s_c,
+            bandwidth_efficiency=base.bandwidth_efficiency * s_m,
+            launch_overhead_s=launch,
+        )
+    else:
+        device = dataclasses.replace(
+            base.device,
+            peak_tflops=tuple((d, t * s_c) for d, t in base.device.peak_tflops),
+            memory_bandwidth=base.device.memory_bandwidth * s_m,
+            launch_overhead_s=launch,
+            source=f"{base.device.source}; calibrated on {len(data)} GEMMs",
+        )
+        fitted = "peaks"
+        model = dataclasses.replace(base, device=device, launch_overhead_s=launch)
+    errors = prediction_errors(model, data)
+    return Calibration(model, fitted, len(data), float(np.median(errors)), max(errors))

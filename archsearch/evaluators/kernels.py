@@ -1,0 +1,298 @@
+"""The kernels one training step of the proxy model runs, as plain shapes. Pure, no torch.
+
+Both the local profiler (which times these shapes on the device at hand) and the hardware model
+(which predicts them for GPUs that are not here) start from this inventory, so they describe the
+same step. It follows `evaluators.model.ProxyLM` exactly: a fused QKV projection, a fused gate+up
+projection for gated MLPs, one SDPA call per layer, and the LM head.
+
+A linear layer `y = x W^T` with x (M x in) and W (out x in) runs three GEMMs per step, written
+as (m x k) @ (k x n):
+  forward `y = x W^T`: m=M, n=out, k=in
+  dgrad   `dx = dy W`: m=M, n=in,  k=out
+  wgrad   `dW = dy^T x`: m=out, n=in, k=M
+where M = batch * seq_len tokens. Every layer needs its dgrad (the embedding's gradient flows
+through the whole residual stream), so each projection contributes all three.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from archsearch.space.config import NORMS, POSITIONS, ArchConfig
+from archsearch.space.costs import DTYPE_BYTES, param_counts
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One GEMM shape `(m x k) @ (k x n)`, run `count` times per training step."""
+
+    name: str  # projection and pass, e.g. "mlp_up.fwd"
+    m: int
+    n: int
+    k: int
+    count: int
+
+    @property
+    def flops(self) -> int:
+        """FLOPs of all `count` calls (multiply-add = 2)."""
+        return 2 * self.m * self.n * self.k * self.count
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.m, self.n, self.k)
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """One `scaled_dot_product_attention` shape (causal), forward or backward, `count` per step."""
+
+    name: str  # "sdpa.fwd" or "sdpa.bwd"
+    batch: int
+    n_heads: int
+    n_kv_heads: int
+    seq_len: int
+    head_dim: int
+    count: int
+
+    @property
+    def flops(self) -> int:
+        """Full-square FLOPs as `torch.utils.flop_counter` counts them (backward: 2.5x forward)."""
+        forward = 4 * self.batch * self.n_heads * self.seq_len * self.seq_len * self.head_dim
+        return (forward if self.name == "sdpa.fwd" else forward * 5 // 2) * self.count
+
+    @property
+    def causal_flops(self) -> int:
+        """What a causal kernel computes: a bit over half the square."""
+        return self.flops * (self.seq_len + 1) // (2 * self.seq_len)
+
+
+@dataclass(frozen=True)
+class MemoryOp:
+    """A memory-bound step (norm, activation, residual add, softmax, optimizer): bytes it moves."""
+
+    name: str
+    bytes: int  # read + written, all calls of one step together
+
+
+@dataclass(frozen=True)
+class StepKernels:
+    """Everything one training step (forward + backward + optimizer) of a micro-batch runs."""
+
+    config: ArchConfig
+    batch: int
+    dtype: str
+    gemms: tuple[Gemm, ...]
+    attention: tuple[AttentionCall, ...]
+    memory_ops: tuple[MemoryOp, ...]
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.config.seq_len
+
+    @property
+    def matmul_flops(self) -> int:
+        return sum(g.flops for g in self.gemms) + sum(a.flops for a in self.attention)
+
+
+def _linear(name: str, tokens: int, d_in: int, d_out: int, count: int) -> list[Gemm]:
+    return [
+        Gemm(f"{name}.fwd", tokens, d_out, d_in, count),
+        Gemm(f"{name}.dgrad", tokens, d_in, d_out, count),
+        Gemm(f"{name}.wgrad", d_out, d_in, tokens, count),
+    ]
+
+
+@dataclass(frozen=True)
+class GemmWidths:
+    """The widths a step's GEMMs see, free of the config's coupling rules (q = heads x head_dim),
+    so the alignment report can move one width at a time."""
+
+    tokens: int  # batch * seq_len: the M of every forward GEMM
+    d_model: int
+    q_width: int
+    kv_width: int
+    d_ff: int
+    vocab_size: int
+    up_factor: int  # mlp_up outputs 2 * d_ff when gated (gate and up fused)
+    n_layers: int
+
+    @classmethod
+    def of(cls, cfg: ArchConfig, batch: int) -> GemmWidths:
+        return cls(
+            tokens=batch * cfg.seq_len, d_model=cfg.d_model, q_width=cfg.q_dim, kv_width=cfg.kv_dim,
+            d_ff=cfg.d_ff, vocab_size=cfg.vocab_size, up_factor=2 if cfg.gated else 1,
+            n_layers=cfg.n_layers,
+        )  # fmt: skip
+
+    def gemms(self) -> tuple[Gemm, ...]:
+        """Forward, dgrad and wgrad of every projection, the LM head last."""
+        M, d, L = self.tokens, self.d_model, self.n_layers
+        return (
+            *_linear("qkv", M, d, self.q_width + 2 * self.kv_width, L),
+            *_linear("attn_out", M, self.q_width, d, L),
+            *_linear("mlp_up", M, d, self.up_factor * self.d_ff, L),
+            *_linear("mlp_down", M, self.d_ff, d, L),
+            *_linear("lm_head", M, d, self.vocab_size, 1),
+        )
+
+
+def step_kernels(cfg: ArchConfig, batch: int, dtype: str = "bf16") -> StepKernels:
+    """The kernel inventory of one training step on `batch` sequences of `cfg.seq_len` tokens.
+
+    Raises:
+        ValueError: batch is not positive.
+        UnknownNameError: unknown dtype.
+    """
+    if batch <= 0:
+        raise ValueError(f"batch must be positive, got {batch}")
+    size = DTYPE_BYTES[dtype]
+    M, d, L = batch * cfg.seq_len, cfg.d_model, cfg.n_layers
+    gemms = GemmWidths.of(cfg, batch).gemms()
+    attention = [
+        AttentionCall(name, batch, cfg.n_heads, cfg.n_kv_heads, cfg.seq_len, cfg.head_dim, L)
+        for name in ("sdpa.fwd", "sdpa.bwd")
+    ]
+    # Bytes moved, forward + backward: an elementwise op reading r tensors and writing w reads
+    # about r+w in its backward too (the gradient in, the saved input, the gradient out).
+    act = M * d * size  # one residual-stream-sized tensor
+    norms_per_layer = cfg.placement.norms_per_layer(cfg.parallel_block)
+    n_norms = L * norms_per_layer + int(cfg.placement.final)
+    norm_rw = 2 + (1 if NORMS[cfg.norm].has_bias and cfg.bias else 0)  # x in, y out (+ stats)
+    mlp_act = M * cfg.d_ff * size
+    memory_ops = [
+        MemoryOp("norms", n_norms * act * (norm_rw + 3)),
+        MemoryOp("activation", L * mlp_act * ((3 if cfg.gated else 2) + (5 if cfg.gated else 3))),
+        MemoryOp("residual_add", L * 2 * act * (3 + 2)),
+        # Logits are upcast to fp32 for the loss: softmax + cross-entropy read and write them.
+        MemoryOp("cross_entropy", M * cfg.vocab_size * (size + 4 * 3)),
+        MemoryOp("embedding", act * 3 + (act * 3 if POSITIONS[cfg.pos_embedding].learned_table else 0)),
+        # AdamW on fp32 parameters: read param, grad, m, v; write param, m, v.
+        MemoryOp("optimizer", param_counts(cfg).total * 4 * 7),
+    ]
+    if POSITIONS[cfg.pos_embedding].rotary:
+        qk = M * (cfg.q_dim + cfg.kv_dim) * size
+        memory_ops.append(MemoryOp("rope", L * qk * (2 + 2)))
+    if cfg.qk_norm:
+        qk = M * (cfg.q_dim + cfg.kv_dim) * size
+        memory_ops.append(MemoryOp("qk_norm", L * qk * (2 + 3)))
+    return StepKernels(cfg, batch, dtype, gemms, tuple(attention), tuple(memory_ops))
+
+
+# --- timing reports: the same shape whether measured (profiler) or modelled (hardware) ---
+@dataclass(frozen=True)
+class KernelRow:
+    """One GEMM or SDPA call of the step and its measured time.
+
+    GEMM rows are `(m x k) @ (k x n)`. SDPA rows put batch * n_heads in `m`, seq_len in `n` and
+    head_dim in `k`; `shape` keeps the full (batch, n_heads, n_kv_heads, seq_len, head_dim).
+
+    Attributes:
+        flops: FLOPs of one call; causal (lower triangle) for SDPA, which is what it computes.
+        time_s: median seconds of one call.
+    """
+
+    name: str
+    kind: str  # "gemm", "sdpa.fwd" or "sdpa.bwd": the cache's kernel kind
+    m: int
+    n: int
+    k: int
+    count: int  # calls per step
+    dtype: str
+    shape: tuple[int, ...]
+    flops: int
+    time_s: float
+
+    @property
+    def total_s(self) -> float:
+        """Seconds all `count` calls take in one step."""
+        return self.time_s * self.count
+
+    @property
+    def tflops(self) -> float:
+        """Achieved TFLOP/s (1e12 FLOP/s) of one call."""
+        return self.flops / self.time_s / 1e12
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "m": self.m,
+            "n": self.n,
+            "k": self.k,
+            "count": self.count,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "flops": self.flops,
+            "time_s": self.time_s,
+            "total_s": self.total_s,
+            "tflops": self.tflops,
+        }
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    """A memory-bound op, estimated: its bytes (all calls of one step) over the measured bandwidth."""
+
+    name: str
+    bytes: int
+    time_s: float  # seconds for the whole step's share of this op
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "bytes": self.bytes, "time_s": self.time_s}
+
+
+@dataclass(frozen=True)
+class ProfileReport:
+    """How long one training step of `config` takes on `device`, kernel by kernel.
+
+    `step_time_s` is the sum of every kernel's `count * time_s` plus the memory ops' estimates: a
+    serial sum, as one stream runs them; it leaves out Python and launch gaps between kernels, so
+    it is a lower bound of a real step's time.
+    """
+
+    config: ArchConfig
+    device: dict[str, Any]  # at least "name" and "fingerprint": DeviceInfo.to_dict() when measured
+    dtype: str
+    batch: int
+    tokens: int  # per step: batch * seq_len
+    kernels: tuple[KernelRow, ...]
+    memory_ops: tuple[MemoryRow, ...]
+    bandwidth_bytes_per_s: float
+    min_run_time: float
+    modelled: bool = False  # measured by the profiler; predicted by the hardware model
+
+    @property
+    def kernel_time_s(self) -> float:
+        return sum(row.total_s for row in self.kernels)
+
+    @property
+    def memory_time_s(self) -> float:
+        return sum(row.time_s for row in self.memory_ops)
+
+    @property
+    def step_time_s(self) -> float:
+        return self.kernel_time_s + self.memory_time_s
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.step_time_s
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as a JSON-ready object."""
+        return {
+            "device": dict(self.device),
+            "modelled": self.modelled,
+            "dtype": self.dtype,
+            "batch": self.batch,
+            "tokens": self.tokens,
+            "step_time_s": self.step_time_s,
+            "tokens_per_second": self.tokens_per_second,
+            "kernel_time_s": self.kernel_time_s,
+            "memory_time_s": self.memory_time_s,
+            "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
+            "min_run_time": self.min_run_time,
+            "kernels": [row.to_dict() for row in self.kernels],
+            "memory_ops": [row.to_dict() for row in self.memory_ops],
+            "config": self.config.to_dict(),
+        }

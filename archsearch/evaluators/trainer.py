@@ -1,0 +1,441 @@
+"""Proxy training: train an `ArchConfig`'s proxy LM briefly and report its held-out loss.
+
+The loss of a short run ranks candidates (BRIEF.md section 6). What keeps the ranking fair:
+- One budget for every candidate, in tokens, training FLOPs or seconds.
+- A learning rate that scales with width (see `param_groups`), so narrow and wide shapes are each
+  trained near their own best rate instead of one width's.
+- Fixed seeds and a fixed set of held-out batches, so two runs of a shape give the same loss.
+
+Failures (a NaN or infinite loss, running out of memory, a shape too large for the device) end the
+run with `status="failed"` and the reason; they never raise out of `train`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from archsearch.errors import ArchsearchError
+from archsearch.evaluators.model import ProxyLM
+from archsearch.evaluators.profiler import DeviceInfo, detect_device, time_gemm
+from archsearch.registry import Registry
+from archsearch.space.config import ArchConfig
+from archsearch.space.costs import flop_counts, param_counts
+
+log = logging.getLogger(__name__)
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class TrainError(ArchsearchError):
+    """Training settings that cannot run (no budget, two budgets, a bad device)."""
+
+
+class TokenData(Protocol):
+    """What the trainer needs from a dataset (`evaluators.data.Dataset` provides it)."""
+
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def fingerprint(self) -> str: ...
+    def bits_per_byte(self, nats_per_token: float) -> float | None: ...
+    def train_batches(
+        self, batch_size: int, seq_len: int, seed: int, device: torch.device
+    ) -> Iterator[Batch]: ...
+    def val_batches(self, batch_size: int, seq_len: int, count: int, device: torch.device) -> list[Batch]: ...
+
+
+# --- learning-rate schedules: progress p in [0, 1] -> multiplier of the peak rate ---
+def _cosine(p: float, warmup: float, floor: float) -> float:
+    if p < warmup:
+        return (p + 1e-9) / warmup
+    q = min(1.0, (p - warmup) / max(1e-9, 1.0 - warmup))
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * q))
+
+
+def _wsd(p: float, warmup: float, floor: float) -> float:
+    """Warm-up, stable, decay: flat at the peak, then linear to the floor over the last 20%."""
+    if p < warmup:
+        return (p + 1e-9) / warmup
+    decay_start = 0.8
+    if p < decay_start:
+        return 1.0
+    return 1.0 - (1.0 - floor) * min(1.0, (p - decay_start) / (1.0 - decay_start))
+
+
+SCHEDULES: Registry[Callable[[float, float, float], float]] = Registry("lr schedule")
+SCHEDULES.register("cosine", _cosine)
+SCHEDULES.register("wsd", _wsd)
+PRECISIONS = ("auto", "bf16", "fp32")
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """How to train a proxy. Give exactly one budget: tokens, flops or seconds.
+
+    The learning rate is `lr` at width `base_width`; hidden matrices scale it by
+    `base_width / d_model` (see `param_groups`).
+    """
+
+    tokens: int | None = None  # training tokens
+    flops: float | None = None  # training FLOPs, converted to tokens by the cost model (6N-style)
+    seconds: float | None = None  # wall-clock seconds of training steps
+    batch_size: int = 16  # sequences per step
+    seq_len: int | None = None  # defaults to the config's seq_len
+    lr: float = 3e-3  # peak Adam rate at base_width: well inside the stable range at width 128
+    base_width: int = 128  # width at which `lr` applies unscaled
+    schedule: str = "cosine"  # or "wsd"
+    warmup: float = 0.05  # fraction of the budget; short, so warm-up does not dominate short runs
+    min_lr: float = 0.1  # floor of the decay, as a fraction of the peak
+    weight_decay: float = 0.1  # on hidden matrices only
+    grad_clip: float = 1.0
+    seed: int = 0
+    eval_batches: int = 8  # fixed held-out batches per evaluation
+    evals: int = 4  # evaluations spread evenly over the budget; the last is the reported loss
+    device: str = "auto"  # "cpu", "cuda", "cuda:N" or "auto"
+    precision: str = "auto"  # "bf16", "fp32" or "auto" (bf16 where the device runs it faster)
+    compile: bool = False  # torch.compile the model
+
+    def __post_init__(self) -> None:
+        budgets = [b for b in (self.tokens, self.flops, self.seconds) if b is not None]
+        if len(budgets) != 1:
+            raise TrainError("give exactly one budget: tokens, flops or seconds")
+        if budgets[0] <= 0:
+            raise TrainError(f"the budget must be positive, got {budgets[0]}")
+        if self.schedule not in SCHEDULES:
+            raise TrainError(f"schedule {self.schedule!r} is unknown; valid: {', '.join(SCHEDULES)}")
+        if self.precision not in PRECISIONS:
+            raise TrainError(f"precision {self.precision!r} is unknown; valid: {', '.join(PRECISIONS)}")
+        for name in ("batch_size", "eval_batches", "evals", "base_width"):
+            if getattr(self, name) <= 0:
+                raise TrainError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 0 <= self.warmup < 1:
+            raise TrainError(f"warmup must be a fraction in [0, 1), got {self.warmup}")
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """The outcome of one proxy run. Losses are nats per token on the held-out batches."""
+
+    status: str  # "complete", "pruned" or "failed"
+    reason: str | None  # why a run failed or was pruned
+    val_loss: float | None  # at the end of the run (or the last evaluation before it stopped)
+    bits_per_byte: float | None  # val_loss / ln 2 / bytes per token, for byte-level data
+    tokens: int  # tokens trained
+    steps: int
+    wall_time_s: float  # training plus evaluation
+    tokens_per_second: float  # training steps only
+    achieved_flops_per_second: float  # cost-model training FLOPs / training time
+    mfu: float | None  # achieved / measured peak matmul rate in the same dtype
+    peak_flops_per_second: float | None
+    precision: str  # "bf16" or "fp32", as used
+    device: str  # description of the device
+    corpus_fingerprint: str
+    params: int
+    loss_curve: tuple[tuple[int, float], ...] = ()  # (tokens, training loss) every few steps
+    val_curve: tuple[tuple[int, float], ...] = ()  # (tokens, held-out loss) at each evaluation
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["loss_curve"] = [list(p) for p in self.loss_curve]
+        out["val_curve"] = [list(p) for p in self.val_curve]
+        return out
+
+
+def resolve_device(name: str) -> DeviceInfo:
+    """ "auto" is CUDA when present, else CPU; anything else as `profiler.detect_device` reads it.
+
+    Raises:
+        ProfilerError: an unknown device, or CUDA asked for where there is none.
+    """
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return detect_device(name)
+
+
+_PEAK_CACHE: dict[tuple[str, str, int], float] = {}
+
+
+def peak_matmul_flops(device: DeviceInfo, precision: str, size: int | None = None) -> float:
+    """Measured FLOP/s of a large square matmul in `precision`: the MFU denominator.
+
+    Timed by the profiler (`torch.utils.benchmark`: warm-up, synchronisation, median); cached per
+    process, so every run on a device divides by the same peak.
+    """
+    n = size or (8192 if device.type == "cuda" else 1024)
+    key = (device.fingerprint, precision, n)
+    if key not in _PEAK_CACHE:
+        _PEAK_CACHE[key] = 2 * n**3 / time_gemm(n, n, n, device, precision, min_run_time=0.2)
+    return _PEAK_CACHE[key]
+
+
+def choose_precision(device: DeviceInfo, requested: str) -> str:
+    """bf16 autocast where the device supports it and runs it faster, else fp32.
+
+    On CUDA that is `torch.cuda.is_bf16_supported()`. On CPU bf16 helps only with native support
+    (AVX512-BF16 / AMX; about 4x on this project's machines) and can be slower without it, so
+    "auto" measures a matmul in both and keeps the faster.
+    """
+    if requested != "auto":
+        if requested == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise TrainError("bf16 asked for, but this CUDA device does not support it")
+        return requested
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    return (
+        "bf16" if peak_matmul_flops(device, "bf16", 512) > peak_matmul_flops(device, "fp32", 512) else "fp32"
+    )
+
+
+def param_groups(model: ProxyLM, lr: float, base_width: int, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups with a per-width learning rate (µP's rule for Adam, Yang et al. 2022, Table 3).
+
+    Hidden matrices (every 2-D weight in the blocks, and an untied LM head) take
+    `lr * base_width / d_model`: their update size per unit of rate grows with fan-in, so a wider
+    model needs a proportionally smaller rate for the same change in activations. Vector-like
+    parameters (embeddings, norms, biases) keep `lr` and no weight decay. This is the learning-rate
+    part of µP only (no output or attention multipliers): enough to keep the best rate near the
+    same `lr` across the widths a proxy search compares.
+    """
+    scale = base_width / model.cfg.d_model
+    embeddings = {id(model.tok_emb.weight)} | (
+        {id(model.pos_emb.weight)} if model.pos_emb is not None else set()
+    )
+    hidden, vector = [], []
+    for p in model.parameters():
+        (hidden if p.dim() == 2 and id(p) not in embeddings else vector).append(p)
+    return [
+        {"params": hidden, "lr": lr * scale, "weight_decay": weight_decay, "base_lr": lr * scale},
+        {"params": vector, "lr": lr, "weight_decay": 0.0, "base_lr": lr},
+    ]
+
+
+def train_memory_bytes(cfg: ArchConfig, batch_size: int, seq_len: int) -> int:
+    """A rough upper bound of training memory: fp32 weights, grads, two Adam moments, activations.
+
+    Activations: about 34 residual-width values per token per layer plus logits (Korthikanti et
+    al. 2022 count 34*s*b*h for a GPT layer without recomputation), in 4 bytes to be safe.
+    """
+    tokens = batch_size * seq_len
+    params = param_counts(cfg).total
+    per_layer = tokens * (34 * cfg.d_model + 5 * cfg.n_heads * seq_len + 3 * cfg.d_ff)
+    activations = 4 * (cfg.n_layers * per_layer + 3 * tokens * cfg.vocab_size)
+    return 16 * params + activations
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, (RuntimeError, MemoryError)) and (
+        isinstance(exc, MemoryError) or "out of memory" in text or "not enough memory" in text
+    )
+
+
+class _Stop(Exception):
+    """Ends the training loop early with a status and reason."""
+
+    def __init__(self, status: str, reason: str) -> None:
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+def train(
+    cfg: ArchConfig,
+    data: TokenData,
+    settings: TrainSettings,
+    on_eval: Callable[[int, float], bool] | None = None,
+    progress: Callable[[int, int, float, float], None] | None = None,
+) -> TrainResult:
+    """Train `cfg`'s proxy on `data` within the budget; return its held-out loss and speed.
+
+    Args:
+        cfg: the shape; its vocab_size must cover the data's.
+        data: train and validation batches (`evaluators.data.Dataset`).
+        settings: budget and optimisation settings.
+        on_eval: called as `on_eval(tokens, val_loss)` after each intermediate evaluation; a true
+            return stops the run as "pruned" (multi-fidelity search uses this).
+        progress: called as `progress(tokens, total_tokens, train_loss, tokens_per_second)` every
+            few steps, for progress bars. For a seconds budget, `total_tokens` is an estimate.
+
+    Returns:
+        A TrainResult; failures come back as `status="failed"` with the reason, not as exceptions.
+
+    Raises:
+        TrainError: settings or data that cannot run at all (bad device, vocab mismatch).
+    """
+    info = resolve_device(settings.device)
+    device = info.torch_device
+    seq_len = settings.seq_len or cfg.seq_len
+    if seq_len > cfg.seq_len:
+        raise TrainError(f"seq_len={seq_len} is longer than the config's seq_len={cfg.seq_len}")
+    if data.vocab_size > cfg.vocab_size:
+        raise TrainError(f"data has vocab_size={data.vocab_size} but the config only {cfg.vocab_size}")
+    flops_per_token = flop_counts(cfg).train
+    tokens_per_step = settings.batch_size * seq_len
+    if settings.tokens is not None:
+        total_tokens = settings.tokens
+    elif settings.flops is not None:
+        total_tokens = int(settings.flops // flops_per_token)
+    else:
+        total_tokens = 0  # set by the clock
+    total_steps = max(1, math.ceil(total_tokens / tokens_per_step)) if total_tokens else 0
+    precision = choose_precision(info, settings.precision)
+    base = dict(
+        precision=precision,
+        device=f"{info.name} ({info.type}, {info.units} {'SMs' if info.type == 'cuda' else 'cores'})",
+        corpus_fingerprint=data.fingerprint,
+        params=param_counts(cfg).total,
+        config=cfg.to_dict(),
+    )
+
+    def failed(reason: str, **extra: Any) -> TrainResult:
+        values = dict(
+            val_loss=None, bits_per_byte=None, tokens=0, steps=0, wall_time_s=0.0, tokens_per_second=0.0,
+            achieved_flops_per_second=0.0, mfu=None, peak_flops_per_second=None,
+        )  # fmt: skip
+        values.update(extra)
+        return TrainResult(status="failed", reason=reason, **base, **values)
+
+    need, have = train_memory_bytes(cfg, settings.batch_size, seq_len), info.memory_bytes
+    if have and need > 0.9 * have:
+        gib = 2**30
+        return failed(f"config too large for {device}: needs ~{need / gib:.1f} GiB, has {have / gib:.1f} GiB")
+
+    torch.manual_seed(settings.seed)
+    try:
+        model = ProxyLM(cfg).to(device)
+    except Exception as exc:
+        if _is_oom(exc):
+            return failed(f"out of memory building the model: {exc}".splitlines()[0])
+        raise
+    step_model: nn.Module = torch.compile(model) if settings.compile else model
+    optimizer = torch.optim.AdamW(
+        param_groups(model, settings.lr, settings.base_width, settings.weight_decay),
+        betas=(0.9, 0.95),
+        eps=1e-8,
+        fused=device.type == "cuda",
+    )
+    schedule = SCHEDULES[settings.schedule]
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    val = data.val_batches(settings.batch_size, seq_len, settings.eval_batches, device)
+    batches = data.train_batches(settings.batch_size, seq_len, settings.seed, device)
+
+    def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with autocast:
+            logits = step_model(x)
+        return nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+
+    @torch.no_grad()
+    def evaluate() -> float:
+        model.eval()
+        total = sum(loss_of(x, y).item() for x, y in val)
+        model.train()
+        return total / len(val)
+
+    loss_curve: list[tuple[int, float]] = []
+    val_curve: list[tuple[int, float]] = []
+    eval_at = [(i + 1) / settings.evals for i in range(settings.evals)]  # the last is 1.0
+    next_eval = 0
+    log_every = 10  # steps between host syncs: reading the loss waits for the device
+    tokens = steps = 0
+    eval_time = 0.0  # excluded from training time and throughput
+    status, reason = "complete", None
+    pending_loss, pending_steps = torch.zeros((), device=device), 0
+    start = time.perf_counter()
+
+    def flush_loss() -> None:
+        nonlocal pending_steps
+        if pending_steps:
+            mean_loss = pending_loss.item() / pending_steps
+            pending_loss.zero_()
+            pending_steps = 0
+            if not math.isfinite(mean_loss):
+                raise _Stop("failed", f"training loss is {mean_loss} at step {steps}")
+            loss_curve.append((tokens, mean_loss))
+
+    def train_time() -> float:
+        return time.perf_counter() - start - eval_time
+
+    try:
+        while True:
+            done = train_time() / settings.seconds if settings.seconds is not None else steps / total_steps
+            if steps and done >= eval_at[next_eval]:
+                while next_eval < len(eval_at) - 1 and done >= eval_at[next_eval + 1]:
+                    next_eval += 1  # a slow step crossed several evaluation points
+                flush_loss()  # also waits for the device, so the clock below is fair
+                t_eval = time.perf_counter()
+                val_loss = evaluate()
+                eval_time += time.perf_counter() - t_eval
+                val_curve.append((tokens, val_loss))
+                if not math.isfinite(val_loss):
+                    raise _Stop("failed", f"validation loss is {val_loss} after {tokens} tokens")
+                if next_eval == len(eval_at) - 1:
+                    break
+                if on_eval is not None and on_eval(tokens, val_loss):
+                    raise _Stop("pruned", f"pruned after {tokens} tokens at val_loss {val_loss:.4f}")
+                next_eval += 1
+                continue
+            lr_scale = schedule(done, settings.warmup, settings.min_lr)
+            for group in optimizer.param_groups:
+                group["lr"] = group["base_lr"] * lr_scale
+            x, y = next(batches)
+            loss = loss_of(x, y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+            optimizer.step()
+            pending_loss += loss.detach()
+            pending_steps += 1
+            steps += 1
+            tokens += tokens_per_step
+            if pending_steps == log_every:
+                flush_loss()
+                if progress is not None:
+                    elapsed = max(train_time(), 1e-9)
+                    estimate = total_tokens or int(tokens * settings.seconds / elapsed)
+                    progress(tokens, estimate, loss_curve[-1][1], tokens / elapsed)
+    except _Stop as stop:
+        status, reason = stop.status, stop.reason
+    except Exception as exc:
+        if not _is_oom(exc):
+            raise
+        status, reason = "failed", f"out of memory after {steps} steps: {str(exc).splitlines()[0]}"
+    finally:
+        del optimizer
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    wall = time.perf_counter() - start
+    trained_s = wall - eval_time
+    achieved = flops_per_token * tokens / trained_s if trained_s > 0 else 0.0
+    peak = peak_matmul_flops(info, precision) if tokens else None
+    val_loss = val_curve[-1][1] if val_curve else None
+    if status == "failed":
+        val_loss = None
+    bpb = data.bits_per_byte(val_loss) if val_loss is not None else None
+    return TrainResult(
+        status=status,
+        reason=reason,
+        val_loss=val_loss,
+        bits_per_byte=bpb,
+        tokens=tokens,
+        steps=steps,
+        wall_time_s=wall,
+        tokens_per_second=tokens / trained_s if trained_s > 0 else 0.0,
+        achieved_flops_per_second=achieved,
+        mfu=achieved / peak if peak else None,
+        peak_flops_per_second=peak,
+        loss_curve=tuple(loss_curve),
+        val_curve=tuple(val_curve),
+        **base,
+    )
