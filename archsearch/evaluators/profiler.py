@@ -437,8 +437,10 @@ def _copy_fn(nbytes: int, dev: torch.device) -> Callable[[], object]:
     return lambda: dst.copy_(src)
 
 
-def _is_memory_error(exc: BaseException) -> bool:
-    if isinstance(exc, torch.OutOfMemoryError):
+def is_memory_error(exc: BaseException) -> bool:
+    """An allocation failure: CUDA's OutOfMemoryError, Python's MemoryError, or a CPU allocator's
+    RuntimeError ("can't allocate memory")."""
+    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
         return True
     return isinstance(exc, RuntimeError) and any(s in str(exc).lower() for s in _MEMORY_ERROR_MARKERS)
 
@@ -448,8 +450,8 @@ def _memory_errors(what: str, info: DeviceInfo) -> Iterator[None]:
     """Turn an allocation failure while timing `what` into a ProfilerError naming it."""
     try:
         yield
-    except RuntimeError as exc:
-        if not _is_memory_error(exc):
+    except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+        if not is_memory_error(exc):
             raise
         if info.type == "cuda":
             torch.cuda.empty_cache()  # give the failed allocation's blocks back before going on

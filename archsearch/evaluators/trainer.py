@@ -24,7 +24,7 @@ from torch import nn
 
 from archsearch.errors import ArchsearchError
 from archsearch.evaluators.model import ProxyLM
-from archsearch.evaluators.profiler import DeviceInfo, detect_device, time_gemm
+from archsearch.evaluators.profiler import DeviceInfo, detect_device, is_memory_error, time_gemm
 from archsearch.registry import Registry
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts, param_counts
@@ -232,15 +232,6 @@ def train_memory_bytes(cfg: ArchConfig, batch_size: int, seq_len: int) -> int:
     return 16 * params + activations
 
 
-def _is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, torch.OutOfMemoryError):
-        return True
-    text = str(exc).lower()
-    return isinstance(exc, (RuntimeError, MemoryError)) and (
-        isinstance(exc, MemoryError) or "out of memory" in text or "not enough memory" in text
-    )
-
-
 class _Stop(Exception):
     """Ends the training loop early with a status and reason."""
 
@@ -315,7 +306,7 @@ def train(
     try:
         model = ProxyLM(cfg).to(device)
     except Exception as exc:
-        if _is_oom(exc):
+        if is_memory_error(exc):
             return failed(f"out of memory building the model: {exc}".splitlines()[0])
         raise
     step_model: nn.Module = torch.compile(model) if settings.compile else model
@@ -407,7 +398,7 @@ def train(
     except _Stop as stop:
         status, reason = stop.status, stop.reason
     except Exception as exc:
-        if not _is_oom(exc):
+        if not is_memory_error(exc):
             raise
         status, reason = "failed", f"out of memory after {steps} steps: {str(exc).splitlines()[0]}"
     finally:
