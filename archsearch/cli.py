@@ -57,7 +57,10 @@ app = typer.Typer(
 config_app = typer.Typer(cls=_Group, help="Write and check ArchConfig JSON files.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 
+# Options shared by several commands, defined once.
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")]
+ConfigArg = Annotated[Path | None, typer.Argument(help="ArchConfig JSON file.")]
+PresetOpt = Annotated[str | None, typer.Option("--preset", help="A built-in shape (see `presets`).")]
 
 
 def _stdout() -> Console:
@@ -110,8 +113,8 @@ def _resolve_config(path: Path | None, preset_name: str | None) -> ArchConfig:
 
 @app.command()
 def cost(
-    config: Annotated[Path | None, typer.Argument(help="ArchConfig JSON file.")] = None,
-    preset_name: Annotated[str | None, typer.Option("--preset", help="A built-in shape.")] = None,
+    config: ConfigArg = None,
+    preset_name: PresetOpt = None,
     dtype: Annotated[str, typer.Option(help="Dtype for weight and KV-cache bytes.")] = "bf16",
     as_json: JsonFlag = False,
 ) -> None:
@@ -268,8 +271,8 @@ def config_check(config: Annotated[Path, typer.Argument(help="ArchConfig JSON fi
 
 @app.command()
 def train(
-    config: Annotated[Path | None, typer.Argument(help="ArchConfig JSON file.")] = None,
-    preset_name: Annotated[str | None, typer.Option("--preset", help="A built-in shape.")] = None,
+    config: ConfigArg = None,
+    preset_name: PresetOpt = None,
     tokens: Annotated[int | None, typer.Option(help="Budget: training tokens.")] = None,
     flops: Annotated[float | None, typer.Option(help="Budget: training FLOPs.")] = None,
     seconds: Annotated[float | None, typer.Option(help="Budget: seconds of training.")] = None,
@@ -337,8 +340,8 @@ def _fmt(value: float | None, spec: str) -> str:
 
 @app.command()
 def profile(
-    config: Annotated[Path | None, typer.Argument(help="ArchConfig JSON file.")] = None,
-    preset_name: Annotated[str | None, typer.Option("--preset", help="A built-in shape.")] = None,
+    config: ConfigArg = None,
+    preset_name: PresetOpt = None,
     device: Annotated[
         str, typer.Option(help="cpu, cuda, cuda:N (measured) or a catalogued GPU (modelled, see `devices`).")
     ] = "cpu",
@@ -394,8 +397,8 @@ def profile(
 
 @app.command()
 def align(
-    config: Annotated[Path | None, typer.Argument(help="ArchConfig JSON file.")] = None,
-    preset_name: Annotated[str | None, typer.Option("--preset", help="A built-in shape.")] = None,
+    config: ConfigArg = None,
+    preset_name: PresetOpt = None,
     device: Annotated[str, typer.Option(help="A catalogued GPU (see `devices`).")] = "h100-sxm",
     batch: Annotated[int, typer.Option(help="Sequences per micro-batch.", min=1)] = 8,
     dtype: Annotated[str, typer.Option(help="bf16, fp16, fp8, tf32 or fp32.")] = "bf16",

@@ -278,8 +278,8 @@ def train(
     elif settings.flops is not None:
         total_tokens = int(settings.flops // flops_per_token)
     else:
-        total_tokens = 0  # set by the clock
-    total_steps = max(1, math.ceil(total_tokens / tokens_per_step)) if total_tokens else 0
+        total_tokens = 0  # the clock decides
+    total_steps = max(1, math.ceil(total_tokens / tokens_per_step))  # at least one step
     precision = choose_precision(info, settings.precision)
     base = dict(
         precision=precision,
@@ -289,13 +289,13 @@ def train(
         config=cfg.to_dict(),
     )
 
-    def failed(reason: str, **extra: Any) -> TrainResult:
-        values = dict(
-            val_loss=None, bits_per_byte=None, tokens=0, steps=0, wall_time_s=0.0, tokens_per_second=0.0,
-            achieved_flops_per_second=0.0, mfu=None, peak_flops_per_second=None,
+    def failed(reason: str) -> TrainResult:
+        """A run that failed before its first step."""
+        return TrainResult(
+            status="failed", reason=reason, val_loss=None, bits_per_byte=None, tokens=0, steps=0,
+            wall_time_s=0.0, tokens_per_second=0.0, achieved_flops_per_second=0.0, mfu=None,
+            peak_flops_per_second=None, **base,
         )  # fmt: skip
-        values.update(extra)
-        return TrainResult(status="failed", reason=reason, **base, **values)
 
     need, have = train_memory_bytes(cfg, settings.batch_size, seq_len), info.memory_bytes
     if have and need > 0.9 * have:

@@ -63,6 +63,11 @@ def test_flops_budget_becomes_tokens(corpus):
     assert result.tokens == 4_096
 
 
+def test_flops_budget_below_one_step_runs_one_step(corpus):
+    result = train(TINY, corpus, TrainSettings(flops=1.0, **FAST))
+    assert (result.status, result.steps, result.tokens) == ("complete", 1, 128)
+
+
 def test_seconds_budget_stops_on_time(corpus):
     result = train(TINY, corpus, TrainSettings(seconds=1.0, **FAST))
     assert result.status == "complete"
