@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 
 from archsearch.errors import ArchsearchError
+from archsearch.fileio import write_atomic
 from archsearch.registry import Registry
 
 if TYPE_CHECKING:
@@ -518,7 +519,7 @@ def _build_corpus(
             "split_by": split_by,
             "files": manifest,
         }
-        _write_atomic(index_path, json.dumps(index).encode())
+        write_atomic(index_path, json.dumps(index).encode())
     except OSError as exc:
         raise DataError(
             f"cannot write the corpus cache in {folder}: {exc.strerror}; "
@@ -578,17 +579,24 @@ def _read_chunks(path: Path) -> Iterator[bytes]:
 
 def _text_file(path: Path, val_fraction: float) -> Dataset:
     """A single text file, memory-mapped as it is: its last `val_fraction` of bytes is validation."""
-    scan = _scan(path, "uint8")
+    return _tail_split(path, _scan(path, "uint8"), BYTE_VOCAB, "uint8", 1.0, val_fraction)
+
+
+def _tail_split(
+    path: Path, scan: _Scan, vocab_size: int, dtype: str, bytes_per_token: float | None, val_fraction: float
+) -> Dataset:
+    """One token file split in place: the last `val_fraction` of its tokens is validation."""
     n_val = _val_count(scan.n_tokens, val_fraction)
     n_train = scan.n_tokens - n_val
+    source = str(path.resolve())
     return Dataset(
         name=path.name,
-        source=str(path.resolve()),
-        vocab_size=BYTE_VOCAB,
-        fingerprint=_fingerprint(BYTE_VOCAB, "uint8", n_train, n_val, [scan.sha256]),
-        bytes_per_token=1.0,
-        train=TokenSpan(str(path.resolve()), "uint8", 0, n_train),
-        val=TokenSpan(str(path.resolve()), "uint8", n_train, n_val),
+        source=source,
+        vocab_size=vocab_size,
+        fingerprint=_fingerprint(vocab_size, dtype, n_train, n_val, [scan.sha256]),
+        bytes_per_token=bytes_per_token,
+        train=TokenSpan(source, dtype, 0, n_train),
+        val=TokenSpan(source, dtype, n_train, n_val),
     )
 
 
@@ -597,18 +605,7 @@ def _text_file(path: Path, val_fraction: float) -> Dataset:
 
 def _token_file(path: Path, vocab_size: int, dtype: str, val_fraction: float) -> Dataset:
     """One `.bin` token file: its last `val_fraction` of tokens is validation."""
-    scan = _checked_scan(path, dtype, vocab_size)
-    n_val = _val_count(scan.n_tokens, val_fraction)
-    n_train = scan.n_tokens - n_val
-    return Dataset(
-        name=path.name,
-        source=str(path.resolve()),
-        vocab_size=vocab_size,
-        fingerprint=_fingerprint(vocab_size, dtype, n_train, n_val, [scan.sha256]),
-        bytes_per_token=None,
-        train=TokenSpan(str(path.resolve()), dtype, 0, n_train),
-        val=TokenSpan(str(path.resolve()), dtype, n_train, n_val),
-    )
+    return _tail_split(path, _checked_scan(path, dtype, vocab_size), vocab_size, dtype, None, val_fraction)
 
 
 def _split_token_files(folder: Path, vocab_size: int, dtype: str) -> Dataset:
@@ -689,7 +686,7 @@ def _scan(path: Path, dtype: str) -> _Scan:
         raise DataError(f"cannot read {path}: {exc.strerror}") from None
     scan = _Scan(n_tokens=st.st_size // itemsize, max_id=max_id, sha256=sha.hexdigest())
     try:
-        _write_atomic(cached, json.dumps(dataclasses.asdict(scan)).encode())
+        write_atomic(cached, json.dumps(dataclasses.asdict(scan)).encode())
     except OSError as exc:  # the scan cache only saves time; the data is fine without it
         logger.warning("cannot cache the scan of %s in %s: %s", path, cached.parent, exc.strerror)
     return scan
@@ -728,18 +725,6 @@ def _fingerprint(vocab_size: int, dtype: str, n_train: int, n_val: int, digests:
 
 def _digest(parts: list[Any]) -> str:
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write `path` whole or not at all: a temporary file in the same folder, then a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".tmp-", delete=False) as tmp:
-        try:
-            tmp.write(data)
-        except BaseException:
-            os.unlink(tmp.name)
-            raise
-    os.replace(tmp.name, path)
 
 
 def _check_positive(name: str, value: Any) -> None:

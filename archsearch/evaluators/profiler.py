@@ -30,7 +30,6 @@ import logging
 import math
 import os
 import platform
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +44,7 @@ from torch.utils import benchmark
 from archsearch.errors import ArchsearchError
 from archsearch.evaluators import kernels
 from archsearch.evaluators.kernels import KernelRow, MemoryRow, ProfileReport
+from archsearch.fileio import write_atomic
 from archsearch.registry import Registry
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import DTYPE_BYTES
@@ -351,17 +351,8 @@ class JsonFileCache:
 
     def put(self, key: MeasurementKey, seconds: float, device: DeviceInfo) -> None:
         self._entries = {**self._load(), key.to_str(): {"seconds": seconds, "device": device.to_dict()}}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         payload = json.dumps({"version": CACHE_FORMAT_VERSION, "entries": self._entries}, indent=1)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(payload)
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomic(self.path, payload.encode("utf-8"))
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from archsearch.errors import ConfigError
+from archsearch.fileio import write_atomic
 from archsearch.registry import Registry
 
 
@@ -314,7 +315,4 @@ def load_config(path: str | Path) -> ArchConfig:
 
 def save_config(cfg: ArchConfig, path: str | Path) -> None:
     """Write `cfg` as JSON, replacing the file whole (never half-written)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(cfg.to_json() + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, (cfg.to_json() + "\n").encode("utf-8"))
