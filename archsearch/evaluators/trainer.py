@@ -22,20 +22,15 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from archsearch.errors import ArchsearchError
 from archsearch.evaluators.model import ProxyLM
 from archsearch.evaluators.profiler import DeviceInfo, detect_device, is_memory_error, time_gemm
-from archsearch.registry import Registry
+from archsearch.evaluators.settings import SCHEDULES, TrainError, TrainSettings
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts, param_counts
 
 log = logging.getLogger(__name__)
 
 Batch = tuple[torch.Tensor, torch.Tensor]
-
-
-class TrainError(ArchsearchError):
-    """Training settings that cannot run (no budget, two budgets, a bad device)."""
 
 
 class TokenData(Protocol):
@@ -50,74 +45,6 @@ class TokenData(Protocol):
         self, batch_size: int, seq_len: int, seed: int, device: torch.device
     ) -> Iterator[Batch]: ...
     def val_batches(self, batch_size: int, seq_len: int, count: int, device: torch.device) -> list[Batch]: ...
-
-
-# --- learning-rate schedules: progress p in [0, 1] -> multiplier of the peak rate ---
-def _cosine(p: float, warmup: float, floor: float) -> float:
-    if p < warmup:
-        return (p + 1e-9) / warmup
-    q = min(1.0, (p - warmup) / max(1e-9, 1.0 - warmup))
-    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * q))
-
-
-def _wsd(p: float, warmup: float, floor: float) -> float:
-    """Warm-up, stable, decay: flat at the peak, then linear to the floor over the last 20%."""
-    if p < warmup:
-        return (p + 1e-9) / warmup
-    decay_start = 0.8
-    if p < decay_start:
-        return 1.0
-    return 1.0 - (1.0 - floor) * min(1.0, (p - decay_start) / (1.0 - decay_start))
-
-
-SCHEDULES: Registry[Callable[[float, float, float], float]] = Registry("lr schedule")
-SCHEDULES.register("cosine", _cosine)
-SCHEDULES.register("wsd", _wsd)
-PRECISIONS = ("auto", "bf16", "fp32")
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """How to train a proxy. Give exactly one budget: tokens, flops or seconds.
-
-    The learning rate is `lr` at width `base_width`; hidden matrices scale it by
-    `base_width / d_model` (see `param_groups`).
-    """
-
-    tokens: int | None = None  # training tokens
-    flops: float | None = None  # training FLOPs, converted to tokens by the cost model (6N-style)
-    seconds: float | None = None  # wall-clock seconds of training steps
-    batch_size: int = 16  # sequences per step
-    seq_len: int | None = None  # defaults to the config's seq_len
-    lr: float = 3e-3  # peak Adam rate at base_width: well inside the stable range at width 128
-    base_width: int = 128  # width at which `lr` applies unscaled
-    schedule: str = "cosine"  # or "wsd"
-    warmup: float = 0.05  # fraction of the budget; short, so warm-up does not dominate short runs
-    min_lr: float = 0.1  # floor of the decay, as a fraction of the peak
-    weight_decay: float = 0.1  # on hidden matrices only
-    grad_clip: float = 1.0
-    seed: int = 0
-    eval_batches: int = 8  # fixed held-out batches per evaluation
-    evals: int = 4  # evaluations spread evenly over the budget; the last is the reported loss
-    device: str = "auto"  # "cpu", "cuda", "cuda:N" or "auto"
-    precision: str = "auto"  # "bf16", "fp32" or "auto" (bf16 where the device runs it faster)
-    compile: bool = False  # torch.compile the model
-
-    def __post_init__(self) -> None:
-        budgets = [b for b in (self.tokens, self.flops, self.seconds) if b is not None]
-        if len(budgets) != 1:
-            raise TrainError("give exactly one budget: tokens, flops or seconds")
-        if budgets[0] <= 0:
-            raise TrainError(f"the budget must be positive, got {budgets[0]}")
-        if self.schedule not in SCHEDULES:
-            raise TrainError(f"schedule {self.schedule!r} is unknown; valid: {', '.join(SCHEDULES)}")
-        if self.precision not in PRECISIONS:
-            raise TrainError(f"precision {self.precision!r} is unknown; valid: {', '.join(PRECISIONS)}")
-        for name in ("batch_size", "eval_batches", "evals", "base_width"):
-            if getattr(self, name) <= 0:
-                raise TrainError(f"{name} must be positive, got {getattr(self, name)}")
-        if not 0 <= self.warmup < 1:
-            raise TrainError(f"warmup must be a fraction in [0, 1), got {self.warmup}")
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from archsearch.evaluators import trainer
+from archsearch.errors import ArchsearchError
 from archsearch.evaluators.data import load_dataset
 from archsearch.evaluators.model import ProxyLM
 from archsearch.evaluators.trainer import TrainError, TrainSettings, param_groups, train
@@ -164,5 +164,5 @@ def test_vocab_larger_than_config_is_an_error(corpus):
 def test_cuda_without_cuda_is_an_error(corpus):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    with pytest.raises(trainer.ArchsearchError, match="no CUDA device"):
+    with pytest.raises(ArchsearchError, match="no CUDA device"):
         train(TINY, corpus, TrainSettings(tokens=100, device="cuda", **FAST))
