@@ -9,12 +9,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from typer.core import TyperGroup
@@ -442,6 +444,248 @@ def devices(as_json: JsonFlag = False) -> None:
         peaks = ", ".join(f"{d} {t:g}" for d, t in acc.peak_tflops)
         table.add_row(key, acc.name, str(acc.units), peaks, _si(acc.memory_bandwidth, "B/s"), acc.source)
     _stdout().print(table)
+
+
+# ------------------------------------------------------------------------------------------------
+# The search: space files, searches and studies
+# ------------------------------------------------------------------------------------------------
+space_app = typer.Typer(cls=_Group, help="Check search-space files.", no_args_is_help=True)
+app.add_typer(space_app, name="space")
+
+SpaceArg = Annotated[Path, typer.Argument(help="Search-space TOML file (see examples/).")]
+StorageOpt = Annotated[
+    str | None,
+    typer.Option("--storage", help="Database URL [default: $ARCHSEARCH_STORAGE or sqlite:///archsearch.db]."),
+]
+
+
+@space_app.command("check")
+def space_check(
+    space: SpaceArg,
+    samples: Annotated[int, typer.Option(help="Sampled configs to show with their costs.", min=0)] = 5,
+    seed: Annotated[int, typer.Option(help="Seed of the sampled configs.")] = 0,
+    as_json: JsonFlag = False,
+) -> None:
+    """Validate a space file; print its knobs, size, feasible share and a few sampled configs."""
+    from archsearch.search.spec import load_spec
+    from archsearch.space.search_space import sample_configs
+
+    spec = load_spec(space)
+    feasibility = spec.space.feasibility()
+    configs = sample_configs(spec.space, samples, seed)
+    if as_json:
+        _print_json(
+            {
+                "spec": spec.to_dict(),
+                "fingerprint": spec.fingerprint,
+                "size": spec.space.size(),
+                "feasibility": dataclasses.asdict(feasibility),
+                "samples": [{"config": c.to_dict(), **_costs(c)} for c in configs],
+            }
+        )
+    else:
+        console = _stdout()
+        table = Table("knob", "values")
+        for domain in spec.space.domains:
+            table.add_row(domain.name, escape(domain.describe()))
+        for name, value in spec.space.fixed:
+            table.add_row(name, escape(f"{value!r} (fixed)"))
+        console.print(table)
+        size = spec.space.size()
+        how = "all" if feasibility.exhaustive else "random"
+        console.print(
+            f"size: {'continuous' if size is None else f'{size:,} points'}; "
+            f"budget: {spec.space.budget.describe()}\n"
+            f"feasible: {feasibility.feasible:,} of {feasibility.checked:,} checked ({how} points)"
+        )
+        for reason, count in feasibility.reasons:
+            console.print(f"  rejected {count:,}: {escape(reason)}")
+        console.print(
+            f"objectives: {', '.join(spec.objectives)}; proxy: {_budget_text(spec.proxy)}; "
+            f"sampler {spec.defaults.sampler}, {spec.defaults.trials} trials"
+        )
+        if configs:
+            sample = Table("sampled config", "params", "FLOPs/token")
+            for c in configs:
+                costs = _costs(c)
+                sample.add_row(describe(c), _si(costs["params_total"]), _si(costs["flops_forward_per_token"]))
+            console.print(sample)
+    if feasibility.feasible == 0:
+        spec.space.check_feasible()  # raises with the reasons: exit 2
+
+
+def _costs(cfg: ArchConfig) -> dict[str, float]:
+    from archsearch.space.costs import flop_counts
+
+    return {"params_total": param_counts(cfg).total, "flops_forward_per_token": flop_counts(cfg).forward}
+
+
+def _budget_text(proxy: Any) -> str:
+    if proxy.tokens is not None:
+        return f"{proxy.tokens:,} tokens"
+    return f"{_si(proxy.flops, 'FLOP')}" if proxy.flops is not None else f"{proxy.seconds:g} s"
+
+
+@app.command()
+def search(
+    space: Annotated[Path, typer.Option("--space", help="Search-space TOML file (see examples/).")],
+    study: Annotated[str | None, typer.Option(help="Study name [default: the space file's name].")] = None,
+    trials: Annotated[
+        int | None, typer.Option(help="Finished trials to reach [default: the file's].")
+    ] = None,
+    workers: Annotated[int, typer.Option(help="Trials run at once.", min=1)] = 1,
+    storage: StorageOpt = None,
+    sampler: Annotated[
+        str | None, typer.Option(help="tpe, nsga2, random or gp [default: the file's].")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Sampler seed [default: the file's].")] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the study (created if missing).")
+    ] = False,
+    prune: Annotated[
+        bool, typer.Option("--prune/--no-prune", help="Stop dominated trials at the rungs.")
+    ] = True,
+    address: Annotated[
+        str | None, typer.Option(help="Ray cluster to join [default: start one here].")
+    ] = None,
+    cpus_per_trial: Annotated[float, typer.Option(help="Ray CPUs per trial.")] = 1.0,
+    gpus_per_trial: Annotated[
+        float, typer.Option(help="Ray GPUs per trial (GPU trials queue for GPUs).")
+    ] = 0.0,
+    retries: Annotated[int, typer.Option(help="Re-runs of a trial whose worker died.", min=0)] = 1,
+    as_json: JsonFlag = False,
+) -> None:
+    """Search a space: sample shapes with Optuna, train and profile them on Ray, store every trial.
+
+    Ctrl-C or SIGTERM stops dispatching, cancels the running trials (recorded as interrupted and
+    re-queued) and exits 130 / 143; `--resume` then continues to the requested number.
+    """
+    from archsearch.search.driver import SearchOptions, run_search
+    from archsearch.search.spec import load_spec
+    from archsearch.storage import Storage
+
+    spec = load_spec(space)
+    options = SearchOptions(
+        study=study or spec.name,
+        trials=trials or spec.defaults.trials,
+        workers=workers,
+        sampler=sampler or spec.defaults.sampler,
+        seed=spec.defaults.seed if seed is None else seed,
+        resume=resume,
+        prune=prune and spec.defaults.prune,
+        address=address,
+        cpus_per_trial=cpus_per_trial,
+        gpus_per_trial=gpus_per_trial,
+        retries=retries,
+    )
+    spec.space.check_feasible()  # an impossible budget fails here, before anything is written
+    with Storage.open(storage) as db, _search_display(options.trials) as update:
+        summary = run_search(spec, db, options, on_update=update)
+    if as_json:
+        _print_json(
+            {
+                "study": summary.study,
+                "objectives": list(summary.objectives),
+                "counts": summary.progress.counts,
+                "front": [_front_row(r) for r in summary.front],
+                "interrupted_by": summary.signal,
+            }
+        )
+    else:
+        _print_front(summary.front, summary.objectives, title=f"Pareto front of {summary.study!r}")
+    if summary.signal is not None:
+        typer.echo(
+            f"interrupted: {summary.progress.finished} of {options.trials} trials finished; continue with "
+            f"`archsearch search --space {space} --study {options.study} --resume`",
+            err=True,
+        )
+        raise typer.Exit(128 + summary.signal)
+
+
+def _front_row(record: Any) -> dict[str, Any]:
+    keys = ("number", "loss", "bits_per_byte", "flops_forward_per_token", "params_total", "step_time_s")
+    row = {k: record.number if k == "number" else record[k] for k in keys}
+    return {**row, "config": record.config.to_dict()}
+
+
+def _print_front(front: Any, objectives: tuple[str, ...], title: str) -> None:
+    console = _stdout()
+    table = Table(title=title)
+    for column in ("trial", "shape", "params", "FLOPs/token", "loss", "bits/byte"):
+        table.add_column(column, justify="left" if column == "shape" else "right")
+    if "step_time" in objectives:
+        table.add_column("step time", justify="right")
+    for r in front:
+        row = [
+            str(r.number), describe(r.config), _si(r["params_total"]), _si(r["flops_forward_per_token"]),
+            f"{r['loss']:.4f}", _fmt(r["bits_per_byte"], ".3f"),
+        ]  # fmt: skip
+        if "step_time" in objectives:
+            row.append(_si(r["step_time_s"], "s"))
+        table.add_row(*row)
+    console.print(table if front else f"{title}: no complete trials")
+
+
+@contextlib.contextmanager
+def _search_display(target: int) -> Iterator[Callable[[Any], None]]:
+    """Live progress on stderr: a bar on a terminal, one line per finished trial otherwise."""
+    console = Console(stderr=True)
+    last = {"finished": -1}
+
+    def text(p: Any) -> str:
+        c = p.counts
+        best = "-" if p.best_loss is None else f"{p.best_loss:.4f}"
+        return (
+            f"{p.finished}/{p.target} finished: {c.get('complete', 0)} complete, "
+            f"{c.get('pruned', 0)} pruned, "
+            f"{c.get('failed', 0)} failed, {c.get('rejected', 0)} rejected; {c.get('running', 0)} running; "
+            f"best loss {best}; front {p.front_size}"
+        )
+
+    if not console.is_terminal:
+
+        def log_line(p: Any) -> None:
+            if p.finished != last["finished"]:
+                last["finished"] = p.finished
+                typer.echo(f"[{p.elapsed_s:6.0f} s] {text(p)}", err=True)
+
+        yield log_line
+        return
+    columns = (TextColumn("search "), BarColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("starting Ray", total=target)
+
+        def update(p: Any) -> None:
+            bar.update(task, completed=p.finished, description=text(p))
+
+        yield update
+
+
+@app.command()
+def studies(storage: StorageOpt = None, as_json: JsonFlag = False) -> None:
+    """The studies in a trial database, with their trials by state."""
+    from archsearch.storage import STATES, Storage
+
+    with Storage.open(storage, create=False) as db:
+        records = db.studies()
+    if as_json:
+        _print_json(
+            [
+                {
+                    "name": s.name,
+                    "objectives": list(s.objectives),
+                    "created_at": s.created_at,
+                    "trials": s.counts,
+                }
+                for s in records
+            ]
+        )
+        return
+    table = Table("study", "objectives", "created", *STATES)
+    for s in records:
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.created_at))
+        table.add_row(s.name, ",".join(s.objectives), created, *(str(s.counts.get(k, 0)) for k in STATES))
+    _stdout().print(table if records else "no studies")
 
 
 @contextlib.contextmanager

@@ -24,3 +24,19 @@ def write_atomic(path: str | Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def read_text(path: Path, what: str, error: type[Exception]) -> str:
+    """A UTF-8 file's text, or `error` with one line naming `what` and the path.
+
+    Args:
+        path: the file.
+        what: how messages name it, e.g. "config file" or "search spec".
+        error: the exception type raised (the caller's own, e.g. ConfigError).
+    """
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error(f"{what} not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"cannot read {what} {path}: {exc}") from None

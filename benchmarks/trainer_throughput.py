@@ -1,6 +1,6 @@
 """The proxy trainer's speed next to the device's GEMM peak and a plain reference loop.
 
-Run: python benchmarks/trainer_throughput.py [--device cpu] [--steps 30]
+Run: python benchmarks/trainer_throughput.py [--device cpu] [--steps 30] [--batch 16]
 
 For each shape, in one run and on the same batches' sizes:
 - the device's measured GEMM peak in the trainer's precision (1024^3 on CPU, 8192^3 on CUDA);
@@ -46,7 +46,9 @@ def shapes() -> list[ArchConfig]:
     ]
 
 
-def reference_loop(cfg: ArchConfig, device: torch.device, precision: str, steps: int) -> float:
+def reference_loop(
+    cfg: ArchConfig, device: torch.device, precision: str, steps: int, batch_size: int = BATCH
+) -> float:
     """tokens/s of a plain loop (nanoGPT's train.py without its extras) on random batches.
 
     Timed from the first step, as the trainer times itself, so both pay the same warm-up.
@@ -56,7 +58,7 @@ def reference_loop(cfg: ArchConfig, device: torch.device, precision: str, steps:
     opt = torch.optim.AdamW(
         param_groups(model, 3e-3, 128, 0.1), betas=(0.9, 0.95), fused=device.type == "cuda"
     )
-    batches = [torch.randint(0, 256, (BATCH, SEQ_LEN + 1), device=device) for _ in range(4)]
+    batches = [torch.randint(0, 256, (batch_size, SEQ_LEN + 1), device=device) for _ in range(4)]
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
     def step(i: int) -> None:
@@ -74,7 +76,7 @@ def reference_loop(cfg: ArchConfig, device: torch.device, precision: str, steps:
         step(i)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return steps * BATCH * SEQ_LEN / (time.perf_counter() - start)
+    return steps * batch_size * SEQ_LEN / (time.perf_counter() - start)
 
 
 def main() -> None:
@@ -83,13 +85,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12, help="timed steps per run")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each loop per shape (median)")
     parser.add_argument("--precision", default="auto")
+    parser.add_argument("--batch", type=int, default=BATCH, help="sequences of 256 tokens per step")
     args = parser.parse_args()
     info = resolve_device(args.device)
     device = info.torch_device
     precision = choose_precision(info, args.precision)
     peak = peak_matmul_flops(info, precision)
     data = load_dataset(None)
-    print(f"device: {info.name} ({info.type}, {info.threads} threads), precision {precision}")
+    print(f"device: {info.name} ({info.type}, {info.threads} threads), precision {precision}", end="")
+    print(f", batch {args.batch} x {SEQ_LEN}")
     print(f"torch {torch.__version__}")
     print(f"GEMM peak ({precision}): {peak / 1e9:,.1f} GFLOP/s")
     print(
@@ -97,7 +101,7 @@ def main() -> None:
     )
     for cfg in shapes():
         settings = TrainSettings(
-            tokens=args.steps * BATCH * SEQ_LEN, batch_size=BATCH, precision=precision,
+            tokens=args.steps * args.batch * SEQ_LEN, batch_size=args.batch, precision=precision,
             device=str(device), evals=1, eval_batches=1,
         )  # fmt: skip
         # Alternate the two loops and keep each one's median, so drift on a noisy machine hits both.
@@ -105,7 +109,7 @@ def main() -> None:
         for _ in range(args.repeats):
             result = train(cfg, data, settings)
             trainer_rates.append(result.tokens_per_second)
-            reference_rates.append(reference_loop(cfg, device, precision, args.steps))
+            reference_rates.append(reference_loop(cfg, device, precision, args.steps, args.batch))
         rate, ref = statistics.median(trainer_rates), statistics.median(reference_rates)
         mfu = flop_counts(cfg).train * rate / peak
         name = f"d{cfg.d_model} L{cfg.n_layers} h{cfg.n_heads}x{cfg.head_dim} ff{cfg.d_ff}"

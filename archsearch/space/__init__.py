@@ -1,4 +1,4 @@
-"""What archsearch searches: the `ArchConfig` shape, its exact costs, width rules and presets.
+"""What archsearch searches: the `ArchConfig` shape, its exact costs, width rules, presets and spaces.
 
 Imports neither torch nor Ray, so sampling and costing stay cheap.
 """
@@ -23,20 +23,37 @@ from archsearch.space.costs import (
     weight_bytes,
 )
 from archsearch.space.presets import PRESETS, Preset, preset
+from archsearch.space.search_space import (
+    KNOBS,
+    Budget,
+    Domain,
+    Feasibility,
+    Rejected,
+    SearchSpace,
+    SpaceError,
+    sample_configs,
+)
 from archsearch.space.width import FeatureLoss, gated_d_ff, relu_feature_loss
 
 __all__ = [
     "ACTIVATIONS",
     "DTYPE_BYTES",
+    "KNOBS",
     "NORMS",
     "NORM_PLACEMENTS",
     "POSITIONS",
     "PRESETS",
     "ArchConfig",
+    "Budget",
+    "Domain",
+    "Feasibility",
     "FeatureLoss",
     "FlopCounts",
     "ParamCounts",
     "Preset",
+    "Rejected",
+    "SearchSpace",
+    "SpaceError",
     "cost_report",
     "flop_counts",
     "gated_d_ff",
@@ -45,6 +62,7 @@ __all__ = [
     "param_counts",
     "preset",
     "relu_feature_loss",
+    "sample_configs",
     "save_config",
     "weight_bytes",
 ]

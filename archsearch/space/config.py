@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from archsearch.errors import ConfigError
-from archsearch.fileio import write_atomic
+from archsearch.fileio import read_text, write_atomic
 from archsearch.registry import Registry
 
 
@@ -304,12 +304,7 @@ def load_config(path: str | Path) -> ArchConfig:
         ConfigError: the file is missing or unreadable, not JSON, or not a valid config.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    text = read_text(path, "config file", ConfigError)
     return ArchConfig.from_json(text, source=str(path))
 
 

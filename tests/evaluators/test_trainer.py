@@ -87,7 +87,8 @@ def test_config_too_large_fails_before_allocating(corpus):
     huge = dataclasses.replace(preset("llama2-13b"), vocab_size=256, seq_len=256)
     result = train(huge, corpus, TrainSettings(tokens=1_000, **FAST))
     assert result.status == "failed"
-    assert re.match(r"config too large for cpu: needs ~\d+\.\d GiB, has \d+\.\d GiB", result.reason)
+    too_large = r"config too large for (cpu|cuda:\d+): needs ~\d+\.\d GiB, has \d+\.\d GiB"
+    assert re.match(too_large, result.reason)
     assert result.tokens == 0
 
 

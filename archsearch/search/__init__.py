@@ -1,0 +1,1 @@
+"""The search service: space files, the Optuna driver, Ray workers, pruning."""

@@ -1,0 +1,605 @@
+"""The search driver: owns the Optuna study (ask / tell), dispatches trials to Ray, records results.
+
+How a trial flows:
+1. `Storage.claim_trial` reserves a slot (a running row with a lease) only while fewer than
+   `trials` are finished or running, in one transaction, so drivers sharing a study never
+   overshoot the requested number.
+2. `study.ask()`; the space samples every knob and derives the shape. A point that is not a valid
+   or in-budget config is recorded as rejected (Optuna state FAIL) before any compute is spent.
+3. A Ray task runs `worker.evaluate` on plain data. The driver renews the lease while it runs.
+4. The result is written in one transaction (`Storage.finish_trial`), then told to Optuna.
+
+Failure handling (BRIEF.md section 8):
+- A worker that dies (SIGKILL, segfault, out of memory) is re-run by the driver up to `retries`
+  times, each crash noted on the trial; after that the trial fails with the reason. Ray's own
+  task retries are off, since they re-run silently and the crash would go unrecorded.
+- An exception raised by the evaluation fails the trial with the exception as its reason.
+- Ctrl-C or SIGTERM: no new trials are dispatched, running trials are cancelled and recorded as
+  interrupted, and their parameters are re-queued in Optuna so `--resume` runs them first; the
+  search returns the signal, and the CLI exits 130 / 143. Nothing is left RUNNING.
+- A driver killed outright leaves running rows whose lease then expires; the next driver on the
+  study (`--resume`) marks them interrupted and re-queues them, and settles Optuna trials left
+  RUNNING between the two writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from archsearch.errors import ArchsearchError
+from archsearch.registry import Registry
+from archsearch.search.pruning import DEFAULT_REDUCTION_FACTOR, MultiObjectiveHalving
+from archsearch.search.spec import SearchSpec
+from archsearch.space.config import ArchConfig
+from archsearch.space.costs import flop_counts
+from archsearch.space.search_space import Rejected
+from archsearch.storage import Storage, TrialOutcome, TrialRecord
+from archsearch.storage.schema import COMPLETE, FAILED, INTERRUPTED, PRUNED, REJECTED, RUNNING
+
+if TYPE_CHECKING:
+    import optuna
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LEASE_S = 120.0  # a running trial whose driver went silent this long is presumed dead
+WAIT_S = 0.5  # how long the loop blocks on Ray: also how fast a Ctrl-C is noticed
+MAX_REJECTIONS = 500  # rejected samples in a row before the search gives up on the sampler
+REASON_ATTR = "archsearch_reason"  # Optuna user attribute carrying a failed or pruned trial's reason
+
+
+class SearchError(ArchsearchError):
+    """A search that cannot start or continue (a study clash, a space the sampler cannot meet)."""
+
+
+# --- samplers: name -> factory(seed, n_objectives) ------------------------------------------------
+def _tpe(seed: int, _n: int) -> optuna.samplers.BaseSampler:
+    import optuna
+
+    # constant_liar keeps parallel workers from all sampling the same promising point.
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+
+
+def _nsga2(seed: int, _n: int) -> optuna.samplers.BaseSampler:
+    import optuna
+
+    return optuna.samplers.NSGAIISampler(seed=seed)
+
+
+def _random(seed: int, _n: int) -> optuna.samplers.BaseSampler:
+    import optuna
+
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+def _gp(seed: int, _n: int) -> optuna.samplers.BaseSampler:
+    import optuna
+
+    try:
+        import scipy  # noqa: F401  (GPSampler's optimiser)
+    except ImportError:
+        raise SearchError("the gp sampler needs scipy: pip install scipy") from None
+    return optuna.samplers.GPSampler(seed=seed)
+
+
+SAMPLERS: Registry[Callable[[int, int], Any]] = Registry("sampler")
+SAMPLERS.register("tpe", _tpe)
+SAMPLERS.register("nsga2", _nsga2)
+SAMPLERS.register("random", _random)
+SAMPLERS.register("gp", _gp)
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """How to run a search; the spec's `[search]` table gives the defaults the CLI passes here."""
+
+    study: str
+    trials: int  # finished trials (complete, pruned or failed) the study should reach
+    workers: int = 1  # trials in flight at once
+    sampler: str = "tpe"
+    seed: int = 0
+    resume: bool = False  # continue a study of this name (created if missing)
+    prune: bool = True
+    address: str | None = None  # a Ray cluster to join; None starts a local one
+    cpus_per_trial: float = 1.0
+    gpus_per_trial: float = 0.0
+    retries: int = 1  # re-runs of a trial whose worker died
+    lease_s: float = DEFAULT_LEASE_S
+
+    def __post_init__(self) -> None:
+        if not self.study or len(self.study) > 512:
+            raise SearchError("--study must be a name of 1 to 512 characters")
+        for name in ("trials", "workers"):
+            if getattr(self, name) < 1:
+                raise SearchError(f"--{name} must be at least 1, got {getattr(self, name)}")
+        if self.retries < 0 or self.cpus_per_trial <= 0 or self.gpus_per_trial < 0:
+            raise SearchError("--retries and --gpus-per-trial must be >= 0 and --cpus-per-trial > 0")
+        if self.sampler not in SAMPLERS:
+            raise SearchError(f"sampler {self.sampler!r} is unknown; valid: {', '.join(SAMPLERS.names())}")
+
+
+@dataclass(frozen=True)
+class SearchProgress:
+    """A snapshot for progress displays."""
+
+    target: int
+    counts: dict[str, int]
+    best_loss: float | None
+    front_size: int
+    elapsed_s: float
+
+    @property
+    def finished(self) -> int:
+        return sum(self.counts.get(s, 0) for s in (COMPLETE, PRUNED, FAILED))
+
+
+@dataclass(frozen=True)
+class SearchSummary:
+    study: str
+    objectives: tuple[str, ...]
+    progress: SearchProgress
+    front: tuple[TrialRecord, ...]  # the Pareto front of complete trials, by loss
+    signal: int | None = None  # the signal that stopped the search early
+
+
+@dataclass
+class _Running:
+    slot: int  # archsearch trial row id
+    trial: Any  # optuna.Trial
+    config: ArchConfig
+    attempt: int = 1
+    ref: Any = None
+    started: float = field(default_factory=time.monotonic)
+
+
+class _Stop:
+    """Records the first SIGINT / SIGTERM; the loop polls it."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def __call__(self, signum: int, _frame: Any) -> None:
+        if self.signum is None:
+            log.warning("received %s: stopping the search", signal.Signals(signum).name)
+        self.signum = self.signum or signum
+
+
+@contextmanager
+def _signals(stop: _Stop) -> Iterator[None]:
+    """Install SIGINT / SIGTERM handlers (after `ray.init`, which replaces SIGTERM's)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+class _RayPool:
+    """Ray tasks for trials: started (or joined) on enter, shut down on exit if started here."""
+
+    def __init__(self, options: SearchOptions, evaluate_fn: Callable[..., dict]) -> None:
+        self.options = options
+        self.evaluate_fn = evaluate_fn
+        self.owned = False
+
+    def __enter__(self) -> _RayPool:
+        import ray
+
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = dict(log_to_driver=False, configure_logging=False)
+            if self.options.address:
+                ray.init(address=self.options.address, **kwargs)
+            else:
+                cpus = max(os.cpu_count() or 1, math.ceil(self.options.workers * self.options.cpus_per_trial))
+                # "local" always starts a new cluster; no address would join one `ray start` left.
+                ray.init(address="local", num_cpus=cpus, include_dashboard=False, **kwargs)
+            self.owned = True
+        self.ray = ray
+        self.task = ray.remote(self.evaluate_fn).options(
+            num_cpus=self.options.cpus_per_trial,
+            num_gpus=self.options.gpus_per_trial,
+            max_retries=0,  # the driver retries, so each crash is recorded (module docstring)
+            retry_exceptions=False,
+        )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.owned:
+            self.ray.shutdown()
+
+    def board(self, pruner: MultiObjectiveHalving) -> Any:
+        return self.ray.remote(num_cpus=0)(_Board).remote(pruner)
+
+    def submit(self, request: dict[str, Any], known: Any, board: Any) -> Any:
+        return self.task.remote(request, known, board)
+
+    def put(self, value: Any) -> Any:
+        return self.ray.put(value)
+
+    def wait(self, refs: list[Any], timeout: float) -> list[Any]:
+        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        return ready
+
+    def result(self, ref: Any) -> tuple[dict[str, Any] | None, str | None, bool]:
+        """(result, failure reason, whether the worker died and a retry may help)."""
+        from ray import exceptions as rex
+
+        try:
+            return self.ray.get(ref), None, False
+        except rex.RayTaskError as exc:
+            cause = exc.cause if exc.cause is not None else exc
+            return None, f"error in the evaluation: {type(cause).__name__}: {_first_line(cause)}", False
+        except rex.RayError as exc:  # worker or node died, out of memory, object lost
+            return None, f"worker died: {type(exc).__name__}: {_first_line(exc)}", True
+
+    def cancel(self, ref: Any) -> None:
+        self.ray.cancel(ref, force=True)
+
+
+class _Board:
+    """The pruning state, in one Ray actor that every worker asks at each rung."""
+
+    def __init__(self, pruner: MultiObjectiveHalving) -> None:
+        self.pruner = pruner
+
+    def decide(self, number: int, rung: int, loss: float, flops: float) -> str | None:
+        return self.pruner.decide(number, rung, loss, flops)
+
+    def record(self, number: int, rung: int, loss: float, flops: float) -> None:
+        self.pruner.record(number, rung, loss, flops)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[-1 if type(exc).__name__ == "RayTaskError" else 0][:500] if lines else ""
+
+
+def objective_values(
+    spec: SearchSpec, record: TrialRecord | TrialOutcome, cfg: ArchConfig
+) -> list[float] | None:
+    """The Optuna values of a complete trial in the spec's objective order, or None if any is missing."""
+    if isinstance(record, TrialOutcome):
+        loss = (record.train or {}).get("val_loss")
+        step_time = record.step_time_s
+    else:
+        loss, step_time = record["loss"], record["step_time_s"]
+    by_name = {"loss": loss, "flops": float(flop_counts(cfg).forward), "step_time": step_time}
+    values = [by_name[name] for name in spec.objectives]
+    if any(v is None or not math.isfinite(v) for v in values):
+        return None
+    return [float(v) for v in values]
+
+
+class _Driver:
+    def __init__(
+        self,
+        spec: SearchSpec,
+        storage: Storage,
+        options: SearchOptions,
+        on_update: Callable[[SearchProgress], None] | None,
+    ) -> None:
+        self.spec, self.storage, self.options, self.on_update = spec, storage, options, on_update
+        self.running: dict[Any, _Running] = {}
+        self.stop = _Stop()
+        self.start = time.monotonic()
+        self.last_renewal = time.monotonic()
+        self.study: optuna.Study
+
+    # --- setup -----------------------------------------------------------------------------------
+    def open_study(self) -> None:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        name, spec = self.options.study, self.spec
+        record = self.storage.study(name)
+        if record is not None and not self.options.resume:
+            raise SearchError(
+                f"study {name!r} already exists ({record.finished} finished trials): pass --resume to "
+                "continue it, or choose another --study"
+            )
+        if record is not None and record.spec_fingerprint != spec.fingerprint:
+            raise SearchError(
+                f"study {name!r} was created from a different space file (fingerprint "
+                f"{record.spec_fingerprint[:12]}, this one {spec.fingerprint[:12]}): use another --study"
+            )
+        if record is None:
+            self.storage.create_study(
+                name,
+                spec_fingerprint=spec.fingerprint,
+                spec_source=spec.source,
+                spec=spec.to_dict(),
+                objectives=spec.objectives,
+            )
+        ostorage = self.storage.optuna_storage()
+        # Trials recorded so far (any driver's); counted from archsearch's table because another
+        # driver may not have created Optuna's study yet.
+        existing = sum(self.storage.counts(name).values())
+        sampler = SAMPLERS[self.options.sampler](self.options.seed + existing, len(spec.objectives))
+        self.study = optuna.create_study(
+            study_name=name,
+            storage=ostorage,
+            directions=["minimize"] * len(spec.objectives),
+            sampler=sampler,
+            load_if_exists=True,
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            self.study.set_metric_names(list(spec.objectives))  # shown by optuna-dashboard
+
+    def sweep(self) -> None:
+        """Settle what a dead driver left: expired leases and Optuna trials left RUNNING."""
+        import optuna
+
+        for record in self.storage.stale_trials(self.options.study):
+            self.storage.end_trial(
+                record.id,
+                INTERRUPTED,
+                f"lease expired: the driver running it ({record['host']}) stopped; re-queued",
+            )
+            if record.number is not None:
+                self._settle_optuna(record.number, optuna.trial.TrialState.FAIL, reason="driver died")
+                if record.params:
+                    self.study.enqueue_trial(record.params, user_attrs={"requeued_from": record.number})
+        by_number = {r.number: r for r in self.storage.trials(self.options.study) if r.number is not None}
+        horizon = time.time() - self.options.lease_s
+        for frozen in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            record = by_number.get(frozen.number)
+            if record is not None and record.status == RUNNING:
+                continue  # a live driver's trial
+            if record is None and frozen.datetime_start and frozen.datetime_start.timestamp() > horizon:
+                continue  # may be another driver's, asked a moment ago
+            self._tell_recorded(frozen.number, record)
+
+    def _tell_recorded(self, number: int, record: TrialRecord | None) -> None:
+        """Tell Optuna what archsearch's table already holds for a trial Optuna still has RUNNING."""
+        import optuna
+
+        state = optuna.trial.TrialState
+        if record is not None and record.status == COMPLETE and record.config is not None:
+            values = objective_values(self.spec, record, record.config)
+            if values is not None:
+                self.study.tell(number, values)
+                return
+        if record is not None and record.status == PRUNED:
+            self._settle_optuna(number, state.PRUNED, record.reason)
+        else:
+            self._settle_optuna(number, state.FAIL, record.reason if record else "never recorded")
+
+    def _settle_optuna(self, number: int, state: Any, reason: str | None) -> None:
+        import optuna
+
+        try:
+            if reason:
+                self.study._storage.set_trial_user_attr(self._trial_id(number), REASON_ATTR, reason)
+            self.study.tell(number, state=state)
+        except (ValueError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+            pass  # already finished by another driver
+
+    def _trial_id(self, number: int) -> int:
+        return self.study._storage.get_trial_id_from_study_id_trial_number(self.study._study_id, number)
+
+    # --- the loop ---------------------------------------------------------------------------------
+    def run(self, pool: _RayPool) -> int | None:
+        opts, spec = self.options, self.spec
+        board = None
+        if opts.prune and spec.defaults.rungs:
+            pruner = MultiObjectiveHalving(
+                spec.defaults.rungs, spec.defaults.prune_min_trials, DEFAULT_REDUCTION_FACTOR
+            )
+            self._restore_rungs(pruner)
+            board = pool.board(pruner)
+        known = self.storage.measurements()
+        known_ref = pool.put(known)
+        rejections = 0
+        with _signals(self.stop):
+            try:
+                while self.stop.signum is None:
+                    while len(self.running) < opts.workers and self.stop.signum is None:
+                        slot = self.storage.claim_trial(opts.study, opts.trials, opts.lease_s)
+                        if slot is None:
+                            break
+                        item = self._ask(slot)
+                        if item is None:
+                            rejections += 1
+                            if rejections >= MAX_REJECTIONS:
+                                raise SearchError(
+                                    f"the {opts.sampler} sampler proposed {rejections} rejected configs in a "
+                                    "row; widen the space or loosen the budget (see `archsearch space check`)"
+                                )
+                            continue
+                        rejections = 0
+                        self._submit(pool, item, known_ref, board)
+                    if not self.running:
+                        break
+                    for ref in pool.wait(list(self.running), WAIT_S):
+                        new = self._collect(pool, ref, known_ref, board)
+                        if new:
+                            known.update({m["key"]: m["seconds"] for m in new})
+                            known_ref = pool.put(known)
+                    self._renew()
+                    self._notify()
+            finally:
+                self._interrupt_all(pool)
+        self._notify()
+        return self.stop.signum
+
+    def _restore_rungs(self, pruner: MultiObjectiveHalving) -> None:
+        """Seed the pruner with the rung losses of trials a previous run finished."""
+        evals = self.spec.proxy.evals
+        for record in self.storage.trials(self.options.study):
+            if record.status not in (COMPLETE, PRUNED) or record.config is None:
+                continue
+            flops = float(flop_counts(record.config).forward)
+            val = self.storage.curves(record.id)["val"]
+            judged = -1
+            for k, (_tokens, loss) in enumerate(val, start=1):
+                rung = pruner.rung_at(k / evals)
+                if rung is not None and rung > judged:
+                    pruner.record(record.number, rung, loss, flops)
+                    judged = rung
+
+    def _ask(self, slot: int) -> _Running | None:
+        import optuna
+
+        trial = self.study.ask()
+        try:
+            cfg = self.spec.space.sample(trial)
+        except Rejected as exc:
+            self.storage.assign_trial(
+                slot, number=trial.number, optuna_trial_id=trial._trial_id, params=trial.params, config=None
+            )
+            self.storage.end_trial(slot, REJECTED, str(exc))
+            trial.set_user_attr(REASON_ATTR, f"rejected: {exc}")
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            return None
+        except BaseException:
+            self.storage.end_trial(slot, INTERRUPTED, "stopped while sampling")
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            raise
+        self.storage.assign_trial(
+            slot, number=trial.number, optuna_trial_id=trial._trial_id, params=trial.params, config=cfg
+        )
+        return _Running(slot=slot, trial=trial, config=cfg)
+
+    def _request(self, item: _Running) -> dict[str, Any]:
+        spec = self.spec
+        return dict(
+            number=item.trial.number,
+            config=item.config.to_dict(),
+            proxy=asdict(spec.proxy),
+            data=spec.data,
+            profile=asdict(spec.profile),
+            step_time_device=spec.step_time_device if "step_time" in spec.objectives else None,
+            rungs=list(spec.defaults.rungs),
+        )
+
+    def _submit(
+        self, pool: _RayPool, item: _Running, known_ref: Any, board: Any, note: str | None = None
+    ) -> None:
+        item.attempt = self.storage.start_attempt(item.slot, self.options.lease_s, note)
+        item.ref = pool.submit(self._request(item), known_ref, board)
+        self.running[item.ref] = item
+
+    def _collect(self, pool: _RayPool, ref: Any, known_ref: Any, board: Any) -> list[dict[str, Any]]:
+        import optuna
+
+        item = self.running.pop(ref)
+        result, reason, died = pool.result(ref)
+        if result is None:
+            if died and item.attempt <= self.options.retries:
+                log.warning("trial %d: %s; retrying", item.trial.number, reason)
+                self._submit(pool, item, known_ref, board, note=f"attempt {item.attempt}: {reason}")
+                return []
+            outcome = TrialOutcome(status=FAILED, reason=reason)
+        else:
+            outcome = TrialOutcome.from_dict(result)
+        values = objective_values(self.spec, outcome, item.config) if outcome.status == COMPLETE else None
+        if outcome.status == COMPLETE and values is None:
+            outcome = TrialOutcome(
+                **{**asdict(outcome), "status": FAILED, "reason": "an objective is missing"}
+            )
+        self.storage.finish_trial(item.slot, outcome)
+        if outcome.reason:
+            item.trial.set_user_attr(REASON_ATTR, outcome.reason)
+        state = optuna.trial.TrialState
+        if values is not None:
+            self.study.tell(item.trial, values)
+        else:
+            self.study.tell(item.trial, state=state.PRUNED if outcome.status == PRUNED else state.FAIL)
+        return list(outcome.measurements)
+
+    def _renew(self) -> None:
+        if time.monotonic() - self.last_renewal >= self.options.lease_s / 4:
+            self.storage.renew_leases([r.slot for r in self.running.values()], self.options.lease_s)
+            self.last_renewal = time.monotonic()
+
+    def _interrupt_all(self, pool: _RayPool) -> None:
+        """Cancel what still runs, record it as interrupted and re-queue its parameters."""
+        import optuna
+
+        why = (
+            f"interrupted by {signal.Signals(self.stop.signum).name}"
+            if self.stop.signum
+            else "the driver stopped"
+        )
+        for ref, item in list(self.running.items()):
+            pool.cancel(ref)
+            self.storage.end_trial(item.slot, INTERRUPTED, f"{why}; re-queued")
+            item.trial.set_user_attr(REASON_ATTR, why)
+            self.study.tell(item.trial, state=optuna.trial.TrialState.FAIL)
+            self.study.enqueue_trial(item.trial.params, user_attrs={"requeued_from": item.trial.number})
+            del self.running[ref]
+
+    def progress(self) -> SearchProgress:
+        front = self.front()
+        return SearchProgress(
+            target=self.options.trials,
+            counts={**self.storage.counts(self.options.study), RUNNING: len(self.running)},
+            best_loss=min((r["loss"] for r in front), default=None),
+            front_size=len(front),
+            elapsed_s=time.monotonic() - self.start,
+        )
+
+    def front(self) -> tuple[TrialRecord, ...]:
+        """The Pareto front of complete trials (Optuna's), as archsearch's records, by loss."""
+        numbers = {t.number for t in self.study.best_trials}
+        records = [r for r in self.storage.trials(self.options.study, COMPLETE) if r.number in numbers]
+        return tuple(sorted(records, key=lambda r: r["loss"]))
+
+    def _notify(self) -> None:
+        if self.on_update is not None:
+            self.on_update(self.progress())
+
+
+def run_search(
+    spec: SearchSpec,
+    storage: Storage,
+    options: SearchOptions,
+    *,
+    on_update: Callable[[SearchProgress], None] | None = None,
+    evaluate_fn: Callable[..., dict] | None = None,
+) -> SearchSummary:
+    """Run (or resume) a search until the study has `options.trials` finished trials.
+
+    Args:
+        spec: the parsed space file; call `spec.space.check_feasible()` before opening storage.
+        storage: the trial database.
+        options: study name, trial count, workers, sampler, Ray settings.
+        on_update: called with a `SearchProgress` after every event, for progress displays.
+        evaluate_fn: the Ray task body; `worker.evaluate` by default (benchmarks pass a no-op).
+
+    Returns:
+        A `SearchSummary`; `signal` is set when SIGINT / SIGTERM stopped it early.
+
+    Raises:
+        SearchError: the study exists without `resume`, was made from another space, or the
+            sampler cannot find valid configs.
+    """
+    from archsearch.search import worker
+
+    driver = _Driver(spec, storage, options, on_update)
+    driver.open_study()
+    driver.sweep()
+    with _RayPool(options, evaluate_fn or worker.evaluate) as pool:
+        signum = driver.run(pool)
+    return SearchSummary(
+        study=options.study,
+        objectives=spec.objectives,
+        progress=driver.progress(),
+        front=driver.front(),
+        signal=signum,
+    )

@@ -1,0 +1,415 @@
+"""Search specs: the TOML file that says what to search, how to score a trial and how long.
+
+Every table and key is optional unless marked; unknown tables or keys are errors. Example::
+
+    [model]            # knobs: a scalar fixes one; a list is a categorical choice (one item: fixed);
+                       # a table {min, max, step?, log?} is a range, of ints when min, max and step
+                       # are ints, of floats otherwise
+    vocab_size = 256   # required, a single value: the data fixes it
+    seq_len = 128      # required, a single value
+    d_model = { min = 128, max = 384, step = 64 }   # required; multiples of [rules].multiple_of
+    aspect_ratio = [32, 64, 128]                    # required; d_model / n_layers
+    d_ff_ratio = { min = 2.0, max = 6.0, step = 0.5 }
+    activation = ["gelu", "swiglu"]
+    head_dim = [32, 64]
+    attention_layout = ["mha", "gqa:2", "mqa"]      # gqa:G: G query heads per KV head
+    norm_placement = ["pre", "post"]
+    tie_embeddings = true
+    [rules]
+    multiple_of = 64       # alignment of d_ff (and of every d_model)
+    gated_parity = true    # gated MLPs take 2/3 of d_ff_ratio
+    [budget]
+    params = { min = 1e5, max = 4e6 }    # total parameters
+    flops_per_token = { max = 2e7 }      # forward FLOPs per token
+    [proxy]                # TrainSettings fields but seq_len (the model's is used), plus `data`
+    tokens = 200_000       # exactly one of tokens, flops, seconds (required)
+    batch_size = 16
+    evals = 4              # evaluations at 1/4, 2/4, 3/4 and the end: the pruning rungs' points
+    data = "corpus.txt"    # relative to this file; left out: the bundled byte-level corpus
+    [profile]
+    local = true           # time the step's kernels on this machine
+    devices = ["h100-sxm"] # and model them on catalogued accelerators
+    batch = 8              # default: [proxy].batch_size
+    dtype = "bf16"
+    min_run_time = 0.05    # seconds of repeats per kernel
+    [objectives]
+    minimize = ["loss", "flops"]   # loss, flops, step_time; loss is required
+    step_time_device = "local"     # with step_time: "local" or a name from [profile].devices
+    [search]
+    sampler = "tpe"        # tpe, nsga2, random or gp
+    seed = 0
+    trials = 20
+    prune = true
+    rungs = [0.25, 0.5]    # fractions of the proxy budget where losses are compared
+    prune_min_trials = 4   # trials that must reach a rung before any is pruned there
+
+Every error is one line: `space.toml: [model].d_model: ...`. A budget no config can meet is not
+an error here; `spec.space.check_feasible()` finds it at search start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from archsearch.errors import ConfigError
+from archsearch.evaluators.hardware import ACCELERATORS
+from archsearch.evaluators.settings import TrainError, TrainSettings
+from archsearch.fileio import read_text
+from archsearch.registry import Registry
+from archsearch.space.search_space import KNOBS, Budget, Domain, SearchSpace, SpaceError
+
+
+class SpecError(ConfigError):
+    """A search spec that cannot be read or breaks a rule; `key` is `[table].key` when known."""
+
+    def __init__(self, detail: str, key: str | None = None) -> None:
+        super().__init__(f"{key}: {detail}" if key else detail)
+        self.detail, self.key = detail, key
+
+
+@dataclass(frozen=True)
+class Objective:
+    """A quantity a search minimises: its unit and what exactly is measured."""
+
+    unit: str
+    meaning: str
+
+
+OBJECTIVES: Registry[Objective] = Registry("objective")
+OBJECTIVES.register("loss", Objective("nats/token", "proxy held-out loss at the end of its budget"))
+OBJECTIVES.register("flops", Objective("FLOP/token", "forward FLOPs per token (space.costs)"))
+OBJECTIVES.register(
+    "step_time",
+    Objective(
+        "s", "one training step of the profiled batch, measured locally or modelled on a catalogued GPU"
+    ),
+)
+DEFAULT_OBJECTIVES = ("loss", "flops")
+SAMPLERS = ("tpe", "nsga2", "random", "gp")  # the driver's sampler registry, named without optuna
+# The dtypes evaluators.profiler can time (its TORCH_DTYPES; fp8 has no plain matmul), named here
+# so a spec validates without importing torch.
+PROFILE_DTYPES = ("fp32", "bf16", "fp16")
+LOCAL = "local"
+
+
+@dataclass(frozen=True)
+class ProfileSpec:
+    """Where step times are measured (`local`) or modelled (`devices`, ACCELERATORS names)."""
+
+    local: bool = True
+    devices: tuple[str, ...] = ()
+    batch: int | None = None  # sequences per profiled step; None: the proxy's batch_size
+    dtype: str = "bf16"
+    min_run_time: float = 0.05  # seconds of repeats per kernel: fast enough to profile every trial
+
+    def __post_init__(self) -> None:
+        if self.dtype not in PROFILE_DTYPES:
+            raise SpecError(f"cannot profile {self.dtype!r}; valid: {', '.join(PROFILE_DTYPES)}", "dtype")
+        for name in self.devices:
+            if name not in ACCELERATORS:
+                raise SpecError(f"unknown accelerator {name!r}; valid: {', '.join(ACCELERATORS)}", "devices")
+            if self.dtype not in ACCELERATORS[name].dtypes:
+                valid = ", ".join(ACCELERATORS[name].dtypes)
+                raise SpecError(f"{name} has no {self.dtype} peak; valid: {valid}", "dtype")
+        if len(set(self.devices)) < len(self.devices):
+            raise SpecError(f"devices repeat: {list(self.devices)}", "devices")
+        if self.batch is not None and self.batch <= 0:
+            raise SpecError(f"must be positive, got {self.batch}", "batch")
+        if self.min_run_time <= 0:
+            raise SpecError(f"must be positive, got {self.min_run_time}", "min_run_time")
+
+
+@dataclass(frozen=True)
+class SearchDefaults:
+    """How a search runs unless the command line says otherwise."""
+
+    sampler: str = "tpe"  # one of SAMPLERS
+    seed: int = 0
+    trials: int = 20
+    prune: bool = True  # stop trials that rank poorly at a rung (search.pruning decides how)
+    rungs: tuple[float, ...] = (0.25, 0.5)  # fractions of the proxy budget, increasing, in (0, 1)
+    prune_min_trials: int = 4  # too few losses at a rung rank nothing reliably
+
+    def __post_init__(self) -> None:
+        if self.sampler not in SAMPLERS:
+            raise SpecError(f"unknown sampler {self.sampler!r}; valid: {', '.join(SAMPLERS)}", "sampler")
+        for key in ("trials", "prune_min_trials"):
+            if getattr(self, key) <= 0:
+                raise SpecError(f"must be positive, got {getattr(self, key)}", key)
+        if self.seed < 0:
+            raise SpecError(f"must be non-negative, got {self.seed}", "seed")
+        if not all(0 < r < 1 for r in self.rungs) or list(self.rungs) != sorted(set(self.rungs)):
+            raise SpecError(f"must be increasing fractions in (0, 1), got {list(self.rungs)}", "rungs")
+        if self.prune and not self.rungs:
+            raise SpecError("pruning needs at least one rung (or set prune = false)", "rungs")
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    """A parsed search spec. Validated on construction, across tables.
+
+    Raises:
+        SpecError: objectives that are unknown, lack loss, or need an unprofiled device; rungs
+            that are not evaluation points of the proxy; a vocab the bundled corpus cannot use.
+    """
+
+    name: str  # the file's stem
+    space: SearchSpace
+    proxy: TrainSettings
+    data: str | None  # corpus path, resolved against the spec's folder; None: bundled corpus
+    profile: ProfileSpec
+    objectives: tuple[str, ...] = DEFAULT_OBJECTIVES
+    step_time_device: str | None = None  # "local" or a [profile].devices name; with step_time only
+    defaults: SearchDefaults = SearchDefaults()
+    source: str = ""  # the TOML text as read
+
+    def __post_init__(self) -> None:
+        key = "[objectives].minimize"
+        for name in self.objectives:
+            if name not in OBJECTIVES:
+                raise SpecError(f"unknown objective {name!r}; valid: {', '.join(OBJECTIVES)}", key)
+        if len(set(self.objectives)) < len(self.objectives) or "loss" not in self.objectives:
+            raise SpecError(f"needs loss, each objective once; got {list(self.objectives)}", key)
+        self._check_step_time()
+        if self.defaults.prune:
+            # The trainer reports losses only at its evaluation points, (i + 1) / evals.
+            points = [i / self.proxy.evals for i in range(1, self.proxy.evals)]
+            for rung in self.defaults.rungs:
+                if not any(abs(rung - p) < 1e-9 for p in points):
+                    shown = ", ".join(f"{p:g}" for p in points) or "none before the end"
+                    raise SpecError(
+                        f"{rung:g} is not an evaluation point of the proxy ([proxy].evals = "
+                        f"{self.proxy.evals} evaluates at {shown})",
+                        "[search].rungs",
+                    )
+        vocab = self.space.knob_values()["vocab_size"]
+        if self.data is None and vocab != 256:
+            raise SpecError(f"the bundled corpus is bytes: must be 256, got {vocab}", "[model].vocab_size")
+
+    def _check_step_time(self) -> None:
+        key, device = "[objectives].step_time_device", self.step_time_device
+        if "step_time" not in self.objectives:
+            if device is not None:
+                raise SpecError("given but step_time is not an objective", key)
+            return
+        if device is None:
+            raise SpecError(f"step_time needs a device: {LOCAL!r} or a [profile].devices name", key)
+        if device == LOCAL and not self.profile.local:
+            raise SpecError("'local' needs [profile].local = true", key)
+        if device != LOCAL and device not in self.profile.devices:
+            valid = ", ".join([LOCAL] * self.profile.local + list(self.profile.devices))
+            raise SpecError(f"{device!r} is not profiled; valid: {valid or 'none'}", key)
+
+    @property
+    def profile_batch(self) -> int:
+        return self.profile.batch or self.proxy.batch_size
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: everything parsed, without the source text."""
+        return {
+            "name": self.name,
+            "space": self.space.to_dict(),
+            "proxy": dataclasses.asdict(self.proxy),
+            "data": self.data,
+            "profile": {**dataclasses.asdict(self.profile), "devices": list(self.profile.devices)},
+            "objectives": list(self.objectives),
+            "step_time_device": self.step_time_device,
+            "search": {**dataclasses.asdict(self.defaults), "rungs": list(self.defaults.rungs)},
+        }
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of everything that changes which trials run and what they score.
+
+        Left out: the name, the source text (comments, layout) and `[search].trials`, so a
+        search can be resumed with more trials. The sampler and seeds stay in: they decide which
+        points are tried. `data` is the resolved path; the corpus's contents have their own
+        fingerprint, checked when it is loaded.
+        """
+        canonical = self.to_dict()
+        del canonical["name"], canonical["search"]["trials"]
+        text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def load_spec(path: str | Path) -> SearchSpec:
+    """Read and validate a search spec file.
+
+    Raises:
+        SpecError: the file is missing, unreadable, not TOML, or breaks a rule (one line, prefixed
+            with the path).
+    """
+    path = Path(path)
+    text = read_text(path, "search spec", SpecError)
+    return parse_spec(text, source=str(path), base_dir=path.parent)
+
+
+def parse_spec(text: str, source: str = "<string>", base_dir: Path | None = None) -> SearchSpec:
+    """Parse and validate a search spec's TOML text (the format is in the module docstring).
+
+    Args:
+        text: the TOML.
+        source: names the text in errors (a path), and its stem names the spec.
+        base_dir: folder `[proxy].data` is relative to; None: the working directory.
+
+    Raises:
+        SpecError: TOML syntax, an unknown table or key, a wrong type, an invalid value.
+    """
+    try:
+        return _parse(text, source, Path(".") if base_dir is None else base_dir)
+    except SpecError as exc:
+        raise SpecError(f"{source}: {exc}") from None
+
+
+# --- TOML shapes -> objects ---
+_TABLES = ("model", "rules", "budget", "proxy", "profile", "objectives", "search")
+_TYPES = {  # schema type -> (what it says in errors, test)
+    "int": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "number": ("a number", lambda v: isinstance(v, int | float) and not isinstance(v, bool)),
+    "float": ("a number", lambda v: isinstance(v, int | float) and not isinstance(v, bool)),
+    "str": ("a string", lambda v: isinstance(v, str)),
+    "bool": ("true or false", lambda v: isinstance(v, bool)),
+    "table": ("a table", lambda v: isinstance(v, dict)),
+}
+_RANGE = {"min": "number", "max": "number", "step": "number", "log": "bool"}
+_RULES = {"multiple_of": "int", "gated_parity": "bool"}
+_PROFILE = {"local": "bool", "devices": "list[str]", "batch": "int", "dtype": "str", "min_run_time": "float"}
+_OBJECTIVES = {"minimize": "list[str]", "step_time_device": "str"}
+_SEARCH = {
+    "sampler": "str",
+    "seed": "int",
+    "trials": "int",
+    "prune": "bool",
+    "rungs": "list[float]",
+    "prune_min_trials": "int",
+}
+# TrainSettings' own fields, typed from their annotations ("int | None" -> int); seq_len is the
+# model's, so it is left out.
+_ANNOTATIONS = {"int": "int", "float": "float", "str": "str", "bool": "bool"}
+_PROXY = {
+    f.name: _ANNOTATIONS[str(f.type).split(" |")[0]]
+    for f in dataclasses.fields(TrainSettings)
+    if f.name != "seq_len"
+} | {"data": "str"}
+
+
+@contextmanager
+def _in_table(table: str) -> Iterator[None]:
+    """Key errors raised inside by their table: `d_model` becomes `[model].d_model`."""
+    try:
+        yield
+    except (SpaceError, SpecError) as exc:
+        raise SpecError(exc.detail, f"[{table}].{exc.key}" if exc.key else f"[{table}]") from None
+    except TrainError as exc:
+        raise SpecError(str(exc), f"[{table}]") from None
+
+
+def _value(key: str, value: Any, kind: str) -> Any:
+    """`value` checked against a schema type; a list becomes a tuple, an integral float an int."""
+    if kind.startswith("list["):
+        if not isinstance(value, list):
+            raise SpecError(f"expected a list, got {value!r}", key)
+        return tuple(_value(key, v, kind[5:-1]) for v in value)
+    if kind == "int" and isinstance(value, float) and value.is_integer():
+        return int(value)  # TOML reads 1e5 as a float
+    words, test = _TYPES[kind]
+    if not test(value):
+        raise SpecError(f"expected {words}, got {value!r}", key)
+    # A float field written as an int (lr = 1) is the same setting: one form, one fingerprint.
+    return float(value) if kind == "float" else value
+
+
+def _read(table: dict[str, Any], schema: dict[str, str], prefix: str = "") -> dict[str, Any]:
+    """A table's keys checked against a schema: unknown keys and wrong types are errors.
+
+    `prefix` names an inline table in errors: `d_model.` gives `d_model.step`.
+    """
+    for key in table:
+        if key not in schema:
+            raise SpecError(f"unknown key; valid: {', '.join(schema)}", prefix + key)
+    return {key: _value(prefix + key, value, schema[key]) for key, value in table.items()}
+
+
+def _knob(name: str, value: Any) -> Any:
+    """A [model] value: a fixed scalar, a categorical `Domain` or a range `Domain`."""
+    if name not in KNOBS:
+        return value  # SearchSpace names it as unknown
+    if isinstance(value, list):
+        if len(value) == 1:
+            return value[0]  # one choice is a fixed value: not an Optuna parameter
+        return Domain(name, "categorical", tuple(value))
+    if not isinstance(value, dict):
+        return value  # SearchSpace checks the type against the knob
+    bounds = _read(value, _RANGE, prefix=f"{name}.")
+    if "min" not in bounds or "max" not in bounds:
+        raise SpecError("a range needs min and max", name)
+    if bounds["min"] == bounds["max"]:
+        return bounds["min"]
+    kind = "int" if all(isinstance(bounds.get(k, 1), int) for k in ("min", "max", "step")) else "float"
+    if kind == "float":  # one form per value: {min = 2, max = 6.5} is 2.0..6.5
+        bounds = {k: v if k == "log" else float(v) for k, v in bounds.items()}
+    log = bounds.get("log", False)
+    return Domain(name, kind, low=bounds["min"], high=bounds["max"], step=bounds.get("step"), log=log)
+
+
+def _budget(table: dict[str, Any]) -> Budget:
+    bounds = {}
+    for key, value in _read(table, {"params": "table", "flops_per_token": "table"}).items():
+        kind = "int" if key == "params" else "float"  # params are counted: 1e6 reads as 1000000
+        limits = _read(value, {"min": kind, "max": kind}, prefix=f"{key}.")
+        if not limits:
+            raise SpecError("give min, max or both", key)
+        prefix = "params" if key == "params" else "flops"
+        bounds.update({f"{prefix}_{k}": v for k, v in limits.items()})
+    return Budget(**bounds)
+
+
+def _parse(text: str, source: str, base_dir: Path) -> SearchSpec:
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"invalid TOML: {exc}") from None
+    for key, value in doc.items():
+        if key not in _TABLES:
+            raise SpecError(f"unknown table [{key}]; valid: {', '.join(_TABLES)}")
+        if not isinstance(value, dict):
+            raise SpecError(f"[{key}] must be a table, got {value!r}")
+    tables = {name: doc.get(name, {}) for name in _TABLES}
+    with _in_table("rules"):
+        rules = _read(tables["rules"], _RULES)
+        if rules.get("multiple_of", 1) <= 0:
+            raise SpecError(f"must be positive, got {rules['multiple_of']}", "multiple_of")
+    with _in_table("budget"):
+        budget = _budget(tables["budget"])
+    with _in_table("model"):
+        space = SearchSpace.from_knobs(
+            {k: _knob(k, v) for k, v in tables["model"].items()}, budget=budget, **rules
+        )
+    with _in_table("proxy"):
+        settings = _read(tables["proxy"], _PROXY)
+        data = settings.pop("data", None)
+        if data is not None:
+            resolved = (base_dir / Path(data).expanduser()).resolve()
+            if not resolved.exists():
+                raise SpecError(f"not found: {resolved}", "data")
+            data = str(resolved)
+        proxy = TrainSettings(**settings)
+    with _in_table("profile"):
+        profile = ProfileSpec(**_read(tables["profile"], _PROFILE))
+    with _in_table("objectives"):
+        objectives = _read(tables["objectives"], _OBJECTIVES)
+    with _in_table("search"):
+        defaults = SearchDefaults(**_read(tables["search"], _SEARCH))
+    return SearchSpec(
+        name=Path(source).stem, space=space, proxy=proxy, data=data, profile=profile,
+        objectives=objectives.get("minimize", DEFAULT_OBJECTIVES),
+        step_time_device=objectives.get("step_time_device"), defaults=defaults, source=text,
+    )  # fmt: skip

@@ -1,0 +1,160 @@
+"""What a Ray worker does for one trial: train the proxy, profile the step, return plain data.
+
+`evaluate` maps a plain request (the config and settings as dicts) to a plain result with the
+fields of `storage.TrialOutcome`. It never touches the database or Optuna: the driver owns both,
+so a retried or crashed task can never create, duplicate or strand a trial (BRIEF.md section 8).
+
+Determinism: the proxy run is seeded (the same request gives the same loss on the same device);
+kernel times are medians of repeats and vary with machine load; modelled step times are exact
+functions of the shape.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+from archsearch.space.config import ArchConfig
+from archsearch.space.costs import flop_counts
+
+
+@functools.lru_cache(maxsize=4)
+def _dataset(path: str | None, vocab_size: int, seq_len: int) -> Any:
+    """One open dataset per worker process: Ray reuses workers, so later trials skip the scan."""
+    from archsearch.evaluators.data import load_dataset
+
+    return load_dataset(path, None if path is None else vocab_size, seq_len=seq_len)
+
+
+def evaluate(
+    request: dict[str, Any], known_kernels: dict[str, float] | None = None, board: Any = None
+) -> dict:
+    """The Ray task: `run_trial`, judged at the rungs by the driver's pruning actor `board`."""
+    judge = None
+    if board is not None:
+        import ray
+
+        def judge(number: int, rung: int, loss: float, flops: float) -> str | None:
+            return ray.get(board.decide.remote(number, rung, loss, flops))
+
+    return run_trial(request, known_kernels, judge)
+
+
+Judge = Callable[[int, int, float, float], "str | None"]
+
+
+def run_trial(
+    request: dict[str, Any], known_kernels: dict[str, float] | None = None, judge: Judge | None = None
+) -> dict:
+    """Train and profile one candidate.
+
+    Args:
+        request: plain data: "number" (the trial), "config" (`ArchConfig.to_dict()`), "proxy"
+            (`TrainSettings` fields), "data" (corpus path or None for the bundled corpus),
+            "profile" (local, devices, batch, dtype, min_run_time), "step_time_device"
+            ("local", a catalogue name or None) and "rungs" (pruning fractions; empty: no pruning).
+        known_kernels: kernel seconds already measured (`Storage.measurements()`), so a shape is
+            timed once per device across all trials and studies.
+        judge: called as `judge(number, rung, loss, flops)` when the run reaches a pruning rung;
+            returns the reason to stop it, or None to go on. None: no pruning.
+
+    Returns:
+        `storage.TrialOutcome` fields as plain data; losses in nats per token, times in seconds.
+        Training failures (NaN, out of memory, too large) come back as status "failed"; a
+        pruned run as "pruned" with its rung.
+
+    Raises:
+        Whatever a bug raises: the driver records it as the trial's failure reason.
+    """
+    from archsearch.evaluators.settings import TrainSettings
+    from archsearch.evaluators.trainer import resolve_device, train
+
+    cfg = ArchConfig.from_dict(request["config"])
+    settings = TrainSettings(**request["proxy"])
+    data = _dataset(request.get("data"), cfg.vocab_size, settings.seq_len or cfg.seq_len)
+    flops = float(flop_counts(cfg).forward)
+    rungs: list[float] = list(request.get("rungs") or ())
+    judged: dict[str, Any] = {"evals": 0, "rung": -1, "pruned_rung": None, "reason": None}
+
+    def on_eval(tokens: int, val_loss: float) -> bool:
+        # The trainer evaluates at (i + 1) / evals of the budget, whatever the budget's unit.
+        judged["evals"] += 1
+        if judge is None or not rungs:
+            return False
+        fraction = judged["evals"] / settings.evals
+        reached = [i for i, r in enumerate(rungs) if fraction >= r - 1e-9]
+        if not reached or reached[-1] <= judged["rung"]:
+            return False
+        rung = judged["rung"] = reached[-1]
+        reason = judge(request["number"], rung, val_loss, flops)
+        if reason is not None:
+            judged["pruned_rung"], judged["reason"] = rungs[rung], reason
+        return reason is not None
+
+    result = train(cfg, data, settings, on_eval=on_eval)
+    outcome: dict[str, Any] = dict(
+        status=result.status,
+        reason=judged["reason"] if result.status == "pruned" else result.reason,
+        train=result.to_dict(),
+        pruned_rung=judged["pruned_rung"] if result.status == "pruned" else None,
+    )
+    if result.status != "complete":
+        return outcome  # no profiling spent on a pruned or failed shape
+    info = resolve_device(settings.device)
+    outcome["device"] = info.to_dict()
+    outcome.update(_profile(cfg, request, settings.batch_size, str(info.torch_device), known_kernels))
+    return outcome
+
+
+def _profile(
+    cfg: ArchConfig, request: dict[str, Any], batch_size: int, device: str, known: dict[str, float] | None
+) -> dict[str, Any]:
+    """Step times: measured here (kernel by kernel) and modelled on the catalogued GPUs."""
+    from archsearch.evaluators.hardware import device_model, predict_step
+    from archsearch.evaluators.kernels import step_kernels
+    from archsearch.evaluators.profiler import ProfilerError, profile_step
+    from archsearch.storage.kernels import KernelCache
+
+    spec = request["profile"]
+    batch, dtype = spec.get("batch") or batch_size, spec["dtype"]
+    cache = KernelCache(known)
+    reports = {}
+    try:
+        if spec.get("local"):
+            reports["local"] = profile_step(
+                cfg,
+                batch,
+                device=device,
+                dtype=dtype,
+                cache=cache,
+                min_run_time=spec["min_run_time"],
+                progress=False,
+            )
+    except ProfilerError as exc:
+        return dict(status="failed", reason=f"profiling: {exc}", measurements=tuple(cache.new))
+    for name in spec.get("devices") or ():
+        reports[name] = predict_step(device_model(name), step_kernels(cfg, batch, dtype), dtype)
+    profiles = tuple(
+        dict(
+            device=name,
+            modelled=report.modelled,
+            dtype=report.dtype,
+            batch=report.batch,
+            step_time_s=report.step_time_s,
+            tokens_per_second=report.tokens_per_second,
+            report=report.to_dict(),
+        )
+        for name, report in reports.items()
+    )
+    target = request.get("step_time_device")
+    step_time = reports[target].step_time_s if target in reports else None
+    if target is not None and (step_time is None or not math.isfinite(step_time)):
+        return dict(status="failed", reason=f"no step time on {target!r}", profiles=profiles)
+    return dict(
+        profiles=profiles,
+        measurements=tuple(cache.new),
+        step_time_s=step_time,
+        step_time_device=target,
+    )

@@ -1,0 +1,35 @@
+"""The trial database: Optuna's study and archsearch's own tables in one SQLAlchemy URL.
+
+Imports neither torch nor Ray; Optuna is imported only when its storage is asked for.
+"""
+
+from archsearch.storage.db import (
+    DEFAULT_STORAGE_URL,
+    STORAGE_ENV,
+    SchemaVersionError,
+    Storage,
+    StorageError,
+    StudyRecord,
+    TrialOutcome,
+    TrialRecord,
+    storage_url,
+)
+from archsearch.storage.kernels import KernelCache, measurement_row
+from archsearch.storage.schema import FINISHED_STATES, SCHEMA_VERSION, STATES
+
+__all__ = [
+    "DEFAULT_STORAGE_URL",
+    "FINISHED_STATES",
+    "SCHEMA_VERSION",
+    "STATES",
+    "STORAGE_ENV",
+    "KernelCache",
+    "SchemaVersionError",
+    "Storage",
+    "StorageError",
+    "StudyRecord",
+    "TrialOutcome",
+    "TrialRecord",
+    "measurement_row",
+    "storage_url",
+]

@@ -1,0 +1,703 @@
+"""The trial database: one SQLAlchemy URL holding Optuna's study and archsearch's own tables.
+
+Design (BRIEF.md section 8 measured how this stack fails):
+- SQLite runs in WAL mode with a 30 s busy timeout and writes with `BEGIN IMMEDIATE`: a deferred
+  transaction that later needs the write lock fails at once whatever the timeout, so every
+  transaction here, and in Optuna's engine on the same file, takes the lock when it begins.
+- PostgreSQL engines get `pool_pre_ping` (Optuna sets it only for MySQL) and a small pool.
+- Creating the tables is serialised between processes (a file lock for SQLite, an advisory lock
+  for PostgreSQL), so several searches can start on a new database at once.
+- Each trial's results are written in one transaction (`finish_trial`); the driver is the only
+  writer of trial state, and workers hold no connection.
+- Records that leave this module are frozen dataclasses, never ORM objects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Engine, create_engine, event, func, select, text, update
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from archsearch.errors import ArchsearchError
+from archsearch.space.config import ArchConfig
+from archsearch.space.costs import flop_counts, kv_cache_bytes_per_token, param_counts
+from archsearch.storage import schema
+from archsearch.storage.schema import FINISHED_STATES, RUNNING, SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    import optuna
+
+DEFAULT_STORAGE_URL = "sqlite:///archsearch.db"
+STORAGE_ENV = "ARCHSEARCH_STORAGE"
+BUSY_TIMEOUT_S = 30  # 5 s gave "database is locked" at 64 writers, 30 s none (BRIEF.md section 8)
+_PG_INIT_LOCK = 0x61726368  # "arch": the advisory lock id that serialises table creation
+
+
+class StorageError(ArchsearchError):
+    """The database cannot be opened, reached or written, or holds something unexpected."""
+
+
+class SchemaVersionError(StorageError):
+    """The database was written by a different version of archsearch's schema."""
+
+
+def storage_url(url: str | None = None) -> str:
+    """The URL to use: `url`, else `$ARCHSEARCH_STORAGE`, else `sqlite:///archsearch.db`."""
+    return url or os.environ.get(STORAGE_ENV) or DEFAULT_STORAGE_URL
+
+
+# ------------------------------------------------------------------------------------------------
+# Records (what leaves storage)
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StudyRecord:
+    name: str
+    spec_fingerprint: str
+    spec_source: str
+    spec: dict[str, Any]
+    objectives: tuple[str, ...]
+    created_at: float
+    counts: dict[str, int] = field(default_factory=dict)  # trials by state
+
+    @property
+    def finished(self) -> int:
+        return sum(self.counts.get(s, 0) for s in FINISHED_STATES)
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One trial row. `values` holds every column by name (the flat shape, costs and results)."""
+
+    id: int
+    study: str
+    number: int | None
+    status: str
+    reason: str | None
+    attempts: int
+    params: dict[str, Any]
+    config: ArchConfig | None
+    values: dict[str, Any]
+
+    def __getitem__(self, column: str) -> Any:
+        return self.values[column]
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """What one evaluation produced, in plain data (a worker's result, as the driver records it).
+
+    Attributes:
+        status: "complete", "pruned" or "failed".
+        reason: why it failed or was pruned.
+        train: `TrainResult.to_dict()` (None when the worker died before training ended).
+        profiles: one dict per device: device ("local" or a catalogue name), modelled, dtype,
+            batch, step_time_s, tokens_per_second, report (`ProfileReport.to_dict()`).
+        measurements: kernel times measured for this trial: key, fingerprint, dtype, kind, shape,
+            seconds (new entries for the shared kernel cache).
+        device: `DeviceInfo.to_dict()` of the worker's device.
+        step_time_s / step_time_device: the step-time objective and where it comes from.
+        pruned_rung: the fraction of the proxy budget at which it was pruned.
+    """
+
+    status: str
+    reason: str | None = None
+    train: dict[str, Any] | None = None
+    profiles: tuple[dict[str, Any], ...] = ()
+    measurements: tuple[dict[str, Any], ...] = ()
+    device: dict[str, Any] | None = None
+    step_time_s: float | None = None
+    step_time_device: str | None = None
+    pruned_rung: float | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrialOutcome:
+        values = dict(data)
+        for name in ("profiles", "measurements"):
+            values[name] = tuple(values.get(name) or ())
+        return cls(**values)
+
+
+# ------------------------------------------------------------------------------------------------
+# Engines
+# ------------------------------------------------------------------------------------------------
+
+
+def _parse_url(url: str) -> URL:
+    try:
+        return make_url(url)
+    except ArgumentError:
+        raise StorageError(f"not a database URL: {url!r} (e.g. {DEFAULT_STORAGE_URL})") from None
+
+
+def _sqlite_path(url: URL) -> Path:
+    if not url.database or url.database == ":memory:":
+        raise StorageError("an in-memory SQLite database cannot hold a search; give a file path")
+    return Path(url.database)
+
+
+def _use_immediate_transactions(engine: Engine) -> None:
+    """SQLite: WAL, a busy timeout, and `BEGIN IMMEDIATE` for every transaction of `engine`.
+
+    This is SQLAlchemy's documented pysqlite recipe: the driver's own transaction handling is off
+    (`isolation_level = None`) and SQLAlchemy's "begin" event emits the BEGIN instead.
+    """
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
+        cursor.execute("PRAGMA journal_mode = WAL")  # persistent; WAL works only on a local disk
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _engine_kwargs(url: URL) -> dict[str, Any]:
+    if url.get_backend_name() == "sqlite":
+        return {"connect_args": {"timeout": BUSY_TIMEOUT_S}}
+    # pre-ping drops connections a server or proxy closed; a driver needs few connections.
+    return {"pool_pre_ping": True, "pool_size": 2, "max_overflow": 4}
+
+
+def _one_line(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    lines = [line.strip() for line in str(orig).splitlines() if line.strip()]
+    return lines[0] if lines else type(orig).__name__
+
+
+def _masked(url: URL) -> str:
+    return url.render_as_string(hide_password=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Storage
+# ------------------------------------------------------------------------------------------------
+
+
+class Storage:
+    """archsearch's tables (and Optuna's) in one database.
+
+    Use `Storage.open(url)`; close with `close()` or a `with` block.
+    """
+
+    def __init__(self, url: URL, engine: Engine) -> None:
+        self._url = url
+        self._engine = engine
+        self._optuna: optuna.storages.BaseStorage | None = None
+        self.host = f"{socket.gethostname()}:{os.getpid()}"
+
+    # --- opening ---------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, url: str | None = None, *, create: bool = True) -> Storage:
+        """Open (and with `create`, initialise) the database at `url` (see `storage_url`).
+
+        Raises:
+            StorageError: a malformed URL, a missing driver, an unreachable server, a missing
+                SQLite file or folder, or a database that is not archsearch's (without `create`).
+            SchemaVersionError: the database's schema version differs from this code's.
+        """
+        parsed = _parse_url(storage_url(url))
+        sqlite = parsed.get_backend_name() == "sqlite"
+        if sqlite:
+            path = _sqlite_path(parsed)
+            if not path.parent.is_dir():
+                raise StorageError(f"no folder {str(path.parent)!r} for the SQLite database {path}")
+            if not create and not path.is_file():
+                raise StorageError(f"no database at {path}")
+        try:
+            engine = create_engine(parsed, **_engine_kwargs(parsed))
+        except (NoSuchModuleError, ImportError) as exc:
+            raise StorageError(f"no driver for {_masked(parsed)}: {_one_line(exc)}") from None
+        if sqlite:
+            _use_immediate_transactions(engine)
+        storage = cls(parsed, engine)
+        try:
+            storage._initialise(create)
+        except BaseException:
+            engine.dispose()
+            raise
+        return storage
+
+    def _initialise(self, create: bool) -> None:
+        with self._init_lock():
+            try:
+                with self._engine.begin() as conn:
+                    tables = set(self._engine.dialect.get_table_names(conn))
+                    if schema.Meta.__tablename__ not in tables:
+                        if not create:
+                            raise StorageError(f"{self.display_url} holds no archsearch database")
+                        schema.Base.metadata.create_all(conn)
+                        conn.execute(
+                            schema.Meta.__table__.insert().values(
+                                key="schema_version", value=str(SCHEMA_VERSION)
+                            )
+                        )
+                        return
+                    row = conn.execute(
+                        select(schema.Meta.value).where(schema.Meta.key == "schema_version")
+                    ).scalar_one_or_none()
+            except DBAPIError as exc:
+                raise StorageError(f"cannot use the database {self.display_url}: {_one_line(exc)}") from None
+        found = int(row) if row is not None else 0
+        if found != SCHEMA_VERSION:
+            newer = "a newer" if found > SCHEMA_VERSION else "an older"
+            raise SchemaVersionError(
+                f"{self.display_url} has archsearch schema version {found}, written by {newer} "
+                f"archsearch; this one reads version {SCHEMA_VERSION}"
+                + (": upgrade archsearch" if found > SCHEMA_VERSION else ": use a new database")
+            )
+
+    @contextlib.contextmanager
+    def _init_lock(self) -> Iterator[None]:
+        """Serialise table creation between processes on the same database."""
+        if self.is_sqlite:
+            # A lock file beside nothing: opening and closing the database file itself would drop
+            # this process's POSIX locks on it, SQLite's included, and let another process delete
+            # the live WAL. WAL needs a local disk, so a lock in the local temp folder suffices.
+            path = _sqlite_path(self._url).resolve()
+            digest = hashlib.sha256(str(path).encode()).hexdigest()[:16]
+            with open(Path(tempfile.gettempdir()) / f"archsearch-{digest}.lock", "ab") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(handle, fcntl.LOCK_UN)
+            return
+        try:
+            with self._engine.connect() as conn:
+                conn.execute(text("SELECT pg_advisory_lock(:id)"), {"id": _PG_INIT_LOCK})
+                conn.commit()
+                try:
+                    yield
+                finally:
+                    conn.execute(text("SELECT pg_advisory_unlock(:id)"), {"id": _PG_INIT_LOCK})
+                    conn.commit()
+        except DBAPIError as exc:
+            raise StorageError(f"cannot reach the database {self.display_url}: {_one_line(exc)}") from None
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self._url.get_backend_name() == "sqlite"
+
+    @property
+    def display_url(self) -> str:
+        """The URL with any password hidden, for messages."""
+        return _masked(self._url)
+
+    @property
+    def url(self) -> str:
+        return self._url.render_as_string(hide_password=False)
+
+    def close(self) -> None:
+        self._engine.dispose()
+        if self._optuna is not None:
+            engine = getattr(self._optuna, "engine", None)
+            if engine is not None:
+                engine.dispose()
+
+    def __enter__(self) -> Storage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def optuna_storage(self) -> optuna.storages.RDBStorage:
+        """Optuna's RDB storage on the same database, with the same locking rules."""
+        if self._optuna is None:
+            import optuna
+
+            with self._init_lock():
+                try:
+                    storage = optuna.storages.RDBStorage(self.url, engine_kwargs=_engine_kwargs(self._url))
+                except SQLAlchemyError as exc:
+                    raise StorageError(f"cannot open Optuna's tables: {_one_line(exc)}") from None
+            if self.is_sqlite:
+                _use_immediate_transactions(storage.engine)
+                storage.engine.dispose()  # connections opened before the listeners are dropped
+            self._optuna = storage
+        return self._optuna
+
+    # --- the one session helper ------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _session(self) -> Iterator[Session]:
+        """One transaction: commits on success, rolls back on any error, always closes.
+
+        Database errors become `StorageError` with one line; the transaction leaves nothing.
+        """
+        try:
+            with Session(self._engine, expire_on_commit=False) as session, session.begin():
+                yield session
+        except DBAPIError as exc:
+            raise StorageError(f"database error on {self.display_url}: {_one_line(exc)}") from None
+
+    # --- studies ---------------------------------------------------------------------------------
+    def create_study(
+        self,
+        name: str,
+        *,
+        spec_fingerprint: str,
+        spec_source: str,
+        spec: Mapping[str, Any],
+        objectives: Sequence[str],
+    ) -> StudyRecord:
+        """Record a new study, or return the existing one of that name unchanged."""
+        with self._session() as s:
+            row = s.get(schema.Study, name)
+            if row is None:
+                row = schema.Study(
+                    name=name,
+                    spec_fingerprint=spec_fingerprint,
+                    spec_source=spec_source,
+                    spec_json=json.dumps(spec, sort_keys=True),
+                    objectives=",".join(objectives),
+                    created_at=time.time(),
+                )
+                s.add(row)
+        return self.study(name)  # type: ignore[return-value]
+
+    def study(self, name: str) -> StudyRecord | None:
+        with self._session() as s:
+            row = s.get(schema.Study, name)
+            if row is None:
+                return None
+            return self._study_record(row, self._counts(s, name))
+
+    def studies(self) -> list[StudyRecord]:
+        """Every study, oldest first, with its trial counts by state."""
+        with self._session() as s:
+            rows = s.scalars(select(schema.Study).order_by(schema.Study.created_at)).all()
+            counts: dict[str, dict[str, int]] = {}
+            for study, status, n in s.execute(
+                select(schema.Trial.study, schema.Trial.status, func.count()).group_by(
+                    schema.Trial.study, schema.Trial.status
+                )
+            ):
+                counts.setdefault(study, {})[status] = n
+            return [self._study_record(row, counts.get(row.name, {})) for row in rows]
+
+    @staticmethod
+    def _study_record(row: schema.Study, counts: dict[str, int]) -> StudyRecord:
+        return StudyRecord(
+            name=row.name,
+            spec_fingerprint=row.spec_fingerprint,
+            spec_source=row.spec_source,
+            spec=json.loads(row.spec_json),
+            objectives=tuple(row.objectives.split(",")) if row.objectives else (),
+            created_at=row.created_at,
+            counts=counts,
+        )
+
+    @staticmethod
+    def _counts(s: Session, study: str) -> dict[str, int]:
+        q = (
+            select(schema.Trial.status, func.count())
+            .where(schema.Trial.study == study)
+            .group_by(schema.Trial.status)
+        )
+        return {status: n for status, n in s.execute(q)}
+
+    def counts(self, study: str) -> dict[str, int]:
+        """Trials of `study` by state."""
+        with self._session() as s:
+            return self._counts(s, study)
+
+    # --- trial life cycle ------------------------------------------------------------------------
+    def claim_trial(self, study: str, limit: int, lease_s: float) -> int | None:
+        """Reserve one of `limit` trial slots: a running row, or None when the study is full.
+
+        Finished and running trials fill slots. The count and the insert are one transaction
+        (the write lock on SQLite, a row lock on the study in PostgreSQL), so several drivers on
+        one study never run more than `limit` trials between them.
+        """
+        now = time.time()
+        with self._session() as s:
+            s.execute(select(schema.Study.name).where(schema.Study.name == study).with_for_update())
+            taken = s.scalar(
+                select(func.count())
+                .select_from(schema.Trial)
+                .where(schema.Trial.study == study, schema.Trial.status.in_((*FINISHED_STATES, RUNNING)))
+            )
+            if taken >= limit:
+                return None
+            row = schema.Trial(
+                study=study,
+                status=RUNNING,
+                attempts=0,
+                host=self.host,
+                started_at=now,
+                lease_expires_at=now + lease_s,
+            )
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def assign_trial(
+        self,
+        trial_id: int,
+        *,
+        number: int,
+        optuna_trial_id: int,
+        params: Mapping[str, Any],
+        config: ArchConfig | None,
+    ) -> None:
+        """Attach Optuna's trial and the sampled shape (with its exact costs) to a claimed row."""
+        values: dict[str, Any] = dict(
+            number=number,
+            optuna_trial_id=optuna_trial_id,
+            params_json=json.dumps(dict(params), sort_keys=True),
+        )
+        if config is not None:
+            values.update(_config_columns(config))
+        with self._session() as s:
+            s.execute(update(schema.Trial).where(schema.Trial.id == trial_id).values(**values))
+
+    def start_attempt(self, trial_id: int, lease_s: float, note: str | None = None) -> int:
+        """Count one more worker run of a trial, renew its lease; `note` keeps a retry's cause."""
+        with self._session() as s:
+            row = s.get(schema.Trial, trial_id)
+            if row is None:
+                raise StorageError(f"no trial row {trial_id}")
+            row.attempts += 1
+            row.lease_expires_at = time.time() + lease_s
+            if note:
+                row.reason = f"{row.reason}; {note}" if row.reason else note
+            return row.attempts
+
+    def renew_leases(self, trial_ids: Sequence[int], lease_s: float) -> None:
+        if not trial_ids:
+            return
+        with self._session() as s:
+            s.execute(
+                update(schema.Trial)
+                .where(schema.Trial.id.in_(list(trial_ids)), schema.Trial.status == RUNNING)
+                .values(lease_expires_at=time.time() + lease_s)
+            )
+
+    def end_trial(self, trial_id: int, status: str, reason: str) -> None:
+        """Close a trial that produced no results: rejected, interrupted, or failed before running."""
+        with self._session() as s:
+            s.execute(
+                update(schema.Trial)
+                .where(schema.Trial.id == trial_id)
+                .values(status=status, reason=reason, lease_expires_at=None, finished_at=time.time())
+            )
+
+    def finish_trial(self, trial_id: int, outcome: TrialOutcome) -> None:
+        """Write everything a trial produced, in one transaction: all of it or none of it."""
+        now = time.time()
+        train = outcome.train or {}
+        with self._session() as s:
+            row = s.get(schema.Trial, trial_id)
+            if row is None:
+                raise StorageError(f"no trial row {trial_id}")
+            row.status = outcome.status
+            if outcome.reason:
+                row.reason = f"{row.reason}; {outcome.reason}" if row.reason else outcome.reason
+            row.lease_expires_at = None
+            row.finished_at = now
+            row.pruned_rung = outcome.pruned_rung
+            row.step_time_s = outcome.step_time_s
+            row.step_time_device = outcome.step_time_device
+            if train:
+                row.loss = train.get("val_loss")
+                row.bits_per_byte = train.get("bits_per_byte")
+                row.tokens_trained = train.get("tokens")
+                row.steps = train.get("steps")
+                row.train_seconds = train.get("wall_time_s")
+                row.tokens_per_second = train.get("tokens_per_second")
+                row.mfu = train.get("mfu")
+                row.precision = train.get("precision")
+                row.corpus_fingerprint = train.get("corpus_fingerprint")
+                for kind, curve in (
+                    ("train", train.get("loss_curve") or ()),
+                    ("val", train.get("val_curve") or ()),
+                ):
+                    points = {int(tokens): float(loss) for tokens, loss in curve}  # one point per token count
+                    s.add_all(
+                        schema.Curve(trial_id=trial_id, kind=kind, tokens=t, loss=v)
+                        for t, v in points.items()
+                    )
+            if outcome.device:
+                row.device_fingerprint = outcome.device.get("fingerprint")
+                self._add_device(s, outcome.device)
+            for p in outcome.profiles:
+                s.add(
+                    schema.Profile(
+                        trial_id=trial_id,
+                        device=p["device"],
+                        modelled=bool(p["modelled"]),
+                        dtype=p["dtype"],
+                        batch=int(p["batch"]),
+                        step_time_s=float(p["step_time_s"]),
+                        tokens_per_second=float(p["tokens_per_second"]),
+                        report_json=json.dumps(p.get("report", {}), sort_keys=True),
+                    )
+                )
+            self._add_measurements(s, outcome.measurements)
+
+    def stale_trials(self, study: str, now: float | None = None) -> list[TrialRecord]:
+        """Running trials whose lease expired: their driver died without closing them."""
+        now = time.time() if now is None else now
+        with self._session() as s:
+            rows = s.scalars(
+                select(schema.Trial).where(
+                    schema.Trial.study == study,
+                    schema.Trial.status == RUNNING,
+                    schema.Trial.lease_expires_at < now,
+                )
+            ).all()
+            return [_trial_record(r) for r in rows]
+
+    def trials(self, study: str, status: str | None = None) -> list[TrialRecord]:
+        """The trials of `study` (optionally of one state), by trial number."""
+        with self._session() as s:
+            q = select(schema.Trial).where(schema.Trial.study == study)
+            if status is not None:
+                q = q.where(schema.Trial.status == status)
+            # Unnumbered (claimed, not yet asked) rows last on every backend.
+            order = (schema.Trial.number.is_(None), schema.Trial.number, schema.Trial.id)
+            rows = s.scalars(q.order_by(*order)).all()
+            return [_trial_record(r) for r in rows]
+
+    def trial(self, trial_id: int) -> TrialRecord | None:
+        with self._session() as s:
+            row = s.get(schema.Trial, trial_id)
+            return None if row is None else _trial_record(row)
+
+    def curves(self, trial_id: int) -> dict[str, list[tuple[int, float]]]:
+        """A trial's loss curves: {"train": [(tokens, loss), ...], "val": [...]}."""
+        with self._session() as s:
+            rows = s.execute(
+                select(schema.Curve.kind, schema.Curve.tokens, schema.Curve.loss)
+                .where(schema.Curve.trial_id == trial_id)
+                .order_by(schema.Curve.kind, schema.Curve.tokens)
+            ).all()
+        out: dict[str, list[tuple[int, float]]] = {"train": [], "val": []}
+        for kind, tokens, loss in rows:
+            out.setdefault(kind, []).append((tokens, loss))
+        return out
+
+    def profiles(self, trial_id: int) -> list[dict[str, Any]]:
+        with self._session() as s:
+            rows = s.scalars(select(schema.Profile).where(schema.Profile.trial_id == trial_id)).all()
+            return [
+                dict(
+                    device=r.device,
+                    modelled=r.modelled,
+                    dtype=r.dtype,
+                    batch=r.batch,
+                    step_time_s=r.step_time_s,
+                    tokens_per_second=r.tokens_per_second,
+                    report=json.loads(r.report_json),
+                )
+                for r in rows
+            ]
+
+    # --- kernel measurements (the profiler's shared cache) ----------------------------------------
+    def measurements(self, fingerprint: str | None = None) -> dict[str, float]:
+        """Measured kernel seconds by `MeasurementKey.to_str()`, for one device or all."""
+        with self._session() as s:
+            q = select(schema.Kernel.key, schema.Kernel.seconds)
+            if fingerprint is not None:
+                q = q.where(schema.Kernel.device_fingerprint == fingerprint)
+            return {key: seconds for key, seconds in s.execute(q)}
+
+    def add_measurements(
+        self, measurements: Sequence[Mapping[str, Any]], device: Mapping[str, Any] | None
+    ) -> None:
+        with self._session() as s:
+            if device:
+                self._add_device(s, device)
+            self._add_measurements(s, measurements)
+
+    def _add_measurements(self, s: Session, measurements: Sequence[Mapping[str, Any]]) -> None:
+        if not measurements:
+            return
+        keys = [m["key"] for m in measurements]
+        known = set(s.scalars(select(schema.Kernel.key).where(schema.Kernel.key.in_(keys))))
+        now = time.time()
+        for m in measurements:
+            if m["key"] in known:
+                continue  # first measurement wins: every trial on the device then reads the same time
+            known.add(m["key"])
+            s.add(
+                schema.Kernel(
+                    key=m["key"],
+                    device_fingerprint=m["fingerprint"],
+                    dtype=m["dtype"],
+                    kind=m["kind"],
+                    shape=m["shape"],
+                    seconds=float(m["seconds"]),
+                    measured_at=now,
+                )
+            )
+
+    @staticmethod
+    def _add_device(s: Session, device: Mapping[str, Any]) -> None:
+        fingerprint = device.get("fingerprint")
+        if not fingerprint or s.get(schema.Device, fingerprint) is not None:
+            return
+        s.add(
+            schema.Device(
+                fingerprint=fingerprint,
+                name=str(device.get("name", "")),
+                type=str(device.get("type", "")),
+                info_json=json.dumps(dict(device), sort_keys=True),
+                first_seen=time.time(),
+            )
+        )
+
+    def devices(self) -> list[dict[str, Any]]:
+        with self._session() as s:
+            return [json.loads(r.info_json) for r in s.scalars(select(schema.Device)).all()]
+
+
+def _config_columns(cfg: ArchConfig) -> dict[str, Any]:
+    counts, flops = param_counts(cfg), flop_counts(cfg)
+    return dict(
+        config_json=cfg.to_json(indent=None),
+        **cfg.to_dict(),
+        aspect_ratio=cfg.aspect_ratio,
+        d_ff_ratio=cfg.d_ff_ratio,
+        attention_layout=cfg.attention_layout,
+        params_total=counts.total,
+        params_non_embedding=counts.non_embedding,
+        flops_forward_per_token=float(flops.forward),
+        flops_train_per_token=float(flops.train),
+        kv_cache_bytes_per_token=float(kv_cache_bytes_per_token(cfg)),
+    )
+
+
+def _trial_record(row: schema.Trial) -> TrialRecord:
+    values = {c.key: getattr(row, c.key) for c in schema.Trial.__table__.columns}
+    return TrialRecord(
+        id=row.id,
+        study=row.study,
+        number=row.number,
+        status=row.status,
+        reason=row.reason,
+        attempts=row.attempts,
+        params=json.loads(row.params_json) if row.params_json else {},
+        config=ArchConfig.from_json(row.config_json) if row.config_json else None,
+        values=values,
+    )

@@ -1,0 +1,179 @@
+"""archsearch's own tables, private to the storage package (ORM objects never leave it).
+
+They sit in the same database as Optuna's tables and hold what Optuna's do not model well: the
+full shape and its cost columns, training results and curves, kernel measurements shared by every
+study on a device, device fingerprints, failure reasons and leases. Every table name starts with
+`archsearch_`, so the two schemas never collide.
+
+Bump `SCHEMA_VERSION` with every change to these tables; `Storage` refuses a database whose
+version differs from the code's.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+SCHEMA_VERSION = 1
+
+# Trial states. "running" holds a lease; "rejected" was sampled but is not a valid or in-budget
+# config (no compute spent); "interrupted" was stopped by Ctrl-C / SIGTERM or a dead driver and
+# re-queued. Only complete, pruned and failed count as finished trials.
+RUNNING, COMPLETE, PRUNED, FAILED, REJECTED, INTERRUPTED = (
+    "running",
+    "complete",
+    "pruned",
+    "failed",
+    "rejected",
+    "interrupted",
+)
+FINISHED_STATES = (COMPLETE, PRUNED, FAILED)
+STATES = (RUNNING, COMPLETE, PRUNED, FAILED, REJECTED, INTERRUPTED)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Meta(Base):
+    """Key-value facts about the database itself (the schema version)."""
+
+    __tablename__ = "archsearch_meta"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
+class Study(Base):
+    """One search: its spec, so a resume can check it runs the same space."""
+
+    __tablename__ = "archsearch_studies"
+    name: Mapped[str] = mapped_column(String(512), primary_key=True)  # = Optuna's study_name
+    spec_fingerprint: Mapped[str] = mapped_column(String(64))
+    spec_source: Mapped[str] = mapped_column(Text)  # the space file as written
+    spec_json: Mapped[str] = mapped_column(Text)  # the parsed spec, canonical
+    objectives: Mapped[str] = mapped_column(String(256))  # comma-separated, Optuna's value order
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Trial(Base):
+    """One sampled shape and everything measured about it."""
+
+    __tablename__ = "archsearch_trials"
+    __table_args__ = (UniqueConstraint("study", "number"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    study: Mapped[str] = mapped_column(ForeignKey("archsearch_studies.name", ondelete="CASCADE"), index=True)
+    number: Mapped[int | None] = mapped_column(Integer)  # Optuna's trial number; None until asked
+    optuna_trial_id: Mapped[int | None] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str | None] = mapped_column(Text)  # why failed / pruned / rejected / interrupted
+    attempts: Mapped[int] = mapped_column(Integer, default=0)  # worker runs started (retries + 1)
+    params_json: Mapped[str | None] = mapped_column(Text)  # Optuna's sampled parameters
+    config_json: Mapped[str | None] = mapped_column(Text)  # the ArchConfig JSON form
+    # --- the shape, flat, so queries filter on columns (ArchConfig field names) ---
+    vocab_size: Mapped[int | None] = mapped_column(Integer)
+    seq_len: Mapped[int | None] = mapped_column(Integer)
+    d_model: Mapped[int | None] = mapped_column(Integer)
+    n_layers: Mapped[int | None] = mapped_column(Integer)
+    n_heads: Mapped[int | None] = mapped_column(Integer)
+    n_kv_heads: Mapped[int | None] = mapped_column(Integer)
+    head_dim: Mapped[int | None] = mapped_column(Integer)
+    d_ff: Mapped[int | None] = mapped_column(Integer)
+    activation: Mapped[str | None] = mapped_column(String(32))
+    norm: Mapped[str | None] = mapped_column(String(32))
+    norm_placement: Mapped[str | None] = mapped_column(String(32))
+    pos_embedding: Mapped[str | None] = mapped_column(String(32))
+    parallel_block: Mapped[bool | None] = mapped_column(Boolean)
+    bias: Mapped[bool | None] = mapped_column(Boolean)
+    tie_embeddings: Mapped[bool | None] = mapped_column(Boolean)
+    qk_norm: Mapped[bool | None] = mapped_column(Boolean)
+    aspect_ratio: Mapped[float | None] = mapped_column(Float)
+    d_ff_ratio: Mapped[float | None] = mapped_column(Float)
+    attention_layout: Mapped[str | None] = mapped_column(String(8))
+    # --- exact costs (space.costs) ---
+    params_total: Mapped[int | None] = mapped_column(BigInteger)
+    params_non_embedding: Mapped[int | None] = mapped_column(BigInteger)
+    flops_forward_per_token: Mapped[float | None] = mapped_column(Float)
+    flops_train_per_token: Mapped[float | None] = mapped_column(Float)
+    kv_cache_bytes_per_token: Mapped[float | None] = mapped_column(Float)
+    # --- proxy training ---
+    loss: Mapped[float | None] = mapped_column(Float)  # held-out nats per token
+    bits_per_byte: Mapped[float | None] = mapped_column(Float)
+    tokens_trained: Mapped[int | None] = mapped_column(BigInteger)
+    steps: Mapped[int | None] = mapped_column(Integer)
+    train_seconds: Mapped[float | None] = mapped_column(Float)
+    tokens_per_second: Mapped[float | None] = mapped_column(Float)
+    mfu: Mapped[float | None] = mapped_column(Float)
+    precision: Mapped[str | None] = mapped_column(String(8))
+    corpus_fingerprint: Mapped[str | None] = mapped_column(String(64))
+    pruned_rung: Mapped[float | None] = mapped_column(Float)  # fraction of the proxy budget
+    # --- hardware cost ---
+    device_fingerprint: Mapped[str | None] = mapped_column(String(64))  # where it trained
+    step_time_s: Mapped[float | None] = mapped_column(Float)  # the step_time objective
+    step_time_device: Mapped[str | None] = mapped_column(String(64))
+    # --- bookkeeping ---
+    host: Mapped[str | None] = mapped_column(String(256))  # driver host:pid that ran it
+    lease_expires_at: Mapped[float | None] = mapped_column(Float)  # unix time; renewed while running
+    started_at: Mapped[float | None] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float)
+
+
+class Curve(Base):
+    """Loss curves: training loss every few steps and held-out loss at each evaluation."""
+
+    __tablename__ = "archsearch_curves"
+    trial_id: Mapped[int] = mapped_column(
+        ForeignKey("archsearch_trials.id", ondelete="CASCADE"), primary_key=True
+    )
+    kind: Mapped[str] = mapped_column(String(8), primary_key=True)  # "train" or "val"
+    tokens: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    loss: Mapped[float] = mapped_column(Float)
+
+
+class Profile(Base):
+    """A trial's step time on one device, measured here or modelled for a catalogued GPU."""
+
+    __tablename__ = "archsearch_profiles"
+    trial_id: Mapped[int] = mapped_column(
+        ForeignKey("archsearch_trials.id", ondelete="CASCADE"), primary_key=True
+    )
+    device: Mapped[str] = mapped_column(String(128), primary_key=True)  # "local" or a catalogue name
+    modelled: Mapped[bool] = mapped_column(Boolean)
+    dtype: Mapped[str] = mapped_column(String(8))
+    batch: Mapped[int] = mapped_column(Integer)
+    step_time_s: Mapped[float] = mapped_column(Float)
+    tokens_per_second: Mapped[float] = mapped_column(Float)
+    report_json: Mapped[str] = mapped_column(Text)  # ProfileReport.to_dict()
+
+
+class Kernel(Base):
+    """One measured kernel time: the profiler's cache, shared by all studies on a device."""
+
+    __tablename__ = "archsearch_kernels"
+    key: Mapped[str] = mapped_column(String(256), primary_key=True)  # MeasurementKey.to_str()
+    device_fingerprint: Mapped[str] = mapped_column(String(64), index=True)
+    dtype: Mapped[str] = mapped_column(String(8))
+    kind: Mapped[str] = mapped_column(String(16))
+    shape: Mapped[str] = mapped_column(String(128))
+    seconds: Mapped[float] = mapped_column(Float)
+    measured_at: Mapped[float] = mapped_column(Float)
+
+
+class Device(Base):
+    """A device that ran trials or kernels, by fingerprint."""
+
+    __tablename__ = "archsearch_devices"
+    fingerprint: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(256))
+    type: Mapped[str] = mapped_column(String(16))
+    info_json: Mapped[str] = mapped_column(Text)
+    first_seen: Mapped[float] = mapped_column(Float)

@@ -1,0 +1,92 @@
+"""What multi-objective successive halving saves, and whether it changes the Pareto front.
+
+The same search runs twice on a fixed seed: without pruning, then with it. A seeded random
+sampler proposes the same shapes in the same order in both runs (it does not look at results),
+and one worker keeps the order of rung decisions fixed, so the only difference is pruning.
+Printed: training compute (tokens x training FLOPs per token) and wall time of each run, the
+share saved, and both fronts (loss against forward FLOPs per token), with any member of the
+unpruned front that pruning stopped.
+
+    python benchmarks/pruning.py [--trials 16] [--tokens 60000] [--sampler random]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+
+from archsearch.search.driver import SearchOptions, run_search
+from archsearch.search.spec import parse_spec
+from archsearch.storage import Storage
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny.toml"
+
+
+def _run(url: str, text: str, trials: int, prune: bool, sampler: str) -> dict:
+    spec = parse_spec(text, "tiny.toml", base_dir=EXAMPLE.parent)
+    start = time.perf_counter()
+    with Storage.open(url) as db:
+        options = SearchOptions(study="bench", trials=trials, workers=1, sampler=sampler, prune=prune)
+        summary = run_search(spec, db, options)
+        records = [r for r in db.trials("bench") if r.status in ("complete", "pruned", "failed")]
+    wall = time.perf_counter() - start
+    compute = sum((r["tokens_trained"] or 0) * r["flops_train_per_token"] for r in records)
+    return dict(
+        wall=wall,
+        compute=compute,
+        counts=summary.progress.counts,
+        front={r.number: (r["loss"], r["flops_forward_per_token"]) for r in summary.front},
+        status={r.number: r.status for r in records},
+        rung={r.number: r["pruned_rung"] for r in records},
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--trials", type=int, default=16)
+    parser.add_argument("--tokens", type=int, default=60_000, help="proxy tokens per trial")
+    parser.add_argument("--sampler", default="random", help="random keeps both runs on the same shapes")
+    parser.add_argument("--min-trials", type=int, default=4, help="trials at a rung before it prunes")
+    args = parser.parse_args()
+
+    text = EXAMPLE.read_text()
+    text = re.sub(r"(?m)^tokens = .*$", f"tokens = {args.tokens}", text)
+    text = re.sub(r"(?m)^prune_min_trials = .*$", f"prune_min_trials = {args.min_trials}", text)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = {
+            prune: _run(
+                f"sqlite:///{Path(tmp) / f'p{int(prune)}.db'}", text, args.trials, prune, args.sampler
+            )
+            for prune in (False, True)
+        }
+    off, on = runs[False], runs[True]
+    print(
+        f"{args.trials} trials of examples/tiny.toml, {args.tokens:,} tokens, {args.sampler} sampler, seed 0"
+    )
+    for name, run in (("no pruning", off), ("pruning", on)):
+        print(f"  {name:<11} compute {run['compute']:.3e} FLOP, wall {run['wall']:6.1f} s, {run['counts']}")
+    saved, faster = 1 - on["compute"] / off["compute"], 1 - on["wall"] / off["wall"]
+    print(f"  compute saved: {saved:.1%}; wall time saved: {faster:.1%}")
+    same_shapes = off["status"].keys() == on["status"].keys()
+    print(f"  same trial numbers in both runs: {same_shapes}")
+    for name, run in (("no pruning", off), ("pruning", on)):
+        points = ", ".join(
+            f"#{n} ({loss:.3f}, {flops:.3g})" for n, (loss, flops) in sorted(run["front"].items())
+        )
+        print(f"  front, {name:<11} {points}")
+    lost = sorted(n for n in off["front"] if on["status"].get(n) == "pruned")
+    changed = set(off["front"]) != set(on["front"])
+    print(f"  front changed: {changed}" + (f"; pruned members of the unpruned front: {lost}" if lost else ""))
+    for n in lost:
+        print(f"    #{n} pruned at rung {on['rung'][n]}")
+
+
+if __name__ == "__main__":
+    main()

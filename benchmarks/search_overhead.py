@@ -1,0 +1,135 @@
+"""What orchestration costs per trial, and what a second worker buys.
+
+1. Overhead: a search of trials that do no work (the worker returns at once), so the wall time per
+   trial is all dispatch (Ray), sampling and bookkeeping (Optuna ask / tell) and database writes.
+   The same three parts are then timed alone, side by side, on the same kind of database.
+2. Speed-up: one fixed set of real trials (a seeded random sampler, so both runs train the same
+   shapes) with 1 worker and then 2, on the bundled corpus.
+
+Ray is started once, before both parts, so its start-up (printed) is not charged to any trial.
+
+    python benchmarks/search_overhead.py [--trials 50] [--real-trials 6] [--tokens 30000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+
+from archsearch.search.driver import SearchOptions, run_search
+from archsearch.search.spec import parse_spec
+from archsearch.storage import Storage, TrialOutcome
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny.toml"
+
+
+def no_work(request, known=None, board=None):
+    return {"status": "complete", "train": {"val_loss": 1.0 + request["number"] % 7 / 10}}
+
+
+def _spec(tokens: int, sampler: str = "random"):
+    text = EXAMPLE.read_text()
+    text = re.sub(r"(?m)^tokens = .*$", f"tokens = {tokens}", text)
+    text = re.sub(r"(?m)^sampler = .*$", f'sampler = "{sampler}"', text)
+    text = re.sub(r"(?m)^prune = .*$", "prune = false", text)
+    return parse_spec(text, "tiny.toml", base_dir=EXAMPLE.parent)
+
+
+def _search(url: str, spec, trials: int, workers: int, evaluate_fn=None) -> float:
+    start = time.perf_counter()
+    with Storage.open(url) as db:
+        run_search(spec, db, SearchOptions(study="bench", trials=trials, workers=workers, sampler="random"),
+                   evaluate_fn=evaluate_fn)  # fmt: skip
+    return time.perf_counter() - start
+
+
+def _parts(url: str, spec, n: int) -> dict[str, float]:
+    """Each part of a trial's bookkeeping alone, per trial, in seconds."""
+    import optuna
+    import ray
+
+    remote = ray.remote(no_work)
+    request = {"number": 0}
+    ray.get(remote.remote(request))  # a warm worker, as in a search
+    start = time.perf_counter()
+    for _ in range(n):
+        ray.get(remote.remote(request))
+    dispatch = (time.perf_counter() - start) / n
+
+    with Storage.open(url) as db:
+        meta = dict(spec_fingerprint="x", spec_source="", spec={}, objectives=("loss", "flops"))
+        db.create_study("parts", **meta)
+        sampler = optuna.samplers.RandomSampler(seed=0)
+        study = optuna.create_study(
+            study_name="parts", storage=db.optuna_storage(), directions=["minimize"] * 2, sampler=sampler
+        )
+        cfgs, ask_tell, writes = [], 0.0, 0.0
+        for _ in range(n):
+            t0 = time.perf_counter()
+            trial = study.ask()
+            try:
+                cfg = spec.space.sample(trial)
+            except Exception:
+                cfg = None
+            study.tell(trial, [1.0, 1.0])
+            t1 = time.perf_counter()
+            slot = db.claim_trial("parts", 10**9, 60)
+            db.assign_trial(slot, number=trial.number, optuna_trial_id=trial._trial_id, params=trial.params,
+                            config=cfg)  # fmt: skip
+            db.start_attempt(slot, 60)
+            db.finish_trial(slot, TrialOutcome(status="complete", train={"val_loss": 1.0}))
+            t2 = time.perf_counter()
+            ask_tell += t1 - t0
+            writes += t2 - t1
+            cfgs.append(cfg)
+    return {"ray dispatch": dispatch, "optuna ask+sample+tell": ask_tell / n, "archsearch writes": writes / n}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--trials", type=int, default=50, help="no-work trials for the overhead")
+    parser.add_argument("--real-trials", type=int, default=6, help="trials for the speed-up")
+    parser.add_argument("--tokens", type=int, default=30_000, help="proxy tokens per real trial")
+    parser.add_argument("--storage", default=None, help="database URL (default: a temporary SQLite file)")
+    args = parser.parse_args()
+
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    start = time.perf_counter()
+    ray.init(
+        address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False
+    )
+    print(f"ray start: {time.perf_counter() - start:.2f} s (once, not charged to trials)")
+    with tempfile.TemporaryDirectory() as tmp:
+
+        def url(name: str) -> str:
+            return args.storage or f"sqlite:///{Path(tmp) / name}.db"
+
+        spec = _spec(args.tokens)
+        wall = _search(url("overhead"), spec, args.trials, 1, no_work)
+        print(f"\n1. overhead: {args.trials} no-work trials, 1 worker: {wall:.2f} s, "
+              f"{wall / args.trials * 1e3:.1f} ms per trial")  # fmt: skip
+        parts = _parts(url("parts"), spec, args.trials)
+        for name, seconds in parts.items():
+            print(f"   {name:<24} {seconds * 1e3:7.1f} ms per trial")
+        print(f"   {'sum of the parts':<24} {sum(parts.values()) * 1e3:7.1f} ms per trial")
+
+        print(f"\n2. speed-up: {args.real_trials} real trials ({args.tokens:,} tokens each, random sampler)")
+        times = {w: _search(url(f"real{w}"), spec, args.real_trials, w) for w in (1, 2)}
+        for w, t in times.items():
+            print(
+                f"   {w} worker{'s' if w > 1 else ' '}: {t:6.1f} s, {t / args.real_trials:5.1f} s per trial"
+            )
+        print(f"   speed-up of 2 workers over 1: {times[1] / times[2]:.2f}x (cores: {os.cpu_count()})")
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

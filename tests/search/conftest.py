@@ -1,0 +1,64 @@
+"""Fixtures for search tests: tiny specs, and one local Ray shared by the in-process searches."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import pytest
+
+from archsearch.search.spec import parse_spec
+
+TINY_TOML = """
+[model]
+vocab_size = 256
+seq_len = 32
+d_model = [64, 128]
+aspect_ratio = [32, 64]
+activation = ["gelu", "swiglu"]
+head_dim = [32]
+[proxy]
+tokens = 2048
+batch_size = 4
+evals = 4
+eval_batches = 1
+device = "cpu"
+[profile]
+local = true
+devices = ["h100-sxm"]
+min_run_time = 0.002
+[search]
+trials = 4
+prune = false
+"""
+
+
+def tiny_toml(**tables: str) -> str:
+    """TINY_TOML with whole tables replaced, e.g. `tiny_toml(search="trials = 2")`."""
+    text = TINY_TOML
+    for name, body in tables.items():
+        table = f"[{name}]\n{textwrap.dedent(body).strip()}\n"
+        if f"[{name}]" not in text:
+            text += table
+            continue
+        start = text.index(f"[{name}]")
+        end = text.find("\n[", start + 1)
+        text = text[:start] + table + (text[end + 1 :] if end >= 0 else "")
+    return text
+
+
+def tiny_spec(**tables: str):
+    return parse_spec(tiny_toml(**tables), "tiny.toml")
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray for all in-process searches (a search joins it and leaves it running)."""
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(
+        address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False
+    )
+    yield
+    ray.shutdown()

@@ -1,0 +1,204 @@
+"""`archsearch search`, `studies` and `space check` from the command line, in process and as real
+processes (signals, killed workers and concurrent drivers need real processes)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from typer.testing import CliRunner
+
+from archsearch.cli import app
+from archsearch.storage import Storage
+from tests.search.conftest import tiny_toml
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+SLOW_PROXY = 'seconds = {seconds}\nbatch_size = 4\nevals = 2\neval_batches = 1\ndevice = "cpu"'
+
+
+def _space(tmp_path: Path, trials: int = 3, seconds: float | None = None, **tables: str) -> Path:
+    if seconds is not None:
+        tables["proxy"] = SLOW_PROXY.format(seconds=seconds)
+    path = tmp_path / "space.toml"
+    path.write_text(tiny_toml(search=f"trials = {trials}\nprune = false", **tables))
+    return path
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+
+
+def _start(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "archsearch", *args], cwd=cwd, env=env or _env(), text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+
+
+def _wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _counts(url: str, study: str = "s") -> dict[str, int]:
+    try:
+        with Storage.open(url, create=False) as db:
+            return db.counts(study)
+    except Exception:
+        return {}
+
+
+def _no_running(url: str, study: str = "s") -> None:
+    assert "running" not in _counts(url, study)
+    states = {t.state.name for t in optuna.load_study(study_name=study, storage=url).trials}
+    assert "RUNNING" not in states, states
+
+
+# --- bad input: exit 2, one line, nothing written -------------------------------------------------
+@pytest.mark.parametrize(
+    ("tables", "storage", "message"),
+    [
+        ({"model": "vocab_size = 256\nseq_len = 32\nd_model = [64]\naspect_ratio = 32\nwidth = 3"}, None,
+         r"\[model\].width"),
+        ({"budget": "params = { max = 10 }"}, None, "no config in the space meets the budget"),
+        ({}, "postgresql+psycopg://postgres@127.0.0.1:1/none", "cannot reach the database"),
+        ({}, "sqlite:///missing/folder/x.db", "no folder"),
+    ],
+    ids=["unknown-key", "impossible-budget", "unreachable-database", "missing-folder"],
+)  # fmt: skip
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, monkeypatch, tables, storage, message):
+    monkeypatch.chdir(tmp_path)
+    space = _space(tmp_path, **tables)
+    args = ["search", "--space", str(space), "--study", "s"] + (["--storage", storage] if storage else [])
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert __import__("re").search(message, lines[0]), lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["space.toml"]
+
+
+def test_studies_needs_an_existing_database(tmp_path):
+    result = CliRunner().invoke(app, ["studies", "--storage", f"sqlite:///{tmp_path / 'none.db'}"])
+    assert result.exit_code == 2 and "no database at" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_space_check_prints_the_space_and_sampled_costs():
+    result = CliRunner().invoke(app, ["space", "check", str(EXAMPLES / "tiny.toml"), "--samples", "3"])
+    assert result.exit_code == 0, result.output
+    assert "aspect_ratio" in result.stdout and "[16, 32, 64]" in result.stdout
+    assert "feasible:" in result.stdout and result.stdout.count("d_model ") >= 3
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.toml")))
+def test_every_example_space_is_valid_and_feasible(example):
+    result = CliRunner().invoke(app, ["space", "check", str(EXAMPLES / example), "--json", "--samples", "1"])
+    assert result.exit_code == 0, result.output
+    assert '"feasible": 0' not in result.stdout
+
+
+# --- real processes --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["int", "term"]
+)
+def test_a_signal_stops_cleanly_and_resume_finishes_exactly_n(tmp_path, signum, code):
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    space = _space(tmp_path, trials=4, seconds=2.0)
+    args = ["search", "--space", str(space), "--study", "s", "--storage", url]
+    proc = _start(*args, cwd=tmp_path)
+    _wait_for(lambda: _counts(url).get("complete", 0) >= 1, 180, "a first complete trial")
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    assert "--resume" in err.splitlines()[-1]
+    _no_running(url)
+    done = subprocess.run(
+        [sys.executable, "-m", "archsearch", *args, "--resume"],
+        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    counts = _counts(url)
+    assert counts["complete"] == 4 and set(counts) <= {"complete", "interrupted"}, counts
+    _no_running(url)
+
+
+def _evaluating_worker() -> int | None:
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(b"ray::evaluate"):
+                return int(proc.name)
+        except OSError:
+            continue
+    return None
+
+
+def test_a_worker_killed_with_sigkill_is_retried_and_the_search_completes(tmp_path):
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    space = _space(tmp_path, trials=2, seconds=3.0)
+    proc = _start(
+        "search", "--space", str(space), "--study", "s", "--storage", url, "--retries", "1", cwd=tmp_path
+    )
+    pid = _wait_for(_evaluating_worker, 180, "a worker running a trial")
+    time.sleep(1.0)
+    os.kill(pid, signal.SIGKILL)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    with Storage.open(url, create=False) as db:
+        records = db.trials("s")
+    assert [r.status for r in records] == ["complete", "complete"]
+    [retried] = [r for r in records if r.attempts == 2]
+    assert "worker died" in retried.reason
+    _no_running(url)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_four_drivers_share_one_sqlite_study_without_lock_errors(tmp_path):
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    space = _space(tmp_path, trials=8)
+    port = _free_port()
+    ray_bin = Path(sys.executable).parent / "ray"
+    # Ray >= 2.59 authenticates with a token: the head and the drivers share one.
+    env = {**_env(), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
+    head = subprocess.Popen(
+        [str(ray_bin), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
+         "--include-dashboard=false", "--disable-usage-stats"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+
+        def head_up() -> bool:
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", port)) == 0
+
+        _wait_for(head_up, 120, "the Ray head")
+        args = ["search", "--space", str(space), "--study", "s", "--storage", url, "--resume",
+                "--address", f"127.0.0.1:{port}"]  # fmt: skip
+        drivers = [_start(*args, cwd=tmp_path, env=env) for _ in range(4)]
+        outputs = [d.communicate(timeout=600) for d in drivers]
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        head.wait(timeout=60)
+    for driver, (_, err) in zip(drivers, outputs, strict=True):
+        assert driver.returncode == 0, err
+        assert "locked" not in err.lower(), err
+    assert _counts(url) == {"complete": 8}
+    _no_running(url)

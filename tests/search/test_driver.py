@@ -1,0 +1,166 @@
+"""The search driver, in process: real and stand-in evaluations on a shared local Ray."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import cloudpickle
+import optuna
+import pytest
+
+from archsearch.search.driver import SearchError, SearchOptions, run_search
+from archsearch.storage import Storage
+from tests.search.conftest import tiny_spec
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers need not import tests/
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+@pytest.fixture
+def db(tmp_path):
+    with Storage.open(f"sqlite:///{tmp_path / 'trials.db'}") as storage:
+        yield storage
+
+
+def _result(request, loss=None):
+    """What a worker returns, without training: the loss grows with width (for the front)."""
+    cfg = request["config"]
+    loss = 1.0 + cfg["d_model"] / 1000 + cfg["n_layers"] / 100 if loss is None else loss
+    return {"status": "complete", "train": {"val_loss": loss, "tokens": 1, "val_curve": [[1, loss]]}}
+
+
+def instant(request, known=None, board=None):
+    return _result(request)
+
+
+def _optuna_states(db, study):
+    trials = optuna.load_study(study_name=study, storage=db.url).trials
+    return sorted(t.state.name for t in trials)
+
+
+def test_a_search_trains_profiles_and_records_every_trial(db):
+    spec = tiny_spec(objectives='minimize = ["loss", "flops", "step_time"]\nstep_time_device = "h100-sxm"')
+    summary = run_search(spec, db, SearchOptions(study="s", trials=3, workers=2))
+    records = db.trials("s")
+    assert [r.status for r in records] == ["complete"] * 3 and summary.signal is None
+    for r in records:
+        assert r.config is not None and r["d_model"] == r.config.d_model
+        assert 0 < r["loss"] < 6 and r["tokens_trained"] >= 2048 and r["step_time_device"] == "h100-sxm"
+        assert {p["device"] for p in db.profiles(r.id)} == {"local", "h100-sxm"}
+        assert len(db.curves(r.id)["val"]) == 4
+    assert db.measurements() and db.devices()
+    study = optuna.load_study(study_name="s", storage=db.url)
+    assert [t.values[1] for t in study.trials] == [r["flops_forward_per_token"] for r in records]
+    assert {t.number for t in study.best_trials} == {r.number for r in summary.front}
+
+
+def test_a_study_is_resumed_only_when_asked_and_only_from_the_same_space(db):
+    spec = tiny_spec()
+    run_search(spec, db, SearchOptions(study="s", trials=2), evaluate_fn=instant)
+    with pytest.raises(SearchError, match=r"already exists \(2 finished trials\): pass --resume"):
+        run_search(spec, db, SearchOptions(study="s", trials=3), evaluate_fn=instant)
+    other = tiny_spec(proxy="tokens = 4096\nbatch_size = 4\ndevice = 'cpu'")
+    with pytest.raises(SearchError, match="created from a different space file"):
+        run_search(other, db, SearchOptions(study="s", trials=3, resume=True), evaluate_fn=instant)
+    run_search(spec, db, SearchOptions(study="s", trials=5, resume=True), evaluate_fn=instant)
+    assert db.counts("s") == {"complete": 5} and _optuna_states(db, "s") == ["COMPLETE"] * 5
+
+
+def test_a_worker_killed_mid_trial_is_retried_and_the_crash_recorded(db, tmp_path):
+    marker = tmp_path / "crashed"
+
+    def crash_once(request, known=None, board=None):
+        if request["number"] == 1 and not marker.exists():
+            marker.touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return _result(request)
+
+    run_search(tiny_spec(), db, SearchOptions(study="s", trials=3, retries=1), evaluate_fn=crash_once)
+    records = db.trials("s")
+    assert [(r.status, r.attempts) for r in records] == [("complete", 1), ("complete", 2), ("complete", 1)]
+    assert records[1].reason.startswith("attempt 1: worker died")
+    assert _optuna_states(db, "s") == ["COMPLETE"] * 3
+
+
+def test_without_retries_a_killed_worker_fails_its_trial_and_the_search_goes_on(db):
+    def crash_on_one(request, known=None, board=None):
+        if request["number"] == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return _result(request)
+
+    run_search(tiny_spec(), db, SearchOptions(study="s", trials=3, retries=0), evaluate_fn=crash_on_one)
+    assert [r.status for r in db.trials("s")] == ["complete", "failed", "complete"]
+    assert "worker died" in db.trials("s")[1].reason
+    assert _optuna_states(db, "s") == ["COMPLETE", "COMPLETE", "FAIL"]
+
+
+def test_an_exception_in_the_evaluation_fails_that_trial_with_its_message(db):
+    def broken(request, known=None, board=None):
+        if request["number"] == 0:
+            raise ValueError("boom")
+        return _result(request)
+
+    run_search(tiny_spec(), db, SearchOptions(study="s", trials=2, retries=3), evaluate_fn=broken)
+    first = db.trials("s")[0]
+    assert (first.status, first.attempts) == ("failed", 1)  # a bug is not retried
+    assert first.reason == "error in the evaluation: ValueError: boom"
+
+
+def test_points_outside_the_budget_are_rejected_before_any_compute(db):
+    spec = tiny_spec(budget="params = { max = 200_000 }")
+    seen = []
+
+    def record(request, known=None, board=None):
+        return _result(request)
+
+    run_search(spec, db, SearchOptions(study="s", trials=4, sampler="random"), evaluate_fn=record)
+    counts = db.counts("s")
+    assert counts["complete"] == 4 and counts.get("rejected", 0) >= 1, counts
+    rejected = db.trials("s", "rejected")
+    assert all("params" in r.reason and r["loss"] is None for r in rejected)
+    assert all(r["params_total"] <= 200_000 for r in db.trials("s", "complete")) and not seen
+
+
+def test_dominated_trials_are_pruned_at_a_rung_with_the_reason(db):
+    # One point in the space, so every trial has the same FLOPs; each later trial reports a worse
+    # loss at the first rung, so from the second on each is dominated by all before it.
+    spec = tiny_spec(
+        model="vocab_size = 256\nseq_len = 32\nd_model = 64\naspect_ratio = 32\nhead_dim = 32",
+        search="trials = 4\nprune = true\nrungs = [0.25]\nprune_min_trials = 1",
+    )
+
+    def report_rung(request, known=None, board=None):
+        import ray
+
+        loss = 1.0 + request["number"]
+        reason = ray.get(board.decide.remote(request["number"], 0, loss, 1e6))
+        if reason:
+            return {"status": "pruned", "reason": reason, "pruned_rung": 0.25, "train": {"val_loss": loss}}
+        return _result(request, loss)
+
+    run_search(spec, db, SearchOptions(study="s", trials=4, workers=1), evaluate_fn=report_rung)
+    records = db.trials("s")
+    assert [r.status for r in records] == ["complete", "pruned", "pruned", "pruned"]
+    assert all(r["pruned_rung"] == 0.25 and "dominated at rung 0.25" in r.reason for r in records[1:])
+    assert _optuna_states(db, "s") == ["COMPLETE", "PRUNED", "PRUNED", "PRUNED"]
+
+
+def test_a_stale_lease_is_swept_and_its_point_re_queued_on_resume(db):
+    spec = tiny_spec()
+    run_search(spec, db, SearchOptions(study="s", trials=1), evaluate_fn=instant)
+    # A driver that died mid-trial: Optuna RUNNING, archsearch running with an expired lease.
+    study = optuna.load_study(study_name="s", storage=db.optuna_storage())
+    trial = study.ask()
+    cfg = spec.space.sample(trial)
+    slot = db.claim_trial("s", 10, lease_s=-1)
+    db.assign_trial(
+        slot, number=trial.number, optuna_trial_id=trial._trial_id, params=trial.params, config=cfg
+    )
+    run_search(spec, db, SearchOptions(study="s", trials=3, resume=True), evaluate_fn=instant)
+    records = db.trials("s")
+    assert [r.status for r in records] == ["complete", "interrupted", "complete", "complete"]
+    assert "lease expired" in records[1].reason
+    assert records[2].params == records[1].params  # the interrupted point ran first on resume
+    assert _optuna_states(db, "s") == ["COMPLETE", "COMPLETE", "COMPLETE", "FAIL"]

@@ -1,0 +1,216 @@
+"""The storage contract: the same tests on SQLite and PostgreSQL (see conftest.db_url)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from archsearch.space import preset
+from archsearch.storage import (
+    SCHEMA_VERSION,
+    KernelCache,
+    SchemaVersionError,
+    Storage,
+    StorageError,
+    TrialOutcome,
+    storage_url,
+)
+
+CFG = preset("byte-1m")
+SPEC = dict(spec_fingerprint="f" * 64, spec_source="[model]\n", spec={"a": 1}, objectives=("loss", "flops"))
+OUTCOME = TrialOutcome(
+    status="complete",
+    train={
+        "val_loss": 1.5,
+        "bits_per_byte": 2.1,
+        "tokens": 4096,
+        "steps": 2,
+        "loss_curve": [[2048, 2.0], [4096, 1.8]],
+        "val_curve": [[2048, 1.9], [4096, 1.5]],
+    },
+    profiles=(
+        dict(device="h100-sxm", modelled=True, dtype="bf16", batch=8, step_time_s=1e-3,
+             tokens_per_second=1e6, report={"x": 1}),
+    ),
+    measurements=(dict(key="fp/bf16/gemm/1x2x3", fingerprint="fp", dtype="bf16", kind="gemm", shape="1x2x3",
+                       seconds=0.5),),
+    device={"fingerprint": "fp", "name": "cpu", "type": "cpu"},
+    step_time_s=1e-3,
+    step_time_device="h100-sxm",
+)  # fmt: skip
+
+
+@pytest.fixture
+def storage(db_url):
+    with Storage.open(db_url) as st:
+        st.create_study("s", **SPEC)
+        yield st
+
+
+def _assigned(storage, number=0, limit=10):
+    slot = storage.claim_trial("s", limit, lease_s=60)
+    storage.assign_trial(slot, number=number, optuna_trial_id=number + 1, params={"d_model": 128}, config=CFG)
+    return slot
+
+
+def test_a_finished_trial_keeps_shape_costs_results_curves_and_profiles(storage):
+    slot = _assigned(storage)
+    storage.finish_trial(slot, OUTCOME)
+    [record] = storage.trials("s")
+    assert (record.number, record.status, record.config, record.params) == (
+        0,
+        "complete",
+        CFG,
+        {"d_model": 128},
+    )
+    assert record["d_model"] == CFG.d_model and record["activation"] == CFG.activation
+    assert record["params_total"] > 0 and record["flops_forward_per_token"] > 0
+    assert (record["loss"], record["tokens_trained"], record["step_time_device"]) == (1.5, 4096, "h100-sxm")
+    assert record["lease_expires_at"] is None and record["finished_at"] is not None
+    assert storage.curves(slot) == {"train": [(2048, 2.0), (4096, 1.8)], "val": [(2048, 1.9), (4096, 1.5)]}
+    assert storage.profiles(slot)[0]["report"] == {"x": 1}
+    assert storage.measurements() == {"fp/bf16/gemm/1x2x3": 0.5}
+    assert storage.devices() == [{"fingerprint": "fp", "name": "cpu", "type": "cpu"}]
+
+
+def test_a_failing_write_leaves_the_trial_as_it_was(storage):
+    slot = _assigned(storage)
+    broken = TrialOutcome(**{**OUTCOME.__dict__, "profiles": ({"device": "x"},)})  # no "modelled" key
+    with pytest.raises(KeyError):
+        storage.finish_trial(slot, broken)
+    [record] = storage.trials("s")
+    assert record.status == "running" and record["loss"] is None
+    assert storage.curves(slot) == {"train": [], "val": []} and storage.measurements() == {}
+
+
+def test_claims_stop_at_the_limit_and_rejected_trials_free_their_slot(storage):
+    slots = [storage.claim_trial("s", 3, lease_s=60) for _ in range(4)]
+    assert slots[3] is None and None not in slots[:3]
+    storage.end_trial(slots[0], "rejected", "params above the budget")
+    assert storage.claim_trial("s", 3, lease_s=60) is not None
+    assert storage.counts("s") == {"running": 3, "rejected": 1}
+
+
+def test_expired_leases_are_found_and_renewed_ones_are_not(storage):
+    old, live = _assigned(storage, 0), _assigned(storage, 1)
+    storage.renew_leases([old], lease_s=-1)
+    assert [r.id for r in storage.stale_trials("s")] == [old]
+    storage.renew_leases([old, live], lease_s=60)
+    assert storage.stale_trials("s") == []
+    assert [r.id for r in storage.stale_trials("s", now=time.time() + 120)] == [old, live]
+
+
+def test_retry_notes_and_attempts_accumulate(storage):
+    slot = _assigned(storage)
+    assert storage.start_attempt(slot, 60) == 1
+    assert storage.start_attempt(slot, 60, note="attempt 1: worker died") == 2
+    storage.finish_trial(slot, OUTCOME)
+    record = storage.trial(slot)
+    assert (record.attempts, record.reason) == (2, "attempt 1: worker died")
+
+
+def test_studies_list_their_trial_counts(storage):
+    storage.create_study("t", **SPEC)
+    storage.finish_trial(_assigned(storage), OUTCOME)
+    counts = {s.name: (s.counts, s.finished, s.objectives) for s in storage.studies()}
+    assert counts == {"s": ({"complete": 1}, 1, ("loss", "flops")), "t": ({}, 0, ("loss", "flops"))}
+    assert storage.create_study("s", **{**SPEC, "spec_fingerprint": "other"}).spec_fingerprint == "f" * 64
+
+
+def test_kernel_cache_reads_known_times_and_writes_new_ones_through(storage):
+    class Key:
+        fingerprint, dtype, kind, shape = "fp", "bf16", "gemm", (4, 5, 6)
+
+        def to_str(self):
+            return "fp/bf16/gemm/4x5x6"
+
+    class Device:
+        def to_dict(self):
+            return {"fingerprint": "fp", "name": "cpu", "type": "cpu"}
+
+    cache = KernelCache(storage.measurements(), storage)
+    assert cache.get(Key()) is None
+    cache.put(Key(), 0.25, Device())
+    assert cache.get(Key()) == 0.25 and cache.new[0]["shape"] == "4x5x6"
+    assert KernelCache(storage.measurements()).get(Key()) == 0.25
+    storage.add_measurements([dict(cache.new[0], seconds=9.0)], None)
+    assert storage.measurements("fp") == {"fp/bf16/gemm/4x5x6": 0.25}  # the first measurement wins
+
+
+def test_optuna_shares_the_database(storage, db_url):
+    import optuna
+
+    study = optuna.create_study(study_name="s", storage=storage.optuna_storage(), directions=["minimize"] * 2)
+    trial = study.ask({"d_model": optuna.distributions.IntDistribution(64, 256)})
+    study.tell(trial, [1.0, 2.0])
+    assert len(optuna.load_study(study_name="s", storage=db_url).trials) == 1
+
+
+def test_a_schema_version_other_than_the_codes_is_refused(db_url):
+    Storage.open(db_url).close()
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE archsearch_meta SET value = :v"), {"v": str(SCHEMA_VERSION + 1)})
+    engine.dispose()
+    with pytest.raises(SchemaVersionError, match=f"version {SCHEMA_VERSION + 1}, written by a newer"):
+        Storage.open(db_url)
+
+
+def test_reading_a_database_that_is_not_archsearchs_is_an_error(db_url):
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE other (x INTEGER)"))
+    engine.dispose()
+    with pytest.raises(StorageError, match="holds no archsearch database"):
+        Storage.open(db_url, create=False)
+
+
+def _claim_many(url: str, n: int, queue) -> None:
+    with Storage.open(url) as st:
+        queue.put([st.claim_trial("s", 10, lease_s=60) for _ in range(n)])
+
+
+def test_concurrent_drivers_never_claim_more_than_the_limit(storage, db_url):
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_claim_many, args=(db_url, 6, queue)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    claims = [c for _ in procs for c in queue.get(timeout=120)]
+    for p in procs:
+        p.join(timeout=60)
+    assert sum(c is not None for c in claims) == 10 and storage.counts("s") == {"running": 10}
+
+
+# --- errors that need no server --------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("url", "match"),
+    [
+        ("not a url", "not a database URL"),
+        ("sqlite://", "in-memory SQLite"),
+        ("sqlite:////no/such/folder/x.db", "no folder '/no/such/folder'"),
+        ("nosuchdb://x/y", "no driver for nosuchdb"),
+        ("postgresql+psycopg://postgres@127.0.0.1:1/x", "cannot reach the database"),
+    ],
+    ids=["garbage", "memory", "missing-folder", "unknown-dialect", "unreachable"],
+)
+def test_bad_urls_are_one_line_errors(url, match):
+    with pytest.raises(StorageError, match=match) as info:
+        Storage.open(url)
+    assert "\n" not in str(info.value)
+
+
+def test_opening_a_missing_sqlite_file_without_create_writes_nothing(tmp_path):
+    with pytest.raises(StorageError, match="no database at"):
+        Storage.open(f"sqlite:///{tmp_path / 'none.db'}", create=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_url_comes_from_the_flag_then_the_environment_then_the_default(monkeypatch):
+    monkeypatch.delenv("ARCHSEARCH_STORAGE", raising=False)
+    assert storage_url() == "sqlite:///archsearch.db"
+    monkeypatch.setenv("ARCHSEARCH_STORAGE", "sqlite:///env.db")
+    assert (storage_url(), storage_url("sqlite:///flag.db")) == ("sqlite:///env.db", "sqlite:///flag.db")
