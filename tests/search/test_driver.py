@@ -6,9 +6,9 @@ import os
 import signal
 import sys
 
-import cloudpickle
 import optuna
 import pytest
+from ray import cloudpickle  # Ray vendors it
 
 from archsearch.search.driver import SearchError, SearchOptions, run_search
 from archsearch.storage import Storage

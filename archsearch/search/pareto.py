@@ -1,0 +1,178 @@
+"""Pareto fronts of finished trials: the front, its knee and its hypervolume (BRIEF.md section 7).
+
+Plain numpy over "lower is better" values (every archsearch objective is minimised). FLOPs and
+step times span orders of magnitude, so the knee and the hypervolume see them on a log scale
+(`LOG_OBJECTIVES`); losses are used as they are.
+
+- The front: trials no other trial dominates (no worse in every objective, better in one).
+- The knee: the front member closest to the ideal point (each objective's best on the front)
+  after scaling each objective to [0, 1] over the front; the best trade-off when every
+  objective weighs the same.
+- The hypervolume: the volume the front dominates up to a reference point, in the scaled space
+  `(log10 value)` for log objectives. Two searches compare by it only with the same reference
+  point, so the reference is always stated with the number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+# Objective -> the trial column that holds it.
+OBJECTIVE_COLUMNS = {"loss": "loss", "flops": "flops_forward_per_token", "step_time": "step_time_s"}
+LOG_OBJECTIVES = frozenset({"flops", "step_time"})
+
+
+def pareto_mask(values: np.ndarray) -> np.ndarray:
+    """Which rows of `values` (n x m, all minimised) no other row dominates.
+
+    Rows with a NaN are never on the front. Duplicated rows are all kept. O(n log n) for two
+    objectives, O(n x front) beyond.
+    """
+    values = np.asarray(values, dtype=float)
+    n = len(values)
+    mask = np.zeros(n, dtype=bool)
+    finite = np.flatnonzero(~np.isnan(values).any(axis=1))
+    if len(finite) == 0:
+        return mask
+    v = values[finite]
+    if v.shape[1] == 2:
+        order = np.lexsort((v[:, 1], v[:, 0]))  # by the first objective, ties by the second
+        best = np.inf
+        keep = np.zeros(len(v), dtype=bool)
+        i = 0
+        while i < len(order):
+            # A run of equal first objectives: only its smallest second objective can be kept.
+            j = i
+            while j < len(order) and v[order[j], 0] == v[order[i], 0]:
+                j += 1
+            group = order[i:j]
+            low = v[group[0], 1]
+            if low < best:
+                keep[group[v[group, 1] == low]] = True
+                best = low
+            i = j
+        mask[finite[keep]] = True
+        return mask
+    order = np.lexsort(v.T[::-1])
+    front: list[int] = []
+    for idx in order:
+        row = v[idx]
+        dominated = any(np.all(v[f] <= row) and np.any(v[f] < row) for f in front)
+        if not dominated:
+            front.append(idx)
+    mask[finite[front]] = True
+    return mask
+
+
+def scaled(values: np.ndarray, objectives: Sequence[str]) -> np.ndarray:
+    """Values with the log objectives as log10 (non-positive values become NaN)."""
+    out = np.array(values, dtype=float)
+    for j, name in enumerate(objectives):
+        if name in LOG_OBJECTIVES:
+            col = out[:, j]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                out[:, j] = np.where(col > 0, np.log10(np.where(col > 0, col, 1.0)), np.nan)
+    return out
+
+
+def knee_index(front_values: np.ndarray, objectives: Sequence[str]) -> int:
+    """Index (into `front_values`) of the front member closest to the ideal point.
+
+    Each objective is scaled to [0, 1] over the front (log10 for FLOPs and step time), so the
+    ideal point is the origin; ties go to the lower loss (the first objective).
+    """
+    v = scaled(front_values, objectives)
+    low, high = np.nanmin(v, axis=0), np.nanmax(v, axis=0)
+    span = np.where(high > low, high - low, 1.0)
+    distance = np.sqrt((((v - low) / span) ** 2).sum(axis=1))
+    return int(np.lexsort((v[:, 0], distance))[0])
+
+
+def hypervolume(front_values: np.ndarray, reference: Sequence[float]) -> float:
+    """The volume dominated by `front_values` (n x m, minimised) up to `reference` (exact).
+
+    Points not strictly better than the reference in every objective add nothing. Two
+    objectives: a sweep; more: slices along the last objective, each an (m-1)-D hypervolume
+    (exact, O(n^(m-1) log n): fine for fronts of hundreds of points).
+    """
+    ref = np.asarray(reference, dtype=float)
+    v = np.asarray(front_values, dtype=float)
+    v = v[np.all(v < ref, axis=1)] if len(v) else v.reshape(0, len(ref))
+    if len(v) == 0:
+        return 0.0
+    if v.shape[1] == 1:
+        return float(ref[0] - v[:, 0].min())
+    if v.shape[1] == 2:
+        v = v[pareto_mask(v)]
+        v = v[np.argsort(v[:, 0])]
+        xs = np.append(v[1:, 0], ref[0])
+        return float(np.sum((xs - v[:, 0]) * (ref[1] - v[:, 1])))
+    # Slice along the last objective: between consecutive levels, the dominated region's cross
+    # section is the (m-1)-D hypervolume of the points at or below that level.
+    levels = np.unique(v[:, -1])
+    bounds = np.append(levels[1:], ref[-1])
+    total = 0.0
+    for level, upper in zip(levels, bounds, strict=True):
+        below = v[v[:, -1] <= level][:, :-1]
+        total += hypervolume(below, ref[:-1]) * (upper - level)
+    return float(total)
+
+
+@dataclass(frozen=True)
+class Front:
+    """The Pareto front of a set of trials, in the objectives given, sorted by the first."""
+
+    objectives: tuple[str, ...]
+    numbers: tuple[int, ...]  # trial numbers on the front, by the first objective (loss)
+    values: np.ndarray  # their objective values, one row each (raw units)
+    knee: int  # the knee's trial number
+    hypervolume: float  # in the scaled space (log10 for FLOPs and step time)
+    reference: tuple[float, ...]  # the reference point, raw units
+
+
+def reference_point(values: np.ndarray, objectives: Sequence[str], margin: float = 0.1) -> tuple[float, ...]:
+    """A default reference point: each objective's worst value among `values`, plus a margin
+    (10% of the loss, 10% on the log scale for FLOPs and step time)."""
+    worst = np.nanmax(np.asarray(values, dtype=float), axis=0)
+    return tuple(
+        float(w * 10**margin) if name in LOG_OBJECTIVES else float(w * (1 + margin))
+        for w, name in zip(worst, objectives, strict=True)
+    )
+
+
+def pareto_front(
+    numbers: Sequence[int],
+    values: np.ndarray,
+    objectives: Sequence[str],
+    reference: Sequence[float] | None = None,
+) -> Front | None:
+    """The front of the trials `numbers` with objective `values` (rows aligned); None if empty.
+
+    Args:
+        numbers: trial numbers.
+        values: n x len(objectives), raw units, minimised; rows with a NaN are left out.
+        objectives: names from OBJECTIVE_COLUMNS, loss first by convention.
+        reference: the hypervolume's reference point in raw units; default `reference_point`
+            over all the given trials.
+    """
+    values = np.asarray(values, dtype=float).reshape(len(numbers), len(objectives))
+    mask = pareto_mask(scaled(values, objectives))
+    if not mask.any():
+        return None
+    idx = np.flatnonzero(mask)
+    idx = idx[np.argsort(values[idx, 0], kind="stable")]  # along the front, by loss
+    finite = values[~np.isnan(values).any(axis=1)]
+    ref = tuple(reference) if reference is not None else reference_point(finite, objectives)
+    front_values = values[idx]
+    scaled_ref = scaled(np.asarray([ref]), objectives)[0]
+    return Front(
+        objectives=tuple(objectives),
+        numbers=tuple(int(numbers[i]) for i in idx),
+        values=front_values,
+        knee=int(numbers[idx[knee_index(front_values, objectives)]]),
+        hypervolume=hypervolume(scaled(front_values, objectives), scaled_ref),
+        reference=ref,
+    )
