@@ -455,7 +455,9 @@ app.add_typer(space_app, name="space")
 SpaceArg = Annotated[Path, typer.Argument(help="Search-space TOML file (see examples/).")]
 StorageOpt = Annotated[
     str | None,
-    typer.Option("--storage", help="Database URL [default: $ARCHSEARCH_STORAGE or sqlite:///archsearch.db]."),
+    typer.Option(
+        "--storage", help="Database URL (default: $ARCHSEARCH_STORAGE, else sqlite:///archsearch.db)."
+    ),
 ]
 
 
@@ -529,16 +531,16 @@ def _budget_text(proxy: Any) -> str:
 @app.command()
 def search(
     space: Annotated[Path, typer.Option("--space", help="Search-space TOML file (see examples/).")],
-    study: Annotated[str | None, typer.Option(help="Study name [default: the space file's name].")] = None,
+    study: Annotated[str | None, typer.Option(help="Study name (default: the space file's name).")] = None,
     trials: Annotated[
-        int | None, typer.Option(help="Finished trials to reach [default: the file's].")
+        int | None, typer.Option(help="Finished trials to reach (default: the file's).")
     ] = None,
     workers: Annotated[int, typer.Option(help="Trials run at once.", min=1)] = 1,
     storage: StorageOpt = None,
     sampler: Annotated[
-        str | None, typer.Option(help="tpe, nsga2, random or gp [default: the file's].")
+        str | None, typer.Option(help="tpe, nsga2, random or gp (default: the file's).")
     ] = None,
-    seed: Annotated[int | None, typer.Option(help="Sampler seed [default: the file's].")] = None,
+    seed: Annotated[int | None, typer.Option(help="Sampler seed (default: the file's).")] = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue the study (created if missing).")
     ] = False,
@@ -546,7 +548,7 @@ def search(
         bool, typer.Option("--prune/--no-prune", help="Stop dominated trials at the rungs.")
     ] = True,
     address: Annotated[
-        str | None, typer.Option(help="Ray cluster to join [default: start one here].")
+        str | None, typer.Option(help="Ray cluster to join (default: start one here).")
     ] = None,
     cpus_per_trial: Annotated[float, typer.Option(help="Ray CPUs per trial.")] = 1.0,
     gpus_per_trial: Annotated[
@@ -561,6 +563,7 @@ def search(
     re-queued) and exits 130 / 143; `--resume` then continues to the requested number.
     """
     from archsearch.search.driver import SearchOptions, run_search
+    from archsearch.search.pareto import study_front
     from archsearch.search.spec import load_spec
     from archsearch.storage import Storage
 
@@ -579,20 +582,17 @@ def search(
         retries=retries,
     )
     spec.space.check_feasible()  # an impossible budget fails here, before anything is written
-    with Storage.open(storage) as db, _search_display(options.trials) as update:
-        summary = run_search(spec, db, options, on_update=update)
+    with Storage.open(storage) as db:
+        with _search_display(options.trials) as update:
+            summary = run_search(spec, db, options, on_update=update)
+        front = study_front(db, options.study)
     if as_json:
-        _print_json(
-            {
-                "study": summary.study,
-                "objectives": list(summary.objectives),
-                "counts": summary.progress.counts,
-                "front": [_front_row(r) for r in summary.front],
-                "interrupted_by": summary.signal,
-            }
-        )
+        report = {"study": summary.study, "counts": summary.progress.counts, "interrupted_by": summary.signal}
+        _print_json({**report, **(_front_json(front) if front else {"front": []})})
+    elif front is not None:
+        _print_study_front(front)
     else:
-        _print_front(summary.front, summary.objectives, title=f"Pareto front of {summary.study!r}")
+        typer.echo(f"no complete trials in study {options.study!r}", err=True)
     if summary.signal is not None:
         typer.echo(
             f"interrupted: {summary.progress.finished} of {options.trials} trials finished; continue with "
@@ -600,30 +600,6 @@ def search(
             err=True,
         )
         raise typer.Exit(128 + summary.signal)
-
-
-def _front_row(record: Any) -> dict[str, Any]:
-    keys = ("number", "loss", "bits_per_byte", "flops_forward_per_token", "params_total", "step_time_s")
-    row = {k: record.number if k == "number" else record[k] for k in keys}
-    return {**row, "config": record.config.to_dict()}
-
-
-def _print_front(front: Any, objectives: tuple[str, ...], title: str) -> None:
-    console = _stdout()
-    table = Table(title=title)
-    for column in ("trial", "shape", "params", "FLOPs/token", "loss", "bits/byte"):
-        table.add_column(column, justify="left" if column == "shape" else "right")
-    if "step_time" in objectives:
-        table.add_column("step time", justify="right")
-    for r in front:
-        row = [
-            str(r.number), describe(r.config), _si(r["params_total"]), _si(r["flops_forward_per_token"]),
-            f"{r['loss']:.4f}", _fmt(r["bits_per_byte"], ".3f"),
-        ]  # fmt: skip
-        if "step_time" in objectives:
-            row.append(_si(r["step_time_s"], "s"))
-        table.add_row(*row)
-    console.print(table if front else f"{title}: no complete trials")
 
 
 @contextlib.contextmanager
@@ -662,6 +638,118 @@ def _search_display(target: int) -> Iterator[Callable[[Any], None]]:
 
 
 @app.command()
+def pareto(
+    study: Annotated[list[str], typer.Option("--study", help="Study name; repeat to overlay studies.")],
+    objectives: Annotated[
+        str | None,
+        typer.Option(help="loss,flops | loss,step_time | loss,flops,step_time (default: the study's)."),
+    ] = None,
+    reference: Annotated[
+        str | None,
+        typer.Option(
+            help="Hypervolume reference point, one value per objective, e.g. 3.0,1e9 (default: the worst "
+            "value over all the studies' trials plus 10%, of a decade for FLOPs and time)."
+        ),
+    ] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write a plot: FILE.png or FILE.html.")] = None,
+    storage: StorageOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """The Pareto front of a study: non-dominated trials along the front, the knee, the hypervolume."""
+    import numpy as np
+
+    from archsearch.search.pareto import parse_objectives, reference_point, study_front
+    from archsearch.storage import Storage
+
+    names = parse_objectives(objectives) if objectives else None
+    ref = _floats(reference, "--reference") if reference else None
+    with Storage.open(storage, create=False) as db:
+        fronts = [study_front(db, s, names, ref) for s in study]
+        if ref is None and len(fronts) > 1 and all(fronts):
+            # One reference for all, so the hypervolumes compare.
+            if len({f.front.objectives for f in fronts}) > 1:
+                raise ConfigError("studies with different objectives: pass --objectives")
+            pooled = np.concatenate([f.values for f in fronts])
+            ref = reference_point(pooled, fronts[0].front.objectives)
+            fronts = [study_front(db, s, fronts[0].front.objectives, ref) for s in study]
+    missing = [s for s, f in zip(study, fronts, strict=True) if f is None]
+    if missing:
+        raise ConfigError(f"no complete trial with every objective in {', '.join(map(repr, missing))}")
+    if plot is not None:
+        from archsearch.search.plots import plot_fronts
+
+        plot_fronts(fronts, plot)
+    if as_json:
+        _print_json([_front_json(f) for f in fronts])
+    else:
+        for f in fronts:
+            _print_study_front(f)
+    if plot is not None:
+        typer.echo(f"wrote {plot}", err=True)
+
+
+def _floats(text: str, option: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"{option} takes numbers separated by commas, got {text!r}") from None
+
+
+def _front_json(f: Any) -> dict[str, Any]:
+    rows = []
+    for r, values in zip(f.records, f.front.values, strict=True):
+        tps = f.throughput.get(r.number)
+        rows.append(
+            {
+                "number": r.number,
+                "knee": r.number == f.front.knee,
+                **dict(zip(f.front.objectives, map(float, values), strict=True)),
+                "params_total": r["params_total"],
+                "tokens_per_second": tps[0] if tps else None,
+                "throughput_device": tps[1] if tps else None,
+                "throughput_modelled": tps[2] if tps else None,
+                "config": r.config.to_dict(),
+            }
+        )
+    return {
+        "study": f.study,
+        "objectives": list(f.front.objectives),
+        "trials": len(f.numbers),
+        "hypervolume": f.front.hypervolume,
+        "reference": list(f.front.reference),
+        "knee": f.front.knee,
+        "front": rows,
+    }
+
+
+def _print_study_front(f: Any) -> None:
+    console = _stdout()
+    objectives = f.front.objectives
+    title = f"Pareto front of {f.study!r}: {len(f.front.numbers)} of {len(f.numbers)} complete trials"
+    table = Table(title=title)
+    for column in ("", "trial", "shape", "params", "FLOPs/token", "loss", "bits/byte", "throughput"):
+        table.add_column(column, justify="left" if column in ("", "shape") else "right")
+    if "step_time" in objectives:
+        table.add_column("step time", justify="right")
+    for r in f.records:
+        tps = f.throughput.get(r.number)
+        speed = f"{_si(tps[0])} tok/s {tps[1]}{' (model)' if tps[2] else ''}" if tps else "-"
+        row = [
+            "knee" if r.number == f.front.knee else "", str(r.number), escape(describe(r.config)),
+            _si(r["params_total"]), _si(r["flops_forward_per_token"]), f"{r['loss']:.4f}",
+            _fmt(r["bits_per_byte"], ".3f"), speed,
+        ]  # fmt: skip
+        if "step_time" in objectives:
+            row.append(_si(r["step_time_s"], "s"))
+        table.add_row(*row)
+    console.print(table)
+    ref = ", ".join(f"{x:.4g}" for x in f.front.reference)
+    scale = " (log10 for " + ", ".join(o for o in objectives if o != "loss") + ")"
+    axes = ", ".join(objectives)
+    console.print(f"hypervolume {f.front.hypervolume:.4g} against reference ({ref}) in ({axes}){scale}")
+
+
+@app.command()
 def studies(storage: StorageOpt = None, as_json: JsonFlag = False) -> None:
     """The studies in a trial database, with their trials by state."""
     from archsearch.storage import STATES, Storage
@@ -686,6 +774,277 @@ def studies(storage: StorageOpt = None, as_json: JsonFlag = False) -> None:
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.created_at))
         table.add_row(s.name, ",".join(s.objectives), created, *(str(s.counts.get(k, 0)) for k in STATES))
     _stdout().print(table if records else "no studies")
+
+
+# ------------------------------------------------------------------------------------------------
+# Results: trial queries
+# ------------------------------------------------------------------------------------------------
+TABLE_ROWS = 100  # a terminal table of a 100,000-trial study is unreadable and slow to fetch and draw
+
+
+@app.command()
+def trials(
+    study: Annotated[str, typer.Option(help="Study name (see `studies`).")],
+    where: Annotated[
+        str | None,
+        typer.Option(help='Filter, e.g. "activation = swiglu and d_model >= 512 and status = complete".'),
+    ] = None,
+    sort: Annotated[
+        str | None, typer.Option(help="Column to sort by, -column for descending (default: trial number).")
+    ] = None,
+    limit: Annotated[int | None, typer.Option(help="At most N trials, after filtering and sorting.")] = None,
+    fmt: Annotated[
+        str, typer.Option("--format", help="table, csv, json (records) or parquet (needs --output).")
+    ] = "table",
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write here, not stdout.")] = None,
+    storage: StorageOpt = None,
+) -> None:
+    """A study's trials with their shape, costs, results, status and reason: filtered, sorted, exported.
+
+    The filter language and the columns are in README.md ("archsearch trials") and
+    `archsearch.storage.query`; user text is parsed, never evaluated.
+    """
+    from archsearch.fileio import write_atomic
+    from archsearch.storage import Storage
+    from archsearch.storage.query import FORMATS, QueryError, trials_frame
+
+    if fmt != "table" and fmt not in FORMATS:
+        raise QueryError(f"unknown format {fmt!r}; valid: table, {', '.join(FORMATS)}")
+    if fmt == "table" and output is not None:
+        raise QueryError("--output needs --format csv, json or parquet (the table is for the terminal)")
+    if fmt != "table" and FORMATS[fmt].binary and output is None:
+        raise QueryError(f"--format {fmt} is binary: give --output FILE")
+    # A table without --limit fetches one row more than it shows, to know whether more match.
+    fetch = TABLE_ROWS + 1 if fmt == "table" and limit is None else limit
+    with Storage.open(storage, create=False) as db:
+        frame = trials_frame(db, study, where=where, sort=sort, limit=fetch)
+    if fmt == "table":
+        more = limit is None and len(frame) > TABLE_ROWS
+        _print_trials(frame.head(TABLE_ROWS) if more else frame, study, more=more)
+        return
+    data = FORMATS[fmt].encode(frame)
+    if output is None:
+        typer.echo(data.decode(), nl=False)
+    else:
+        try:
+            write_atomic(output, data)
+        except OSError as exc:
+            raise ArchsearchError(f"cannot write {output}: {exc.strerror or exc}") from None
+        typer.echo(f"wrote {len(frame):,} trials to {output}", err=True)
+
+
+def _print_trials(frame: Any, study: str, more: bool) -> None:
+    """A readable subset of the columns; csv, json and parquet carry all of them."""
+    import pandas as pd
+
+    def cell(value: Any, render: Callable[[Any], str] = str) -> str:
+        return "-" if pd.isna(value) else escape(render(value))
+
+    columns: list[tuple[str, str, Callable[[Any], str]]] = [
+        ("trial", "number", str), ("status", "status", str), ("d_model", "d_model", str),
+        ("layers", "n_layers", str), ("heads", "n_heads", str), ("kv", "n_kv_heads", str),
+        ("head_dim", "head_dim", str), ("d_ff", "d_ff", str), ("activation", "activation", str),
+        ("params", "params_total", _si), ("FLOPs/token", "flops_forward_per_token", _si),
+        ("loss", "loss", lambda v: f"{v:.4f}"), ("step time", "step_time_s", lambda v: _si(v, "s")),
+        ("reason", "reason", str),
+    ]  # fmt: skip
+    if frame.empty:
+        _stdout().print(f"no trials of {escape(repr(study))} match")
+        return
+    table = Table(title=escape(f"{'first ' if more else ''}{len(frame):,} trials of {study!r}"))
+    for header, _, _ in columns:
+        table.add_column(header, justify="left" if header in ("status", "activation", "reason") else "right")
+    for row in frame[[name for _, name, _ in columns]].itertuples(index=False):
+        table.add_row(*(cell(v, render) for v, (_, _, render) in zip(row, columns, strict=True)))
+    _stdout().print(table)
+    if more:
+        typer.echo("more trials match: use --limit N, --sort or --format csv", err=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Results: export for real trainers
+# ------------------------------------------------------------------------------------------------
+@app.command()
+def export(
+    study: Annotated[str, typer.Option(help="Study name (see `studies`).")],
+    fmt: Annotated[str, typer.Option("--format", help="hf, litgpt, nanogpt or json.")],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Folder to create (absent or empty); all or nothing.")
+    ],
+    trial: Annotated[int | None, typer.Option(help="Export trial number N.")] = None,
+    knee: Annotated[bool, typer.Option("--knee", help="Export the knee of the Pareto front.")] = False,
+    best_under_flops: Annotated[
+        str | None,
+        typer.Option(help="Export the lowest-loss trial with forward FLOPs/token <= F (e.g. 1e9 or 2G)."),
+    ] = None,
+    front: Annotated[
+        bool, typer.Option("--front", help="Export every front member to trial-N/ folders, plus index.json.")
+    ] = False,
+    storage: StorageOpt = None,
+) -> None:
+    """A trial's shape for a real trainer: Hugging Face config, litgpt YAML, nanoGPT GPTConfig or JSON.
+
+    A shape the format cannot represent exactly is refused with the reason (exit 2, nothing
+    written). With --front the representable members are written and the refusals listed in
+    index.json and on stderr; exit 2 only when none is representable.
+    """
+    from archsearch.space.export import EXPORT_FORMATS, parse_flops, trial_provenance
+    from archsearch.storage import Storage
+
+    export_format = EXPORT_FORMATS[fmt]  # an unknown format fails before the database is opened
+    selectors = (
+        ("--trial N", trial is not None),
+        ("--knee", knee),
+        ("--best-under-flops F", best_under_flops is not None),
+        ("--front", front),
+    )
+    chosen = [flag for flag, given in selectors if given]
+    if len(chosen) != 1:
+        raise ConfigError(
+            "give exactly one of --trial N, --knee, --best-under-flops F, --front"
+            + (f" (got {', '.join(chosen)})" if chosen else "")
+        )
+    flops_limit = parse_flops(best_under_flops) if best_under_flops is not None else None
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise ConfigError(f"--output {output} exists and is not an empty folder")
+    with Storage.open(storage, create=False) as db:
+        record = db.study(study)
+        if record is None:
+            names = ", ".join(s.name for s in db.studies()) or "none"
+            raise ConfigError(f"no study {study!r} in {db.display_url}; studies: {names}")
+        knee_number = None
+        if trial is not None:
+            members = [_export_numbered(db.trials(study), study, trial)]
+        elif flops_limit is not None:
+            members = [_export_best_under(db.trials(study, status="complete"), study, flops_limit)]
+        else:
+            members, knee_number = _export_front(db.trials(study, status="complete"), record)
+            if knee:
+                members = [m for m in members if m.number == knee_number]
+        devices = {d.get("fingerprint"): d for d in db.devices()}
+    exports = []  # (trial record, folder, files or None, refusal or None)
+    for member in members:
+        cfg = member.config
+        reason = export_format.refusal(cfg)
+        if reason is not None and not front:
+            raise ConfigError(f"trial {member.number} cannot be exported as {fmt}: {reason}")
+        provenance = trial_provenance(record, member, devices.get(member["device_fingerprint"]))
+        files = export_format.files(cfg, provenance) if reason is None else None
+        exports.append((member, f"trial-{member.number}" if front else "", files, reason))
+    if not any(files for _, _, files, _ in exports):
+        refusals = "; ".join(f"trial {m.number}: {reason}" for m, _, _, reason in exports)
+        raise ConfigError(f"no front member of {study!r} can be exported as {fmt}: {refusals}")
+    tree: dict[str, bytes] = {}
+    index = []
+    for member, folder, files, reason in exports:
+        notes = list(export_format.notes(member.config)) if files else []
+        for name, data in (files or {}).items():
+            tree[f"{folder}/{name}" if folder else name] = data
+        index.append(
+            {
+                "number": member.number,
+                "knee": member.number == knee_number,
+                "loss": member["loss"],
+                "flops_forward_per_token": member["flops_forward_per_token"],
+                "params_total": member["params_total"],
+                "step_time_s": member["step_time_s"],
+                "format": fmt,
+                "target": export_format.target(member.config) if files else None,
+                "folder": folder if files else None,
+                "refused": reason,
+                "notes": notes,
+            }
+        )
+        if reason is not None:
+            typer.echo(f"refused: trial {member.number} cannot be exported as {fmt}: {reason}", err=True)
+        for note in notes:
+            typer.echo(f"note: trial {member.number}: {note}", err=True)
+    if front:
+        document = {
+            "study": study,
+            "format": fmt,
+            "objectives": list(record.objectives),
+            "knee": knee_number,
+            "trials": index,
+        }
+        tree["index.json"] = (json.dumps(document, indent=2) + "\n").encode("utf-8")
+    _export_write(output, tree)
+    for entry in index:
+        if entry["folder"] is not None:
+            where = output / entry["folder"] if entry["folder"] else output
+            typer.echo(f"{where}: trial {entry['number']} as {entry['target']}")
+
+
+def _export_numbered(trials: list[Any], study: str, number: int) -> Any:
+    found = [t for t in trials if t.number == number]
+    if not found:
+        numbers = sorted(t.number for t in trials if t.number is not None)
+        span = f"trials {numbers[0]} to {numbers[-1]}" if numbers else "no trials"
+        raise ConfigError(f"study {study!r} has no trial {number} ({span})")
+    t = found[0]
+    if t.status != "complete" or t.config is None:
+        why = f" ({t.reason})" if t.reason else ""
+        raise ConfigError(f"trial {number} of {study!r} is {t.status}{why}: only complete trials export")
+    return t
+
+
+def _export_best_under(complete: list[Any], study: str, limit: float) -> Any:
+    """The lowest-loss complete trial within the FLOPs limit; ties go to the lower trial number."""
+    costed = [t for t in complete if t["loss"] is not None and t["flops_forward_per_token"] is not None]
+    within = [t for t in costed if t["flops_forward_per_token"] <= limit]
+    if not within:
+        cheapest = min((t["flops_forward_per_token"] for t in costed), default=None)
+        hint = f"; the cheapest has {cheapest:.4g}" if cheapest is not None else ""
+        raise ConfigError(f"no complete trial of {study!r} has forward FLOPs/token <= {limit:.4g}{hint}")
+    return min(within, key=lambda t: (t["loss"], t.number))
+
+
+def _export_front(complete: list[Any], record: Any) -> tuple[list[Any], int]:
+    """The study's Pareto front over its own objectives, in front order (by loss), and its knee."""
+    import numpy as np
+
+    from archsearch.search.pareto import OBJECTIVE_COLUMNS, pareto_front
+
+    unknown = [o for o in record.objectives if o not in OBJECTIVE_COLUMNS]
+    if unknown or not record.objectives:
+        raise ConfigError(f"study {record.name!r} has objectives {record.objectives!r}: no front to rank")
+    columns = [OBJECTIVE_COLUMNS[o] for o in record.objectives]
+    values = np.array(
+        [[np.nan if t[c] is None else t[c] for c in columns] for t in complete], dtype=float
+    ).reshape(len(complete), len(columns))
+    result = pareto_front([t.number for t in complete], values, record.objectives)
+    if result is None:
+        objectives = ", ".join(record.objectives)
+        raise ConfigError(f"no complete trial of {record.name!r} has every objective ({objectives})")
+    by_number = {t.number: t for t in complete}
+    return [by_number[n] for n in result.numbers], result.knee
+
+
+def _export_write(output: Path, tree: dict[str, bytes]) -> None:
+    """All of `tree` (relative path -> bytes) under `output`, or nothing: the files go into a hidden
+    sibling folder, each with write_atomic, and the folder is renamed onto `output` at the end."""
+    import os
+    import shutil
+    import tempfile
+
+    from archsearch.fileio import write_atomic
+
+    output = output.absolute()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
+    try:
+        for name, data in tree.items():
+            write_atomic(staging / name, data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)  # mkdtemp's folder is private (0700); the export is not
+        os.replace(staging, output)  # rename(2) onto an absent or empty folder
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ConfigError(f"cannot write {output}: {exc.strerror or exc}") from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 @contextlib.contextmanager

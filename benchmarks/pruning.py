@@ -58,6 +58,9 @@ def main() -> None:
     text = EXAMPLE.read_text()
     text = re.sub(r"(?m)^tokens = .*$", f"tokens = {args.tokens}", text)
     text = re.sub(r"(?m)^prune_min_trials = .*$", f"prune_min_trials = {args.min_trials}", text)
+    # One precision for both runs: "auto" measures bf16 against fp32 per process, and a busy
+    # machine could tip that choice between the runs.
+    text = re.sub(r"(?m)^device = .*$", 'device = "cpu"\nprecision = "bf16"', text, count=1)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     with tempfile.TemporaryDirectory() as tmp:
         runs = {

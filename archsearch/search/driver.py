@@ -36,9 +36,12 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from archsearch.errors import ArchsearchError
-from archsearch.registry import Registry
+from archsearch.search.pareto import OBJECTIVE_COLUMNS, pareto_mask
 from archsearch.search.pruning import DEFAULT_REDUCTION_FACTOR, MultiObjectiveHalving
+from archsearch.search.samplers import SAMPLERS
 from archsearch.search.spec import SearchSpec
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts
@@ -59,43 +62,6 @@ REASON_ATTR = "archsearch_reason"  # Optuna user attribute carrying a failed or 
 
 class SearchError(ArchsearchError):
     """A search that cannot start or continue (a study clash, a space the sampler cannot meet)."""
-
-
-# --- samplers: name -> factory(seed, n_objectives) ------------------------------------------------
-def _tpe(seed: int, _n: int) -> optuna.samplers.BaseSampler:
-    import optuna
-
-    # constant_liar keeps parallel workers from all sampling the same promising point.
-    return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
-
-
-def _nsga2(seed: int, _n: int) -> optuna.samplers.BaseSampler:
-    import optuna
-
-    return optuna.samplers.NSGAIISampler(seed=seed)
-
-
-def _random(seed: int, _n: int) -> optuna.samplers.BaseSampler:
-    import optuna
-
-    return optuna.samplers.RandomSampler(seed=seed)
-
-
-def _gp(seed: int, _n: int) -> optuna.samplers.BaseSampler:
-    import optuna
-
-    try:
-        import scipy  # noqa: F401  (GPSampler's optimiser)
-    except ImportError:
-        raise SearchError("the gp sampler needs scipy: pip install scipy") from None
-    return optuna.samplers.GPSampler(seed=seed)
-
-
-SAMPLERS: Registry[Callable[[int, int], Any]] = Registry("sampler")
-SAMPLERS.register("tpe", _tpe)
-SAMPLERS.register("nsga2", _nsga2)
-SAMPLERS.register("random", _random)
-SAMPLERS.register("gp", _gp)
 
 
 @dataclass(frozen=True)
@@ -168,9 +134,10 @@ class _Stop:
         self.signum: int | None = None
 
     def __call__(self, signum: int, _frame: Any) -> None:
-        if self.signum is None:
-            log.warning("received %s: stopping the search", signal.Signals(signum).name)
-        self.signum = self.signum or signum
+        if self.signum is not None:  # a second signal: stop waiting for the clean-up
+            raise KeyboardInterrupt
+        log.warning("received %s: stopping the search (again to force)", signal.Signals(signum).name)
+        self.signum = signum
 
 
 @contextmanager
@@ -231,7 +198,12 @@ class _RayPool:
         return self.ray.put(value)
 
     def wait(self, refs: list[Any], timeout: float) -> list[Any]:
-        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        """The refs done within `timeout` (at least one, unless the time runs out)."""
+        ready, _ = self.ray.wait(refs, num_returns=1, timeout=timeout)
+        rest = [r for r in refs if r not in ready]
+        if ready and rest:  # collect any others that finished meanwhile, without waiting
+            more, _ = self.ray.wait(rest, num_returns=len(rest), timeout=0)
+            ready += more
         return ready
 
     def result(self, ref: Any) -> tuple[dict[str, Any] | None, str | None, bool]:
@@ -298,6 +270,7 @@ class _Driver:
         self.start = time.monotonic()
         self.last_renewal = time.monotonic()
         self.study: optuna.Study
+        self._values: list[list[float]] | None = None  # objective values of complete trials
 
     # --- setup -----------------------------------------------------------------------------------
     def open_study(self) -> None:
@@ -425,13 +398,15 @@ class _Driver:
                         self._submit(pool, item, known_ref, board)
                     if not self.running:
                         break
-                    for ref in pool.wait(list(self.running), WAIT_S):
+                    ready = pool.wait(list(self.running), WAIT_S)
+                    for ref in ready:
                         new = self._collect(pool, ref, known_ref, board)
                         if new:
                             known.update({m["key"]: m["seconds"] for m in new})
                             known_ref = pool.put(known)
                     self._renew()
-                    self._notify()
+                    if ready:
+                        self._notify()
             finally:
                 self._interrupt_all(pool)
         self._notify()
@@ -518,6 +493,8 @@ class _Driver:
         state = optuna.trial.TrialState
         if values is not None:
             self.study.tell(item.trial, values)
+            if self._values is not None:
+                self._values.append(values)
         else:
             self.study.tell(item.trial, state=state.PRUNED if outcome.status == PRUNED else state.FAIL)
         return list(outcome.measurements)
@@ -545,20 +522,27 @@ class _Driver:
             del self.running[ref]
 
     def progress(self) -> SearchProgress:
-        front = self.front()
+        """Counts from the database (every driver's trials); best loss and front size from the
+        complete trials' objective values, kept in memory (no records are read per event)."""
+        if self._values is None:
+            columns = [OBJECTIVE_COLUMNS[o] for o in self.spec.objectives]
+            _, rows = self.storage.complete_values(self.options.study, columns)
+            self._values = [[math.nan if x is None else float(x) for x in row] for row in rows]
+        values = np.array(self._values, dtype=float).reshape(-1, len(self.spec.objectives))
         return SearchProgress(
             target=self.options.trials,
             counts={**self.storage.counts(self.options.study), RUNNING: len(self.running)},
-            best_loss=min((r["loss"] for r in front), default=None),
-            front_size=len(front),
+            best_loss=float(np.nanmin(values[:, 0])) if len(values) else None,
+            front_size=int(pareto_mask(values).sum()),
             elapsed_s=time.monotonic() - self.start,
         )
 
     def front(self) -> tuple[TrialRecord, ...]:
         """The Pareto front of complete trials (Optuna's), as archsearch's records, by loss."""
-        numbers = {t.number for t in self.study.best_trials}
-        records = [r for r in self.storage.trials(self.options.study, COMPLETE) if r.number in numbers]
-        return tuple(sorted(records, key=lambda r: r["loss"]))
+        numbers = sorted(t.number for t in self.study.best_trials)
+        return tuple(
+            sorted(self.storage.trials_by_number(self.options.study, numbers), key=lambda r: r["loss"])
+        )
 
     def _notify(self) -> None:
         if self.on_update is not None:

@@ -17,8 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from archsearch.errors import ArchsearchError
+
+if TYPE_CHECKING:
+    from archsearch.storage import Storage
 
 # Objective -> the trial column that holds it.
 OBJECTIVE_COLUMNS = {"loss": "loss", "flops": "flops_forward_per_token", "step_time": "step_time_s"}
@@ -176,3 +182,74 @@ def pareto_front(
         hypervolume=hypervolume(scaled(front_values, objectives), scaled_ref),
         reference=ref,
     )
+
+
+# ------------------------------------------------------------------------------------------------
+# Fronts of studies in a trial database
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StudyFront:
+    """A study's front with what a report or plot needs."""
+
+    study: str
+    front: Front
+    records: tuple[Any, ...]  # the front members' TrialRecords, in front order
+    numbers: tuple[int, ...]  # every complete trial with all objectives (for faded plot points)
+    values: np.ndarray  # and their objective values
+    throughput: dict[int, tuple[float, str, bool]]  # number -> (tokens/s, device, modelled)
+
+
+def parse_objectives(text: str | Sequence[str]) -> tuple[str, ...]:
+    """ "loss,flops" -> ("loss", "flops"), validated: known names, loss first, no repeats."""
+    names = tuple(n.strip() for n in (text.split(",") if isinstance(text, str) else text) if n.strip())
+    unknown = [n for n in names if n not in OBJECTIVE_COLUMNS]
+    if unknown or len(set(names)) != len(names) or len(names) < 2 or names[0] != "loss":
+        raise ArchsearchError(
+            f"objectives {','.join(names) or text!r} must be loss then one or two of flops, step_time "
+            "(e.g. loss,flops or loss,flops,step_time)"
+        )
+    return names
+
+
+def study_front(
+    storage: Storage,
+    study: str,
+    objectives: Sequence[str] | None = None,
+    reference: Sequence[float] | None = None,
+) -> StudyFront | None:
+    """The Pareto front of `study`'s complete trials (None when none has every objective).
+
+    Args:
+        storage: the trial database.
+        study: the study name.
+        objectives: default: the study's own objectives.
+        reference: the hypervolume reference point in raw units (default: see `reference_point`).
+
+    Raises:
+        ArchsearchError: an unknown study, or a reference point of the wrong length.
+    """
+    record = storage.study(study)
+    if record is None:
+        names = ", ".join(s.name for s in storage.studies()) or "none"
+        raise ArchsearchError(f"no study {study!r} in {storage.display_url}; studies: {names}")
+    objectives = parse_objectives(objectives or record.objectives)
+    if reference is not None and len(reference) != len(objectives):
+        raise ArchsearchError(f"the reference point needs {len(objectives)} values, one per objective")
+    numbers, rows = storage.complete_values(study, [OBJECTIVE_COLUMNS[o] for o in objectives])
+    values = np.array([[np.nan if x is None else x for x in row] for row in rows], dtype=float)
+    values = values.reshape(len(numbers), len(objectives))
+    keep = ~np.isnan(values).any(axis=1)
+    numbers, values = [n for n, k in zip(numbers, keep, strict=True) if k], values[keep]
+    front = pareto_front(numbers, values, objectives, reference) if numbers else None
+    if front is None:
+        return None
+    records = tuple(storage.trials_by_number(study, front.numbers))
+    throughput = {}
+    for r in records:
+        profiles = {p["device"]: p for p in storage.profiles(r.id)}
+        for name in (r["step_time_device"], "local", *sorted(profiles)):
+            if name in profiles:
+                p = profiles[name]
+                throughput[r.number] = (p["tokens_per_second"], name, p["modelled"])
+                break
+    return StudyFront(study, front, records, tuple(numbers), values, throughput)

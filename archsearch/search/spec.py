@@ -64,6 +64,7 @@ from archsearch.evaluators.hardware import ACCELERATORS
 from archsearch.evaluators.settings import TrainError, TrainSettings
 from archsearch.fileio import read_text
 from archsearch.registry import Registry
+from archsearch.search.samplers import SAMPLERS
 from archsearch.space.search_space import KNOBS, Budget, Domain, SearchSpace, SpaceError
 
 
@@ -93,7 +94,6 @@ OBJECTIVES.register(
     ),
 )
 DEFAULT_OBJECTIVES = ("loss", "flops")
-SAMPLERS = ("tpe", "nsga2", "random", "gp")  # the driver's sampler registry, named without optuna
 # The dtypes evaluators.profiler can time (its TORCH_DTYPES; fp8 has no plain matmul), named here
 # so a spec validates without importing torch.
 PROFILE_DTYPES = ("fp32", "bf16", "fp16")

@@ -15,6 +15,7 @@ from archsearch.storage.db import (
     storage_url,
 )
 from archsearch.storage.kernels import KernelCache, measurement_row
+from archsearch.storage.query import QueryError, compile_filter, trials_frame
 from archsearch.storage.schema import FINISHED_STATES, SCHEMA_VERSION, STATES
 
 __all__ = [
@@ -24,12 +25,15 @@ __all__ = [
     "STATES",
     "STORAGE_ENV",
     "KernelCache",
+    "QueryError",
     "SchemaVersionError",
     "Storage",
     "StorageError",
     "StudyRecord",
     "TrialOutcome",
     "TrialRecord",
+    "compile_filter",
     "measurement_row",
     "storage_url",
+    "trials_frame",
 ]

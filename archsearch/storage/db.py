@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, create_engine, event, func, select, text, update
+from sqlalchemy import ColumnElement, Engine, create_engine, event, func, insert, select, text, update
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session
@@ -36,7 +36,7 @@ from archsearch.errors import ArchsearchError
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts, kv_cache_bytes_per_token, param_counts
 from archsearch.storage import schema
-from archsearch.storage.schema import FINISHED_STATES, RUNNING, SCHEMA_VERSION
+from archsearch.storage.schema import COMPLETE, FINISHED_STATES, RUNNING, SCHEMA_VERSION
 
 if TYPE_CHECKING:
     import optuna
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 DEFAULT_STORAGE_URL = "sqlite:///archsearch.db"
 STORAGE_ENV = "ARCHSEARCH_STORAGE"
 BUSY_TIMEOUT_S = 30  # 5 s gave "database is locked" at 64 writers, 30 s none (BRIEF.md section 8)
+READ_ONLY = "archsearch_read_only"  # execution option of the sessions that only read
 _PG_INIT_LOCK = 0x61726368  # "arch": the advisory lock id that serialises table creation
 
 
@@ -169,7 +170,9 @@ def _use_immediate_transactions(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _begin(connection: Any) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        # Reads take no write lock (WAL readers never block, nor wait for, the writer).
+        read_only = connection.get_execution_options().get(READ_ONLY, False)
+        connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
 def _engine_kwargs(url: URL) -> dict[str, Any]:
@@ -339,13 +342,14 @@ class Storage:
 
     # --- the one session helper ------------------------------------------------------------------
     @contextlib.contextmanager
-    def _session(self) -> Iterator[Session]:
+    def _session(self, read_only: bool = False) -> Iterator[Session]:
         """One transaction: commits on success, rolls back on any error, always closes.
 
         Database errors become `StorageError` with one line; the transaction leaves nothing.
         """
         try:
-            with Session(self._engine, expire_on_commit=False) as session, session.begin():
+            bind = self._engine.execution_options(**{READ_ONLY: True}) if read_only else self._engine
+            with Session(bind, expire_on_commit=False) as session, session.begin():
                 yield session
         except DBAPIError as exc:
             raise StorageError(f"database error on {self.display_url}: {_one_line(exc)}") from None
@@ -376,15 +380,20 @@ class Storage:
         return self.study(name)  # type: ignore[return-value]
 
     def study(self, name: str) -> StudyRecord | None:
-        with self._session() as s:
+        with self._session(read_only=True) as s:
             row = s.get(schema.Study, name)
             if row is None:
                 return None
             return self._study_record(row, self._counts(s, name))
 
+    def study_names(self) -> list[str]:
+        """The names of every study, oldest first (no trial counts: cheap)."""
+        with self._session(read_only=True) as s:
+            return list(s.scalars(select(schema.Study.name).order_by(schema.Study.created_at)))
+
     def studies(self) -> list[StudyRecord]:
         """Every study, oldest first, with its trial counts by state."""
-        with self._session() as s:
+        with self._session(read_only=True) as s:
             rows = s.scalars(select(schema.Study).order_by(schema.Study.created_at)).all()
             counts: dict[str, dict[str, int]] = {}
             for study, status, n in s.execute(
@@ -418,7 +427,7 @@ class Storage:
 
     def counts(self, study: str) -> dict[str, int]:
         """Trials of `study` by state."""
-        with self._session() as s:
+        with self._session(read_only=True) as s:
             return self._counts(s, study)
 
     # --- trial life cycle ------------------------------------------------------------------------
@@ -558,7 +567,7 @@ class Storage:
     def stale_trials(self, study: str, now: float | None = None) -> list[TrialRecord]:
         """Running trials whose lease expired: their driver died without closing them."""
         now = time.time() if now is None else now
-        with self._session() as s:
+        with self._session(read_only=True) as s:
             rows = s.scalars(
                 select(schema.Trial).where(
                     schema.Trial.study == study,
@@ -570,7 +579,7 @@ class Storage:
 
     def trials(self, study: str, status: str | None = None) -> list[TrialRecord]:
         """The trials of `study` (optionally of one state), by trial number."""
-        with self._session() as s:
+        with self._session(read_only=True) as s:
             q = select(schema.Trial).where(schema.Trial.study == study)
             if status is not None:
                 q = q.where(schema.Trial.status == status)
@@ -579,14 +588,89 @@ class Storage:
             rows = s.scalars(q.order_by(*order)).all()
             return [_trial_record(r) for r in rows]
 
+    def complete_values(self, study: str, columns: Sequence[str]) -> tuple[list[int], list[tuple[Any, ...]]]:
+        """Trial numbers and the given columns of `study`'s complete trials, in one lean query.
+
+        For fronts over many trials: no records or configs are built.
+        """
+        cols = [getattr(schema.Trial, c) for c in columns]
+        with self._session(read_only=True) as s:
+            rows = s.execute(
+                select(schema.Trial.number, *cols)
+                .where(schema.Trial.study == study, schema.Trial.status == COMPLETE)
+                .order_by(schema.Trial.number)
+            ).all()
+        return [r[0] for r in rows], [tuple(r[1:]) for r in rows]
+
+    def trials_by_number(self, study: str, numbers: Sequence[int]) -> list[TrialRecord]:
+        """The records of `study`'s trials `numbers`, in that order (missing ones left out)."""
+        with self._session(read_only=True) as s:
+            wanted = schema.Trial.number.in_(list(numbers))
+            rows = s.scalars(select(schema.Trial).where(schema.Trial.study == study, wanted)).all()
+            by_number = {r.number: _trial_record(r) for r in rows}
+        return [by_number[n] for n in numbers if n in by_number]
+
+    def trial_rows(
+        self,
+        study: str,
+        columns: Sequence[str],
+        *,
+        where: ColumnElement[bool] | None = None,
+        order_by: Sequence[ColumnElement[Any]] = (),
+        limit: int | None = None,
+    ) -> list[tuple[Any, ...]]:
+        """Chosen columns of `study`'s trials in one SELECT: filter, order and limit run in SQL.
+
+        Args:
+            columns: `archsearch_trials` column names, in the order wanted.
+            where: a boolean expression over that table (`storage.query.compile_filter` builds
+                one from user text, with bound parameters).
+            order_by: ORDER BY clauses; without any, by trial number, unnumbered rows last.
+            limit: at most this many rows.
+        """
+        table = schema.Trial.__table__
+        q = select(*(table.c[name] for name in columns)).where(table.c.study == study)
+        if where is not None:
+            q = q.where(where)
+        # Unnumbered (claimed, not yet asked) rows last on every backend; the row id breaks ties.
+        q = q.order_by(*order_by, table.c.number.is_(None), table.c.number, table.c.id)
+        if limit is not None:
+            q = q.limit(limit)
+        with self._session(read_only=True) as s:
+            return [tuple(row) for row in s.execute(q)]
+
+    def add_trials(self, study: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Insert trial rows in bulk, in one transaction.
+
+        For synthetic databases (benchmarks, tests): a search records trials through
+        `claim_trial`, `assign_trial` and `finish_trial` instead.
+
+        Args:
+            rows: `archsearch_trials` columns by name; a "config" entry (an `ArchConfig`) fills
+                the shape and cost columns as `assign_trial` does.
+        """
+        columns: dict[ArchConfig, dict[str, Any]] = {}  # the cost model once per distinct shape
+        values = []
+        for row in rows:
+            row = dict(row)
+            cfg = row.pop("config", None)
+            if cfg is not None:
+                if cfg not in columns:
+                    columns[cfg] = _config_columns(cfg)
+                row = {**columns[cfg], **row}
+            values.append({**row, "study": study})
+        if values:
+            with self._session() as s:
+                s.execute(insert(schema.Trial), values)
+
     def trial(self, trial_id: int) -> TrialRecord | None:
-        with self._session() as s:
+        with self._session(read_only=True) as s:
             row = s.get(schema.Trial, trial_id)
             return None if row is None else _trial_record(row)
 
     def curves(self, trial_id: int) -> dict[str, list[tuple[int, float]]]:
         """A trial's loss curves: {"train": [(tokens, loss), ...], "val": [...]}."""
-        with self._session() as s:
+        with self._session(read_only=True) as s:
             rows = s.execute(
                 select(schema.Curve.kind, schema.Curve.tokens, schema.Curve.loss)
                 .where(schema.Curve.trial_id == trial_id)
@@ -598,7 +682,7 @@ class Storage:
         return out
 
     def profiles(self, trial_id: int) -> list[dict[str, Any]]:
-        with self._session() as s:
+        with self._session(read_only=True) as s:
             rows = s.scalars(select(schema.Profile).where(schema.Profile.trial_id == trial_id)).all()
             return [
                 dict(
@@ -616,7 +700,7 @@ class Storage:
     # --- kernel measurements (the profiler's shared cache) ----------------------------------------
     def measurements(self, fingerprint: str | None = None) -> dict[str, float]:
         """Measured kernel seconds by `MeasurementKey.to_str()`, for one device or all."""
-        with self._session() as s:
+        with self._session(read_only=True) as s:
             q = select(schema.Kernel.key, schema.Kernel.seconds)
             if fingerprint is not None:
                 q = q.where(schema.Kernel.device_fingerprint == fingerprint)
@@ -668,7 +752,7 @@ class Storage:
         )
 
     def devices(self) -> list[dict[str, Any]]:
-        with self._session() as s:
+        with self._session(read_only=True) as s:
             return [json.loads(r.info_json) for r in s.scalars(select(schema.Device)).all()]
 
 

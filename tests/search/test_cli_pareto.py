@@ -1,0 +1,107 @@
+"""`archsearch pareto` on studies built through the storage API (no Ray needed)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from archsearch.cli import app
+from archsearch.space.knobs import config_from_knobs
+from archsearch.storage import Storage, TrialOutcome
+
+SHAPES = [  # (d_model, n_layers, loss): losses fall with size, one shape is dominated
+    (64, 1, 2.6), (128, 2, 2.4), (192, 3, 2.45), (256, 4, 2.2), (256, 8, 2.25),
+]  # fmt: skip
+
+
+def _study(db: Storage, name: str, shift: float = 0.0) -> None:
+    db.create_study(name, spec_fingerprint="f", spec_source="", spec={}, objectives=("loss", "flops"))
+    for number, (d_model, layers, loss) in enumerate(SHAPES):
+        cfg = config_from_knobs(d_model=d_model, n_layers=layers, head_dim=32, vocab_size=256, seq_len=64)
+        slot = db.claim_trial(name, 100, 60)
+        db.assign_trial(slot, number=number, optuna_trial_id=number, params={}, config=cfg)
+        profile = dict(device="local", modelled=False, dtype="bf16", batch=4, step_time_s=0.01,
+                       tokens_per_second=1e4 / (number + 1), report={})  # fmt: skip
+        db.finish_trial(
+            slot, TrialOutcome(status="complete", train={"val_loss": loss + shift}, profiles=(profile,))
+        )
+    slot = db.claim_trial(name, 100, 60)
+    db.finish_trial(slot, TrialOutcome(status="failed", reason="boom"))
+
+
+@pytest.fixture
+def url(tmp_path):
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    with Storage.open(url) as db:
+        _study(db, "a")
+        _study(db, "b", shift=-0.1)
+    return url
+
+
+def _run(*args: str):
+    return CliRunner().invoke(app, ["pareto", *args])
+
+
+def test_the_front_table_marks_the_knee_and_states_the_hypervolume(url):
+    result = _run("--study", "a", "--storage", url)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "3 of 5 complete trials" in out and "knee" in out
+    assert "hypervolume" in out and "against reference" in out
+    assert "tok/s local" in out
+
+
+def test_json_lists_the_front_along_the_loss_axis(url):
+    result = _run("--study", "a", "--storage", url, "--json")
+    [front] = json.loads(result.stdout)
+    assert [r["number"] for r in front["front"]] == [3, 1, 0]  # 2 and 4 are dominated
+    assert sum(r["knee"] for r in front["front"]) == 1 and front["hypervolume"] > 0
+
+
+def test_two_studies_share_one_reference_so_their_hypervolumes_compare(url, tmp_path):
+    result = _run(
+        "--study", "a", "--study", "b", "--storage", url, "--json", "--plot", str(tmp_path / "f.png")
+    )
+    a, b = json.loads(result.stdout)
+    assert a["reference"] == b["reference"] and b["hypervolume"] > a["hypervolume"]  # b is lower everywhere
+    assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_png_and_html_plots_are_written(url, tmp_path):
+    for name in ("front.png", "front.html"):
+        result = _run("--study", "a", "--storage", url, "--plot", str(tmp_path / name))
+        assert result.exit_code == 0, result.output
+    assert b"<html" in (tmp_path / "front.html").read_bytes()[:2000].lower()
+    assert (tmp_path / "front.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--study", "nope"], "no study 'nope'"),
+        (["--study", "a", "--objectives", "flops,loss"], "must be loss then"),
+        (["--study", "a", "--objectives", "loss,speed"], "must be loss then"),
+        (["--study", "a", "--objectives", "loss,step_time"], "no complete trial with every objective"),
+        (["--study", "a", "--reference", "3.0"], "needs 2 values"),
+        (["--study", "a", "--reference", "3.0,abc"], "numbers separated by commas"),
+        (["--study", "a", "--plot", "front.svg"], "use a .png or .html file"),
+    ],
+    ids=["unknown-study", "loss-not-first", "unknown-objective", "no-step-times", "short-reference",
+         "bad-reference", "bad-plot-suffix"],
+)  # fmt: skip
+def test_bad_input_exits_2_and_leaves_the_database_alone(url, tmp_path, args, message):
+    path = tmp_path / "t.db"
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    result = _run(*args, "--storage", url)
+    assert result.exit_code == 2 and message in result.stderr, result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+    assert not (tmp_path / "front.svg").exists()
+
+
+def test_a_missing_database_is_an_error(tmp_path):
+    result = _run("--study", "a", "--storage", f"sqlite:///{tmp_path / 'none.db'}")
+    assert result.exit_code == 2 and "no database at" in result.stderr

@@ -1,0 +1,61 @@
+"""The Ray task body, called in process: train, judge at the rungs, profile, return plain data."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from archsearch.search.worker import run_trial
+from archsearch.space.knobs import config_from_knobs
+
+CFG = config_from_knobs(d_model=64, n_layers=1, head_dim=32, vocab_size=256, seq_len=32)
+
+
+def _request(**overrides):
+    request = dict(
+        number=3,
+        config=CFG.to_dict(),
+        proxy=dict(tokens=4096, batch_size=4, evals=4, eval_batches=1, device="cpu"),
+        data=None,
+        profile=dict(local=True, devices=["h100-sxm"], batch=None, dtype="bf16", min_run_time=0.002),
+        step_time_device="h100-sxm",
+        rungs=[0.25, 0.5],
+    )
+    return {**request, **overrides}
+
+
+def test_a_complete_trial_returns_plain_results_profiles_and_new_kernel_times():
+    out = run_trial(_request())
+    json.dumps(out)  # plain data only: it crosses process boundaries
+    assert out["status"] == "complete" and out["train"]["tokens"] >= 4096
+    assert {p["device"]: p["modelled"] for p in out["profiles"]} == {"local": False, "h100-sxm": True}
+    assert out["step_time_device"] == "h100-sxm" and out["step_time_s"] > 0
+    assert out["measurements"] and out["device"]["fingerprint"]
+    known = {m["key"]: m["seconds"] for m in out["measurements"]}
+    again = run_trial(_request(), known)
+    assert again["measurements"] == ()  # every kernel came from the known times
+
+
+def test_the_judge_is_asked_once_per_rung_and_can_prune():
+    asked = []
+
+    def judge(number, rung, loss, flops):
+        asked.append((number, rung))
+        return "dominated at rung 0.5" if rung == 1 else None
+
+    out = run_trial(_request(), judge=judge)
+    assert asked == [(3, 0), (3, 1)]
+    assert (out["status"], out["pruned_rung"], out["reason"]) == ("pruned", 0.5, "dominated at rung 0.5")
+    assert "profiles" not in out  # no profiling spent on a pruned shape
+    assert out["train"]["tokens"] < 4096
+
+
+def test_without_rungs_the_judge_is_never_asked():
+    out = run_trial(_request(rungs=[]), judge=lambda *a: pytest.fail("asked"))
+    assert out["status"] == "complete"
+
+
+def test_a_training_failure_comes_back_as_a_failed_result():
+    out = run_trial(_request(proxy=dict(tokens=4096, batch_size=4, lr=1e30, precision="fp32", device="cpu")))
+    assert out["status"] == "failed" and "loss" in out["reason"].lower()

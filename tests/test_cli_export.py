@@ -1,0 +1,278 @@
+"""`archsearch export`: every selector, the --front index, refusals, and bad input that writes nothing.
+
+The study is built through the Storage API (no Ray): complete trials of LLaMA-like, GPT-2-like and
+post-norm shapes, one dominated, one failed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from archsearch.cli import app
+from archsearch.search.pareto import pareto_front
+from archsearch.space import ArchConfig, flop_counts
+from archsearch.storage import Storage, TrialOutcome
+
+LLAMA = ArchConfig(
+    vocab_size=256, seq_len=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64
+)
+GPT2 = ArchConfig(
+    vocab_size=256, seq_len=32, d_model=48, n_layers=2, n_heads=4, n_kv_heads=4, head_dim=12, d_ff=192,
+    activation="gelu", norm="layernorm", pos_embedding="learned", bias=True, tie_embeddings=True,
+)  # fmt: skip
+# number -> (shape, loss); None is the failed trial. FLOPs grow with the number (checked below).
+TRIALS = {
+    0: (LLAMA, 3.0),
+    1: (GPT2, 2.6),
+    2: (replace(LLAMA, d_model=64, n_layers=3, d_ff=128), 2.2),
+    3: (replace(LLAMA, d_model=64, n_layers=4, d_ff=160), 2.4),  # dominated by trial 2
+    4: None,
+    5: (replace(LLAMA, d_model=96, n_layers=4, d_ff=256, norm_placement="post"), 1.9),  # hf: refused
+}
+DEVICE = {"fingerprint": "fp-cpu", "name": "test CPU", "type": "cpu"}
+SPEC = dict(spec_fingerprint="f" * 64, spec_source="[model]\n", spec={"a": 1}, objectives=("loss", "flops"))
+
+
+def _add_trials(db: Storage, study: str, trials: dict) -> None:
+    db.create_study(study, **SPEC)
+    for number, entry in trials.items():
+        slot = db.claim_trial(study, 100, lease_s=60)
+        db.assign_trial(slot, number=number, optuna_trial_id=number, params={}, config=entry and entry[0])
+        if entry is None:
+            db.finish_trial(slot, TrialOutcome(status="failed", reason="out of memory"))
+            continue
+        train = {"val_loss": entry[1], "bits_per_byte": entry[1] / 0.69, "corpus_fingerprint": "corpus-abc"}
+        db.finish_trial(slot, TrialOutcome(status="complete", train=train, device=DEVICE))
+
+
+@pytest.fixture(scope="module")
+def db_url(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("db") / "trials.db"
+    url = f"sqlite:///{path}"
+    with Storage.open(url) as db:
+        _add_trials(db, "s", TRIALS)
+        post = {n: (replace(LLAMA, norm_placement="post", d_model=32 * (n + 1)), 3.0 - n) for n in range(2)}
+        _add_trials(db, "posts", post)
+    return url
+
+
+def _flops(number: int) -> float:
+    return float(flop_counts(TRIALS[number][0]).forward)
+
+
+def run(db_url: str, *args: str):
+    return CliRunner().invoke(app, ["export", *args, "--storage", db_url])
+
+
+def _one_error_line(result, message: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
+
+
+def test_the_fixture_study_has_growing_flops():
+    complete = [n for n, e in TRIALS.items() if e]
+    assert sorted(complete, key=_flops) == complete
+
+
+# --- one trial ----------------------------------------------------------------------------------
+
+
+def test_trial_as_hf_writes_a_llama_config_and_readme(db_url, tmp_path):
+    out = tmp_path / "out"
+    result = run(db_url, "--study", "s", "--trial", "2", "--format", "hf", "--output", str(out))
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json"]
+    config = json.loads((out / "config.json").read_text())
+    assert (config["model_type"], config["hidden_size"], config["num_hidden_layers"]) == ("llama", 64, 3)
+    readme = (out / "README.md").read_text()
+    assert "study s, trial 2" in readme and "corpus_fingerprint: corpus-abc" in readme
+    assert result.stdout.strip() == f"{out}: trial 2 as llama (LlamaForCausalLM)"
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no staging folder left behind
+
+
+def test_trial_as_nanogpt_states_the_gelu_note(db_url, tmp_path):
+    out = tmp_path / "nano"
+    result = run(db_url, "--study", "s", "--trial", "1", "--format", "nanogpt", "--output", str(out))
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "gpt_config.json").read_text()) == {
+        "block_size": 32,
+        "vocab_size": 256,
+        "n_layer": 2,
+        "n_head": 4,
+        "n_embd": 48,
+        "dropout": 0.0,
+        "bias": True,
+    }
+    assert "note: trial 1: nanoGPT's MLP uses nn.GELU() (exact erf)" in result.stderr
+
+
+def test_trial_into_an_existing_empty_folder(db_url, tmp_path):
+    out = tmp_path / "empty"
+    out.mkdir()
+    result = run(db_url, "--study", "s", "--trial", "0", "--format", "litgpt", "--output", str(out))
+    assert result.exit_code == 0, result.output
+    assert (out / "model_config.yaml").read_text().count("n_embd: 32") == 1
+
+
+def test_knee_as_json_carries_results_and_provenance(db_url, tmp_path):
+    numbers = [n for n, e in TRIALS.items() if e]
+    values = np.array([[TRIALS[n][1], _flops(n)] for n in numbers])
+    knee = pareto_front(numbers, values, ("loss", "flops")).knee
+    out = tmp_path / "knee"
+    result = run(db_url, "--study", "s", "--knee", "--format", "json", "--output", str(out))
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "archsearch.json").read_text())
+    assert ArchConfig.from_dict(doc["config"]) == TRIALS[knee][0]
+    assert doc["results"]["loss"] == TRIALS[knee][1]
+    assert doc["results"]["flops_forward_per_token"] == _flops(knee)
+    prov = doc["provenance"]
+    assert (prov["study"], prov["trial"], prov["corpus_fingerprint"]) == ("s", knee, "corpus-abc")
+    assert prov["device"] == DEVICE and prov["spec_fingerprint"] == "f" * 64 and prov["archsearch_version"]
+
+
+@pytest.mark.parametrize(
+    ("limit", "expected"),
+    [
+        pytest.param(lambda: f"{_flops(2):.17g}", 2, id="exactly-trial-2"),
+        pytest.param(lambda: f"{_flops(3) * 1.01:.6g}", 2, id="under-trial-3"),
+        pytest.param(lambda: f"{_flops(1) * 1.01:.6g}", 1, id="under-trial-1"),
+        pytest.param(lambda: "1P", 5, id="si-suffix"),
+    ],
+)
+def test_best_under_flops_is_the_lowest_loss_within_the_limit(db_url, tmp_path, limit, expected):
+    out = tmp_path / "best"
+    result = run(
+        db_url, "--study", "s", "--best-under-flops", limit(), "--format", "json", "--output", str(out)
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "archsearch.json").read_text())["provenance"]["trial"] == expected
+
+
+# --- the front ----------------------------------------------------------------------------------
+
+
+def test_front_writes_each_representable_member_and_an_index(db_url, tmp_path):
+    out = tmp_path / "front"
+    result = run(db_url, "--study", "s", "--front", "--format", "hf", "--output", str(out))
+    assert result.exit_code == 0, result.output
+    index = json.loads((out / "index.json").read_text())
+    assert (index["study"], index["format"], index["objectives"]) == ("s", "hf", ["loss", "flops"])
+    rows = {row["number"]: row for row in index["trials"]}
+    assert [row["number"] for row in index["trials"]] == [5, 2, 1, 0]  # along the front, by loss
+    assert [n for n, row in rows.items() if row["knee"]] == [index["knee"]]
+    assert rows[5]["refused"].startswith("no stock transformers model type represents it exactly")
+    assert "norm_placement='post'" in rows[5]["refused"] and rows[5]["folder"] is None
+    assert (rows[2]["target"], rows[1]["target"]) == ("llama (LlamaForCausalLM)", "gpt2 (GPT2LMHeadModel)")
+    assert rows[2]["loss"] == 2.2 and rows[2]["flops_forward_per_token"] == _flops(2)
+    assert rows[2]["params_total"] > 0 and rows[2]["format"] == "hf"
+    assert sorted(p.name for p in out.iterdir()) == ["index.json", "trial-0", "trial-1", "trial-2"]
+    assert (out / "trial-1" / "config.json").is_file() and not (out / "trial-5").exists()
+    assert "refused: trial 5 cannot be exported as hf: no stock transformers" in result.stderr
+    assert len(result.stdout.strip().splitlines()) == 3
+
+
+def test_front_with_no_representable_member_fails_and_writes_nothing(db_url, tmp_path):
+    out = tmp_path / "none"
+    result = run(db_url, "--study", "posts", "--front", "--format", "litgpt", "--output", str(out))
+    _one_error_line(
+        result, "no front member of 'posts' can be exported as litgpt: trial 1: norm_placement='post'"
+    )
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_refused_trial_fails_with_the_reason_and_writes_nothing(db_url, tmp_path):
+    out = tmp_path / "refused"
+    result = run(db_url, "--study", "s", "--trial", "5", "--format", "hf", "--output", str(out))
+    _one_error_line(result, "error: trial 5 cannot be exported as hf: no stock transformers model type")
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_refused_knee_fails_too(db_url, tmp_path):
+    out = tmp_path / "knee"
+    result = run(db_url, "--study", "posts", "--knee", "--format", "nanogpt", "--output", str(out))
+    _one_error_line(result, "cannot be exported as nanogpt: norm_placement='post'")
+    assert not out.exists()
+
+
+# --- bad input: exit 2, one line, nothing written -------------------------------------------------
+
+BAD = [
+    pytest.param(["--study", "nope", "--trial", "0"], "no study 'nope' in", id="unknown-study"),
+    pytest.param(
+        ["--study", "s", "--trial", "42"], "study 's' has no trial 42 (trials 0 to 5)", id="unknown-trial"
+    ),
+    pytest.param(
+        ["--study", "s", "--trial", "4"],
+        "trial 4 of 's' is failed (out of memory): only complete trials export",
+        id="failed-trial",
+    ),
+    pytest.param(
+        ["--study", "s", "--trial", "0", "--format", "onnx"],
+        "unknown export format 'onnx'; valid: hf, litgpt, nanogpt, json",
+        id="unknown-format",
+    ),
+    pytest.param(["--study", "s"], "give exactly one of --trial N, --knee", id="no-selector"),
+    pytest.param(["--study", "s", "--knee", "--front"], "(got --knee, --front)", id="two-selectors"),
+    pytest.param(
+        ["--study", "s", "--best-under-flops", "2X"], "FLOPs '2X' must be a positive", id="bad-flops"
+    ),
+    pytest.param(["--study", "s", "--best-under-flops", "-1e9"], "must be a positive", id="negative-flops"),
+    pytest.param(
+        ["--study", "s", "--best-under-flops", "10"],
+        "no complete trial of 's' has forward FLOPs/token <= 10; the cheapest has",
+        id="flops-too-low",
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD)
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(db_url, tmp_path, args, message):
+    db_file = Path(db_url.removeprefix("sqlite:///"))
+    before = hashlib.sha256(db_file.read_bytes()).hexdigest()
+    out = tmp_path / "out"
+    if "--format" not in args:
+        args = [*args, "--format", "hf"]
+    _one_error_line(run(db_url, *args, "--output", str(out)), message)
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    assert hashlib.sha256(db_file.read_bytes()).hexdigest() == before
+
+
+def test_a_missing_database_is_not_created(tmp_path):
+    missing = tmp_path / "missing.db"
+    result = run(
+        f"sqlite:///{missing}",
+        "--study",
+        "s",
+        "--trial",
+        "0",
+        "--format",
+        "hf",
+        "--output",
+        str(tmp_path / "o"),
+    )
+    _one_error_line(result, "no database at")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["non-empty-folder", "file"])
+def test_an_occupied_output_is_refused_and_left_alone(db_url, tmp_path, kind):
+    out = tmp_path / "taken"
+    if kind == "file":
+        out.write_text("keep me")
+    else:
+        out.mkdir()
+        (out / "keep.txt").write_text("keep me")
+    result = run(db_url, "--study", "s", "--trial", "0", "--format", "hf", "--output", str(out))
+    _one_error_line(result, f"--output {out} exists and is not an empty folder")
+    kept = out if kind == "file" else out / "keep.txt"
+    assert kept.read_text() == "keep me" and sorted(p.name for p in tmp_path.rglob("*")) == sorted(
+        ["taken"] + ([] if kind == "file" else ["keep.txt"])
+    )
