@@ -614,7 +614,8 @@ def _search_display(target: int) -> Iterator[Callable[[Any], None]]:
         return (
             f"{p.finished}/{p.target} finished: {c.get('complete', 0)} complete, "
             f"{c.get('pruned', 0)} pruned, "
-            f"{c.get('failed', 0)} failed, {c.get('rejected', 0)} rejected; {c.get('running', 0)} running; "
+            f"{c.get('failed', 0)} failed, {c.get('rejected', 0)} rejected, "
+            f"{c.get('duplicate', 0)} duplicate; {c.get('running', 0)} running; "
             f"best loss {best}; front {p.front_size}"
         )
 

@@ -47,7 +47,7 @@ from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts
 from archsearch.space.search_space import Rejected
 from archsearch.storage import Storage, TrialOutcome, TrialRecord
-from archsearch.storage.schema import COMPLETE, FAILED, INTERRUPTED, PRUNED, REJECTED, RUNNING
+from archsearch.storage.schema import COMPLETE, DUPLICATE, FAILED, INTERRUPTED, PRUNED, REJECTED, RUNNING
 
 if TYPE_CHECKING:
     import optuna
@@ -271,6 +271,7 @@ class _Driver:
         self.last_renewal = time.monotonic()
         self.study: optuna.Study
         self._values: list[list[float]] | None = None  # objective values of complete trials
+        self._evaluated: dict[str, tuple[int, list[float] | None]] = {}  # shape -> (trial, values)
 
     # --- setup -----------------------------------------------------------------------------------
     def open_study(self) -> None:
@@ -375,6 +376,12 @@ class _Driver:
             )
             self._restore_rungs(pruner)
             board = pool.board(pruner)
+        for record in self.storage.trials(self.options.study):
+            if record.config is not None and record.status in (COMPLETE, PRUNED):
+                values = (
+                    objective_values(self.spec, record, record.config) if record.status == COMPLETE else None
+                )
+                self._evaluated.setdefault(record.config.to_json(indent=None), (record.number, values))
         known = self.storage.measurements()
         known_ref = pool.put(known)
         rejections = 0
@@ -390,8 +397,9 @@ class _Driver:
                             rejections += 1
                             if rejections >= MAX_REJECTIONS:
                                 raise SearchError(
-                                    f"the {opts.sampler} sampler proposed {rejections} rejected configs in a "
-                                    "row; widen the space or loosen the budget (see `archsearch space check`)"
+                                    f"the {opts.sampler} sampler proposed {rejections} rejected or already "
+                                    "evaluated configs in a row: the space may be exhausted; widen it or "
+                                    "loosen the budget (see `archsearch space check`)"
                                 )
                             continue
                         rejections = 0
@@ -448,6 +456,18 @@ class _Driver:
         self.storage.assign_trial(
             slot, number=trial.number, optuna_trial_id=trial._trial_id, params=trial.params, config=cfg
         )
+        seen = self._evaluated.get(cfg.to_json(indent=None))
+        if seen is not None:
+            # Samplers re-propose points of small categorical spaces; a seeded proxy run would
+            # repeat the same result, so Optuna is told that result again and nothing is trained.
+            number, values = seen
+            self.storage.end_trial(slot, DUPLICATE, f"same shape as trial {number}: its result is reused")
+            trial.set_user_attr(REASON_ATTR, f"duplicate of trial {number}")
+            if values is None:
+                self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            else:
+                self.study.tell(trial, values)
+            return None
         return _Running(slot=slot, trial=trial, config=cfg)
 
     def _request(self, item: _Running) -> dict[str, Any]:
@@ -491,6 +511,8 @@ class _Driver:
         if outcome.reason:
             item.trial.set_user_attr(REASON_ATTR, outcome.reason)
         state = optuna.trial.TrialState
+        if outcome.status in (COMPLETE, PRUNED):
+            self._evaluated.setdefault(item.config.to_json(indent=None), (item.trial.number, values))
         if values is not None:
             self.study.tell(item.trial, values)
             if self._values is not None:
@@ -540,9 +562,9 @@ class _Driver:
     def front(self) -> tuple[TrialRecord, ...]:
         """The Pareto front of complete trials (Optuna's), as archsearch's records, by loss."""
         numbers = sorted(t.number for t in self.study.best_trials)
-        return tuple(
-            sorted(self.storage.trials_by_number(self.options.study, numbers), key=lambda r: r["loss"])
-        )
+        records = self.storage.trials_by_number(self.options.study, numbers)
+        # Duplicates carry a complete trial's values in Optuna; the front lists the original.
+        return tuple(sorted((r for r in records if r.status == COMPLETE), key=lambda r: r["loss"]))
 
     def _notify(self) -> None:
         if self.on_update is not None:

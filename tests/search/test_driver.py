@@ -10,6 +10,7 @@ import optuna
 import pytest
 from ray import cloudpickle  # Ray vendors it
 
+from archsearch.search import driver as driver_module
 from archsearch.search.driver import SearchError, SearchOptions, run_search
 from archsearch.storage import Storage
 from tests.search.conftest import tiny_spec
@@ -65,7 +66,9 @@ def test_a_study_is_resumed_only_when_asked_and_only_from_the_same_space(db):
     with pytest.raises(SearchError, match="created from a different space file"):
         run_search(other, db, SearchOptions(study="s", trials=3, resume=True), evaluate_fn=instant)
     run_search(spec, db, SearchOptions(study="s", trials=5, resume=True), evaluate_fn=instant)
-    assert db.counts("s") == {"complete": 5} and _optuna_states(db, "s") == ["COMPLETE"] * 5
+    counts = db.counts("s")  # duplicates of earlier shapes do not count: 5 trained, none lost
+    assert counts["complete"] == 5 and set(counts) <= {"complete", "duplicate"}
+    assert _optuna_states(db, "s") == ["COMPLETE"] * sum(counts.values())
 
 
 def test_a_worker_killed_mid_trial_is_retried_and_the_crash_recorded(db, tmp_path):
@@ -110,7 +113,6 @@ def test_an_exception_in_the_evaluation_fails_that_trial_with_its_message(db):
 
 def test_points_outside_the_budget_are_rejected_before_any_compute(db):
     spec = tiny_spec(budget="params = { max = 200_000 }")
-    seen = []
 
     def record(request, known=None, board=None):
         return _result(request)
@@ -120,14 +122,15 @@ def test_points_outside_the_budget_are_rejected_before_any_compute(db):
     assert counts["complete"] == 4 and counts.get("rejected", 0) >= 1, counts
     rejected = db.trials("s", "rejected")
     assert all("params" in r.reason and r["loss"] is None for r in rejected)
-    assert all(r["params_total"] <= 200_000 for r in db.trials("s", "complete")) and not seen
+    assert all(r["params_total"] <= 200_000 for r in db.trials("s", "complete"))
 
 
 def test_dominated_trials_are_pruned_at_a_rung_with_the_reason(db):
-    # One point in the space, so every trial has the same FLOPs; each later trial reports a worse
-    # loss at the first rung, so from the second on each is dominated by all before it.
+    # Every trial reports the same FLOPs and a worse loss at the first rung than the one before,
+    # so from the second on each is dominated by all before it.
     spec = tiny_spec(
-        model="vocab_size = 256\nseq_len = 32\nd_model = 64\naspect_ratio = 32\nhead_dim = 32",
+        model="vocab_size = 256\nseq_len = 32\nd_model = [64, 128, 192, 256]\n"
+        "aspect_ratio = 32\nhead_dim = 32",
         search="trials = 4\nprune = true\nrungs = [0.25]\nprune_min_trials = 1",
     )
 
@@ -141,10 +144,11 @@ def test_dominated_trials_are_pruned_at_a_rung_with_the_reason(db):
         return _result(request, loss)
 
     run_search(spec, db, SearchOptions(study="s", trials=4, workers=1), evaluate_fn=report_rung)
-    records = db.trials("s")
+    records = [r for r in db.trials("s") if r.status != "duplicate"]
     assert [r.status for r in records] == ["complete", "pruned", "pruned", "pruned"]
     assert all(r["pruned_rung"] == 0.25 and "dominated at rung 0.25" in r.reason for r in records[1:])
-    assert _optuna_states(db, "s") == ["COMPLETE", "PRUNED", "PRUNED", "PRUNED"]
+    states = {t.number: t.state.name for t in optuna.load_study(study_name="s", storage=db.url).trials}
+    assert [states[r.number] for r in records] == ["COMPLETE", "PRUNED", "PRUNED", "PRUNED"]
 
 
 def test_a_stale_lease_is_swept_and_its_point_re_queued_on_resume(db):
@@ -164,3 +168,25 @@ def test_a_stale_lease_is_swept_and_its_point_re_queued_on_resume(db):
     assert "lease expired" in records[1].reason
     assert records[2].params == records[1].params  # the interrupted point ran first on resume
     assert _optuna_states(db, "s") == ["COMPLETE", "COMPLETE", "COMPLETE", "FAIL"]
+
+
+def test_a_shape_evaluated_before_is_not_trained_again(db, monkeypatch):
+    # Two points in the space, four trials asked for: after both points ran, every sample is a
+    # duplicate; Optuna is told the earlier result, and the search stops with a clear reason.
+    monkeypatch.setattr(driver_module, "MAX_REJECTIONS", 5)
+    spec = tiny_spec(
+        model="vocab_size = 256\nseq_len = 32\nd_model = [64, 128]\naspect_ratio = 32\nhead_dim = 32"
+    )
+
+    def count(request, known=None, board=None):
+        return _result(request)
+
+    with pytest.raises(SearchError, match="space may be exhausted"):
+        run_search(spec, db, SearchOptions(study="s", trials=4, sampler="random"), evaluate_fn=count)
+    counts = db.counts("s")
+    assert counts["complete"] == 2 and counts["duplicate"] >= 5
+    duplicate = db.trials("s", "duplicate")[0]
+    assert duplicate.reason.startswith("same shape as trial") and duplicate["loss"] is None
+    study = optuna.load_study(study_name="s", storage=db.url)
+    originals = {t.params["d_model"]: t.values for t in study.trials if t.number < 2}
+    assert all(t.values == originals[t.params["d_model"]] for t in study.trials)
