@@ -350,6 +350,12 @@ def profile(
     batch: Annotated[int, typer.Option(help="Sequences per micro-batch.", min=1)] = 8,
     dtype: Annotated[str, typer.Option(help="bf16, fp16 or fp32.")] = "bf16",
     cache: Annotated[Path | None, typer.Option(help="JSON file caching measurements across runs.")] = None,
+    storage: Annotated[
+        str | None,
+        typer.Option(
+            "--storage", help="Trial database whose kernel table caches measurements (shared with searches)."
+        ),
+    ] = None,
     min_run_time: Annotated[float, typer.Option(help="Seconds of repeats per kernel.")] = 0.1,
     top: Annotated[int, typer.Option(help="Kernels shown in the table (JSON has all).")] = 20,
     as_json: JsonFlag = False,
@@ -368,9 +374,18 @@ def profile(
     else:
         from archsearch.evaluators.profiler import InMemoryCache, JsonFileCache, profile_step
 
-        store = JsonFileCache(cache) if cache is not None else InMemoryCache()
+        if cache is not None and storage is not None:
+            raise ConfigError("give --cache FILE or --storage URL, not both")
         interactive = Console(stderr=True).is_terminal
-        report = profile_step(cfg, batch, device, dtype, store, min_run_time, progress=interactive)
+        if storage is not None:
+            from archsearch.storage import KernelCache, Storage
+
+            with Storage.open(storage) as db:
+                store = KernelCache(db.measurements(), db)  # new times are written through
+                report = profile_step(cfg, batch, device, dtype, store, min_run_time, progress=interactive)
+        else:
+            store = JsonFileCache(cache) if cache is not None else InMemoryCache()
+            report = profile_step(cfg, batch, device, dtype, store, min_run_time, progress=interactive)
     if as_json:
         _print_json(report.to_dict())
         return

@@ -165,6 +165,33 @@ def test_profile_measured_json(tiny_config):
         assert {"name", "m", "n", "k", "count", "dtype", "time_s", "tflops"} <= set(row)
 
 
+def test_profile_caches_kernel_times_in_the_trial_database(tiny_config, tmp_path):
+    from archsearch.storage import Storage
+
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    args = (
+        "profile",
+        str(tiny_config),
+        "--batch",
+        "2",
+        "--min-run-time",
+        "0.01",
+        "--dtype",
+        "fp32",
+        "--json",
+    )
+    first = json.loads(run(*args, "--storage", url).stdout)
+    with Storage.open(url, create=False) as db:
+        stored = db.measurements()
+    assert len(stored) == len({(k["kind"], k["m"], k["n"], k["k"]) for k in first["kernels"]}) + 1  # + copy
+    second = json.loads(run(*args, "--storage", url).stdout)
+    with Storage.open(url, create=False) as db:
+        assert db.measurements() == stored  # every kernel came from the table: nothing re-timed
+    assert [k["time_s"] for k in second["kernels"]] == [k["time_s"] for k in first["kernels"]]
+    both = run(*args, "--storage", url, "--cache", str(tmp_path / "c.json"))
+    assert both.exit_code == 2 and "not both" in both.stderr
+
+
 def test_profile_modelled_gpu_and_table():
     result = run("profile", "--preset", "llama3-8b", "--device", "h100-sxm", "--batch", "1", "--json")
     report = json.loads(result.stdout)
