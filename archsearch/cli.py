@@ -924,10 +924,7 @@ def export(
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ConfigError(f"--output {output} exists and is not an empty folder")
     with Storage.open(storage, create=False) as db:
-        record = db.study(study)
-        if record is None:
-            names = ", ".join(s.name for s in db.studies()) or "none"
-            raise ConfigError(f"no study {study!r} in {db.display_url}; studies: {names}")
+        record = db.require_study(study)
         knee_number = None
         if trial is not None:
             members = [_export_numbered(db.trials(study), study, trial)]

@@ -20,3 +20,9 @@ class UnknownNameError(ArchsearchError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+def quoted(text: str, limit: int = 40) -> str:
+    """User text quoted for a one-line message: escapes for control characters, shortened."""
+    shown = text if len(text) <= limit else text[: limit - 3] + "..."
+    return ascii(shown) if not shown.isprintable() else f"'{shown}'"

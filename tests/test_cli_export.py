@@ -205,7 +205,7 @@ def test_a_refused_knee_fails_too(db_url, tmp_path):
 # --- bad input: exit 2, one line, nothing written -------------------------------------------------
 
 BAD = [
-    pytest.param(["--study", "nope", "--trial", "0"], "no study 'nope' in", id="unknown-study"),
+    pytest.param(["--study", "nope", "--trial", "0"], "unknown study 'nope' in", id="unknown-study"),
     pytest.param(
         ["--study", "s", "--trial", "42"], "study 's' has no trial 42 (trials 0 to 5)", id="unknown-trial"
     ),

@@ -228,10 +228,7 @@ def study_front(
     Raises:
         ArchsearchError: an unknown study, or a reference point of the wrong length.
     """
-    record = storage.study(study)
-    if record is None:
-        names = ", ".join(s.name for s in storage.studies()) or "none"
-        raise ArchsearchError(f"no study {study!r} in {storage.display_url}; studies: {names}")
+    record = storage.require_study(study)
     objectives = parse_objectives(objectives or record.objectives)
     if reference is not None and len(reference) != len(objectives):
         raise ArchsearchError(f"the reference point needs {len(objectives)} values, one per objective")

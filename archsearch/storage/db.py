@@ -32,7 +32,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from archsearch.errors import ArchsearchError
+from archsearch.errors import ArchsearchError, UnknownNameError, quoted
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts, kv_cache_bytes_per_token, param_counts
 from archsearch.storage import schema
@@ -385,6 +385,22 @@ class Storage:
             if row is None:
                 return None
             return self._study_record(row, self._counts(s, name))
+
+    def require_study(self, name: str) -> StudyRecord:
+        """The study called `name`.
+
+        Raises:
+            UnknownNameError: there is none; the message lists the database's studies.
+        """
+        record = self.study(name)
+        if record is None:
+            names = self.study_names()
+            shown = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+            raise UnknownNameError(
+                f"unknown study {quoted(name)} in {self.display_url}; "
+                + (f"studies: {shown}" if names else "it holds no studies")
+            )
+        return record
 
     def study_names(self) -> list[str]:
         """The names of every study, oldest first (no trial counts: cheap)."""

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import BigInteger, Boolean, ColumnElement, Float, Integer, String, and_, literal, not_, or_
 
-from archsearch.errors import ArchsearchError, UnknownNameError
+from archsearch.errors import ArchsearchError, quoted
 from archsearch.registry import Registry
 from archsearch.storage.schema import Trial
 
@@ -120,7 +120,7 @@ class _Token:
     def describe(self) -> str:
         if self.kind == "string":  # already quoted; control characters were refused earlier
             return "the string " + (self.text if len(self.text) <= 40 else self.text[:37] + "...")
-        return "the end" if self.kind == "end" else _show(self.text)
+        return "the end" if self.kind == "end" else quoted(self.text)
 
     def is_keyword(self, *names: str) -> bool:
         return self.kind == "word" and self.text.lower() in names
@@ -140,12 +140,6 @@ _TOKEN = re.compile(
 )
 
 
-def _show(text: str, limit: int = 40) -> str:
-    """`text` quoted for a one-line message: escapes for control characters, shortened."""
-    shown = text if len(text) <= limit else text[: limit - 3] + "..."
-    return ascii(shown) if not shown.isprintable() else f"'{shown}'"
-
-
 def _tokens(text: str) -> Iterator[_Token]:
     """The tokens of `text`, lazily: an error is reported where the parser meets it, in order."""
     pos = 0
@@ -155,13 +149,13 @@ def _tokens(text: str) -> Iterator[_Token]:
             char = text[pos]
             if char in "'\"":
                 raise QueryError(f"unterminated string starting at position {pos}")
-            raise QueryError(f"unexpected character {_show(char)} at position {pos}")
+            raise QueryError(f"unexpected character {quoted(char)} at position {pos}")
         kind = m.lastgroup if m.lastgroup != "suffix" else "number"
         end = m.end()
         if kind in ("number", "word") and end < len(text) and text[end].isalnum():
             # a non-ASCII letter or digit inside a name (`d_modèl`, a Cyrillic o): name it, not
             # the ASCII part before it
-            raise QueryError(f"unexpected character {_show(text[end])} at position {end}")
+            raise QueryError(f"unexpected character {quoted(text[end])} at position {end}")
         if kind == "punct":
             yield _Token(m.group(), m.group(), pos)
         elif kind == "string":
@@ -178,19 +172,19 @@ def _number(digits: str, suffix: str | None, pos: int) -> int | float:
     suffix = suffix or ""
     if suffix not in _SI:
         raise QueryError(
-            f"malformed number {_show(digits + suffix)} at position {pos}: a number may end in k, M, G "
+            f"malformed number {quoted(digits + suffix)} at position {pos}: a number may end in k, M, G "
             "or T; quote strings that start with a digit"
         )
     try:
         # Decimal keeps `1.1M` exact: 1100000, not 1100000.0000000002.
         value = Decimal(digits) * _SI[suffix]
     except DecimalException:  # an exponent beyond Decimal's range
-        raise QueryError(f"number {_show(digits + suffix)} at position {pos} is out of range") from None
+        raise QueryError(f"number {quoted(digits + suffix)} at position {pos} is out of range") from None
     if value == value.to_integral_value() and abs(value) < _INT_LIMIT:
         return int(value)
     as_float = float(value)
     if not math.isfinite(as_float):
-        raise QueryError(f"number {_show(digits + suffix)} at position {pos} is out of range")
+        raise QueryError(f"number {quoted(digits + suffix)} at position {pos} is out of range")
     return as_float
 
 
@@ -326,7 +320,7 @@ class _Parser:
             close = difflib.get_close_matches(given, valid, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise QueryError(
-                f"unknown column {_show(tok.text)} at position {tok.pos}{hint}; valid: {', '.join(valid)}"
+                f"unknown column {quoted(tok.text)} at position {tok.pos}{hint}; valid: {', '.join(valid)}"
             )
         self.advance()
         return name, COLUMNS[name]
@@ -419,7 +413,7 @@ def _order_by(sort: str) -> list[ColumnElement[Any]]:
         close = difflib.get_close_matches(given, [*COLUMNS, *ALIASES], n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise QueryError(
-            f"unknown sort column {_show(sort)}{hint}; give a column, or -column for descending: "
+            f"unknown sort column {quoted(sort)}{hint}; give a column, or -column for descending: "
             f"{', '.join([*COLUMNS, *ALIASES])}"
         )
     column = _TABLE.c[name]
@@ -472,13 +466,7 @@ def trials_frame(
     order = _order_by(sort) if sort is not None else []
     if limit is not None and limit < 0:
         raise QueryError(f"limit must be 0 or more, not {limit}")
-    if storage.study(study) is None:
-        names = storage.study_names()
-        shown = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
-        raise UnknownNameError(
-            f"unknown study {_show(study)} in {storage.display_url}; "
-            + (f"studies: {shown}" if names else "it holds no studies")
-        )
+    storage.require_study(study)
     if limit is not None and limit >= _INT_LIMIT:
         limit = None  # more than any table holds, and more than SQLite's integers can say
     rows = storage.trial_rows(study, FRAME_COLUMNS, where=condition, order_by=order, limit=limit)

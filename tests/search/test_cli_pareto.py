@@ -81,7 +81,7 @@ def test_png_and_html_plots_are_written(url, tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--study", "nope"], "no study 'nope'"),
+        (["--study", "nope"], "unknown study 'nope'"),
         (["--study", "a", "--objectives", "flops,loss"], "must be loss then"),
         (["--study", "a", "--objectives", "loss,speed"], "must be loss then"),
         (["--study", "a", "--objectives", "loss,step_time"], "no complete trial with every objective"),
