@@ -93,20 +93,6 @@ def _si(value: float, unit: str = "") -> str:
     return f"{value:.4g}{unit}"
 
 
-def describe(cfg: ArchConfig) -> str:
-    """A one-line summary of a shape, for tables and logs."""
-    parts = [
-        f"d_model {cfg.d_model}",
-        f"{cfg.n_layers} layers (aspect {cfg.aspect_ratio:.4g})",
-        f"{cfg.n_heads}x{cfg.head_dim} heads, {cfg.n_kv_heads} kv ({cfg.attention_layout})",
-        f"d_ff {cfg.d_ff} ({cfg.d_ff_ratio:.3g}x {cfg.activation})",
-        f"{cfg.norm_placement} {cfg.norm}",
-        f"{cfg.pos_embedding} positions",
-    ]
-    flags = [name for name in ("parallel_block", "bias", "tie_embeddings", "qk_norm") if getattr(cfg, name)]
-    return ", ".join(parts + flags)
-
-
 def _resolve_config(path: Path | None, preset_name: str | None) -> ArchConfig:
     if (path is None) == (preset_name is None):
         raise ConfigError("give a CONFIG file or --preset NAME (exactly one)")
@@ -150,7 +136,7 @@ def cost(
     if risk is not None:
         table.add_row("relu feature loss log10 P(K<n)", f"{risk:.4g}", "")
     console = _stdout()
-    console.print(describe(cfg))
+    console.print(cfg.describe())
     console.print(table)
     console.print(f"conventions: {report['conventions']}")
 
@@ -261,14 +247,14 @@ def config_new(
         typer.echo(cfg.to_json())
     else:
         save_config(cfg, output)
-        typer.echo(f"wrote {output}: {describe(cfg)}", err=True)
+        typer.echo(f"wrote {output}: {cfg.describe()}", err=True)
 
 
 @config_app.command("check")
 def config_check(config: Annotated[Path, typer.Argument(help="ArchConfig JSON file.")]) -> None:
     """Validate a config file and summarise it."""
     cfg = load_config(config)
-    typer.echo(f"ok: {describe(cfg)}; {param_counts(cfg).total:,} params")
+    typer.echo(f"ok: {cfg.describe()}; {param_counts(cfg).total:,} params")
 
 
 @app.command()
@@ -314,7 +300,7 @@ def train(
         _print_json(result.to_dict())
     else:
         console = _stdout()
-        console.print(describe(cfg))
+        console.print(cfg.describe())
         table = Table("result", "value")
         rows = [
             ("status", result.status + (f" ({result.reason})" if result.reason else "")),
@@ -392,7 +378,7 @@ def profile(
     console = _stdout()
     how = "modelled" if report.modelled else "measured"
     console.print(
-        f"{describe(cfg)}\n{how} on {report.device['name']}, {dtype}, batch {batch} x {cfg.seq_len}"
+        f"{cfg.describe()}\n{how} on {report.device['name']}, {dtype}, batch {batch} x {cfg.seq_len}"
     )
     table = Table("kernel", "m", "n", "k", "count", "time/call", "total", "TFLOP/s", "share")
     rows = sorted(report.kernels, key=lambda r: r.total_s, reverse=True)
@@ -430,7 +416,7 @@ def align(
         _print_json(report.to_dict())
         return
     console = _stdout()
-    console.print(f"{describe(cfg)}\nmodelled on {report.device}, {dtype}, batch {batch} x {cfg.seq_len}")
+    console.print(f"{cfg.describe()}\nmodelled on {report.device}, {dtype}, batch {batch} x {cfg.seq_len}")
     table = Table(
         "width", "value", "aligned", "tiles", "waves", "better sizes (step gain, GEMM efficiency gain)"
     )
@@ -525,7 +511,9 @@ def space_check(
             sample = Table("sampled config", "params", "FLOPs/token")
             for c in configs:
                 costs = _costs(c)
-                sample.add_row(describe(c), _si(costs["params_total"]), _si(costs["flops_forward_per_token"]))
+                sample.add_row(
+                    c.describe(), _si(costs["params_total"]), _si(costs["flops_forward_per_token"])
+                )
             console.print(sample)
     if feasibility.feasible == 0:
         spec.space.check_feasible()  # raises with the reasons: exit 2
@@ -751,7 +739,7 @@ def _print_study_front(f: Any) -> None:
         tps = f.throughput.get(r.number)
         speed = f"{_si(tps[0])} tok/s {tps[1]}{' (model)' if tps[2] else ''}" if tps else "-"
         row = [
-            "knee" if r.number == f.front.knee else "", str(r.number), escape(describe(r.config)),
+            "knee" if r.number == f.front.knee else "", str(r.number), escape(r.config.describe()),
             _si(r["params_total"]), _si(r["flops_forward_per_token"]), f"{r['loss']:.4f}",
             _fmt(r["bits_per_byte"], ".3f"), speed,
         ]  # fmt: skip

@@ -112,7 +112,7 @@ def _html(fronts: Sequence[StudyFront]) -> bytes:
                 text=[f"trial {n}" for n in front.numbers],
             )
         )
-        shapes = {r.number: _shape(r) for r in front.records}
+        shapes = {r.number: r.config.describe() for r in front.records}
         order = sorted(range(len(xs_front)), key=lambda k: xs_front[k])
         fig.add_trace(
             go.Scatter(
@@ -142,13 +142,3 @@ def _html(fronts: Sequence[StudyFront]) -> bytes:
     fig.update_layout(title="Pareto front: loss against cost (lower left is better)", template="plotly_white")
     # The plotly library is embedded so the file opens offline.
     return fig.to_html(include_plotlyjs=True, full_html=True).encode("utf-8")
-
-
-def _shape(record: object) -> str:
-    cfg = getattr(record, "config", None)
-    if cfg is None:
-        return ""
-    return (
-        f"d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads}x{cfg.head_dim} heads "
-        f"({cfg.attention_layout}), d_ff {cfg.d_ff} {cfg.activation}, {cfg.norm_placement} {cfg.norm}"
-    )

@@ -220,6 +220,21 @@ class ArchConfig:
         """`d_ff / d_model`: 4 for plain MLPs, about 8/3 for gated ones."""
         return self.d_ff / self.d_model
 
+    def describe(self) -> str:
+        """A one-line summary of the shape, for tables, logs and plot labels."""
+        parts = [
+            f"d_model {self.d_model}",
+            f"{self.n_layers} layers (aspect {self.aspect_ratio:.4g})",
+            f"{self.n_heads}x{self.head_dim} heads, {self.n_kv_heads} kv ({self.attention_layout})",
+            f"d_ff {self.d_ff} ({self.d_ff_ratio:.3g}x {self.activation})",
+            f"{self.norm_placement} {self.norm}",
+            f"{self.pos_embedding} positions",
+        ]
+        flags = [
+            name for name in ("parallel_block", "bias", "tie_embeddings", "qk_norm") if getattr(self, name)
+        ]
+        return ", ".join(parts + flags)
+
     # --- JSON form ---
     def to_dict(self) -> dict[str, Any]:
         """The public JSON form: every field, nothing else."""

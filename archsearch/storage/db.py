@@ -599,9 +599,7 @@ class Storage:
             q = select(schema.Trial).where(schema.Trial.study == study)
             if status is not None:
                 q = q.where(schema.Trial.status == status)
-            # Unnumbered (claimed, not yet asked) rows last on every backend.
-            order = (schema.Trial.number.is_(None), schema.Trial.number, schema.Trial.id)
-            rows = s.scalars(q.order_by(*order)).all()
+            rows = s.scalars(q.order_by(*_BY_NUMBER)).all()
             return [_trial_record(r) for r in rows]
 
     def complete_values(self, study: str, columns: Sequence[str]) -> tuple[list[int], list[tuple[Any, ...]]]:
@@ -609,14 +607,8 @@ class Storage:
 
         For fronts over many trials: no records or configs are built.
         """
-        cols = [getattr(schema.Trial, c) for c in columns]
-        with self._session(read_only=True) as s:
-            rows = s.execute(
-                select(schema.Trial.number, *cols)
-                .where(schema.Trial.study == study, schema.Trial.status == COMPLETE)
-                .order_by(schema.Trial.number)
-            ).all()
-        return [r[0] for r in rows], [tuple(r[1:]) for r in rows]
+        rows = self.trial_rows(study, ["number", *columns], where=schema.Trial.status == COMPLETE)
+        return [r[0] for r in rows], [r[1:] for r in rows]
 
     def trials_by_number(self, study: str, numbers: Sequence[int]) -> list[TrialRecord]:
         """The records of `study`'s trials `numbers`, in that order (missing ones left out)."""
@@ -648,8 +640,7 @@ class Storage:
         q = select(*(table.c[name] for name in columns)).where(table.c.study == study)
         if where is not None:
             q = q.where(where)
-        # Unnumbered (claimed, not yet asked) rows last on every backend; the row id breaks ties.
-        q = q.order_by(*order_by, table.c.number.is_(None), table.c.number, table.c.id)
+        q = q.order_by(*order_by, *_BY_NUMBER)
         if limit is not None:
             q = q.limit(limit)
         with self._session(read_only=True) as s:
@@ -770,6 +761,11 @@ class Storage:
     def devices(self) -> list[dict[str, Any]]:
         with self._session(read_only=True) as s:
             return [json.loads(r.info_json) for r in s.scalars(select(schema.Device)).all()]
+
+
+# Trial order: by number, unnumbered (claimed, not yet asked) rows last on every backend, the row
+# id breaking ties.
+_BY_NUMBER = (schema.Trial.number.is_(None), schema.Trial.number, schema.Trial.id)
 
 
 def _config_columns(cfg: ArchConfig) -> dict[str, Any]:
