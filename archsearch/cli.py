@@ -566,7 +566,6 @@ def search(
     re-queued) and exits 130 / 143; `--resume` then continues to the requested number.
     """
     from archsearch.search.driver import SearchOptions, run_search
-    from archsearch.search.pareto import study_front
     from archsearch.search.spec import load_spec
     from archsearch.storage import Storage
 
@@ -585,10 +584,9 @@ def search(
         retries=retries,
     )
     spec.space.check_feasible()  # an impossible budget fails here, before anything is written
-    with Storage.open(storage) as db:
-        with _search_display(options.trials) as update:
-            summary = run_search(spec, db, options, on_update=update)
-        front = study_front(db, options.study)
+    with Storage.open(storage) as db, _search_display(options.trials) as update:
+        summary = run_search(spec, db, options, on_update=update)
+    front = summary.front
     if as_json:
         report = {"study": summary.study, "counts": summary.progress.counts, "interrupted_by": summary.signal}
         _print_json({**report, **(_front_json(front) if front else {"front": []})})
@@ -673,7 +671,7 @@ def pareto(
             # One reference for all, so the hypervolumes compare.
             if len({f.front.objectives for f in fronts}) > 1:
                 raise ConfigError("studies with different objectives: pass --objectives")
-            pooled = np.concatenate([f.values for f in fronts])
+            pooled = np.concatenate([f.trial_values for f in fronts])
             ref = reference_point(pooled, fronts[0].front.objectives)
             fronts = [study_front(db, s, fronts[0].front.objectives, ref) for s in study]
     missing = [s for s, f in zip(study, fronts, strict=True) if f is None]
@@ -718,7 +716,7 @@ def _front_json(f: Any) -> dict[str, Any]:
     return {
         "study": f.study,
         "objectives": list(f.front.objectives),
-        "trials": len(f.numbers),
+        "trials": len(f.trial_numbers),
         "hypervolume": f.front.hypervolume,
         "reference": list(f.front.reference),
         "knee": f.front.knee,
@@ -729,7 +727,7 @@ def _front_json(f: Any) -> dict[str, Any]:
 def _print_study_front(f: Any) -> None:
     console = _stdout()
     objectives = f.front.objectives
-    title = f"Pareto front of {f.study!r}: {len(f.front.numbers)} of {len(f.numbers)} complete trials"
+    title = f"Pareto front of {f.study!r}: {len(f.front.numbers)} of {len(f.trial_numbers)} complete trials"
     table = Table(title=title)
     for column in ("", "trial", "shape", "params", "FLOPs/token", "loss", "bits/byte", "throughput"):
         table.add_column(column, justify="left" if column in ("", "shape") else "right")

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from archsearch.errors import ArchsearchError
-from archsearch.search.pareto import OBJECTIVE_COLUMNS, pareto_mask
+from archsearch.search.pareto import OBJECTIVE_COLUMNS, StudyFront, pareto_mask, study_front
 from archsearch.search.pruning import DEFAULT_REDUCTION_FACTOR, MultiObjectiveHalving
 from archsearch.search.samplers import SAMPLERS
 from archsearch.search.spec import SearchSpec
@@ -113,7 +113,7 @@ class SearchSummary:
     study: str
     objectives: tuple[str, ...]
     progress: SearchProgress
-    front: tuple[TrialRecord, ...]  # the Pareto front of complete trials, by loss
+    front: StudyFront | None  # the Pareto front of the complete trials (None: no complete trial)
     signal: int | None = None  # the signal that stopped the search early
 
 
@@ -369,14 +369,15 @@ class _Driver:
     # --- the loop ---------------------------------------------------------------------------------
     def run(self, pool: _RayPool) -> int | None:
         opts, spec = self.options, self.spec
+        records = self.storage.trials(opts.study)  # what earlier runs finished: rungs and shapes
         board = None
         if opts.prune and spec.defaults.rungs:
             pruner = MultiObjectiveHalving(
                 spec.defaults.rungs, spec.defaults.prune_min_trials, DEFAULT_REDUCTION_FACTOR
             )
-            self._restore_rungs(pruner)
+            self._restore_rungs(pruner, records)
             board = pool.board(pruner)
-        for record in self.storage.trials(self.options.study):
+        for record in records:
             if record.config is not None and record.status in (COMPLETE, PRUNED):
                 values = (
                     objective_values(self.spec, record, record.config) if record.status == COMPLETE else None
@@ -420,10 +421,10 @@ class _Driver:
         self._notify()
         return self.stop.signum
 
-    def _restore_rungs(self, pruner: MultiObjectiveHalving) -> None:
+    def _restore_rungs(self, pruner: MultiObjectiveHalving, records: list[TrialRecord]) -> None:
         """Seed the pruner with the rung losses of trials a previous run finished."""
         evals = self.spec.proxy.evals
-        for record in self.storage.trials(self.options.study):
+        for record in records:
             if record.status not in (COMPLETE, PRUNED) or record.config is None:
                 continue
             flops = float(flop_counts(record.config).forward)
@@ -559,13 +560,6 @@ class _Driver:
             elapsed_s=time.monotonic() - self.start,
         )
 
-    def front(self) -> tuple[TrialRecord, ...]:
-        """The Pareto front of complete trials (Optuna's), as archsearch's records, by loss."""
-        numbers = sorted(t.number for t in self.study.best_trials)
-        records = self.storage.trials_by_number(self.options.study, numbers)
-        # Duplicates carry a complete trial's values in Optuna; the front lists the original.
-        return tuple(sorted((r for r in records if r.status == COMPLETE), key=lambda r: r["loss"]))
-
     def _notify(self) -> None:
         if self.on_update is not None:
             self.on_update(self.progress())
@@ -606,6 +600,6 @@ def run_search(
         study=options.study,
         objectives=spec.objectives,
         progress=driver.progress(),
-        front=driver.front(),
+        front=study_front(storage, options.study, spec.objectives),
         signal=signum,
     )

@@ -194,8 +194,8 @@ class StudyFront:
     study: str
     front: Front
     records: tuple[Any, ...]  # the front members' TrialRecords, in front order
-    numbers: tuple[int, ...]  # every complete trial with all objectives (for faded plot points)
-    values: np.ndarray  # and their objective values
+    trial_numbers: tuple[int, ...]  # every complete trial with all objectives (faded plot points)
+    trial_values: np.ndarray  # and their objective values
     throughput: dict[int, tuple[float, str, bool]]  # number -> (tokens/s, device, modelled)
 
 

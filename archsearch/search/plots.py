@@ -40,7 +40,7 @@ def plot_fronts(fronts: Sequence[StudyFront], path: str | Path) -> Path:
 
 def _series(front: StudyFront) -> tuple[int, list[float], list[float], list[float], list[float]]:
     j = front.front.objectives.index(_x_objective(front))
-    xs_all, ys_all = list(front.values[:, j]), list(front.values[:, 0])
+    xs_all, ys_all = list(front.trial_values[:, j]), list(front.trial_values[:, 0])
     xs_front, ys_front = list(front.front.values[:, j]), list(front.front.values[:, 0])
     return j, xs_all, ys_all, xs_front, ys_front
 
@@ -109,7 +109,7 @@ def _html(fronts: Sequence[StudyFront]) -> bytes:
                 mode="markers",
                 name=f"{front.study}: all trials",
                 marker=dict(color=color, opacity=0.25, size=6),
-                text=[f"trial {n}" for n in front.numbers],
+                text=[f"trial {n}" for n in front.trial_numbers],
             )
         )
         shapes = {r.number: r.config.describe() for r in front.records}
