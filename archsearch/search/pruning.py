@@ -19,6 +19,7 @@ on timing; the loss a pruned trial reached and its rung are recorded with the tr
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 DEFAULT_REDUCTION_FACTOR = 3  # Hyperband's default eta: keep about the best third at each rung
@@ -34,6 +35,12 @@ class RungEntry:
 def dominates(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
     """Whether `a` is no worse than `b` everywhere and better somewhere (all minimised)."""
     return all(x <= y for x, y in zip(a, b, strict=True)) and any(x < y for x, y in zip(a, b, strict=True))
+
+
+def rung_at(rungs: Sequence[float], fraction: float) -> int | None:
+    """Index of the highest of `rungs` that a run which has done `fraction` of its budget reached."""
+    reached = [i for i, r in enumerate(rungs) if fraction >= r - 1e-9]  # evaluation points are k / n
+    return reached[-1] if reached else None
 
 
 class MultiObjectiveHalving:
@@ -63,8 +70,7 @@ class MultiObjectiveHalving:
 
     def rung_at(self, fraction: float) -> int | None:
         """The highest rung a run that has done `fraction` of its budget has reached, if any."""
-        reached = [i for i, r in enumerate(self.rungs) if fraction >= r - 1e-9]
-        return reached[-1] if reached else None
+        return rung_at(self.rungs, fraction)
 
     def record(self, number: int, rung: int, loss: float, flops: float) -> None:
         """Remember a trial's loss at a rung (also used to restore a resumed study's history)."""

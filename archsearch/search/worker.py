@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from archsearch.search.pruning import rung_at
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts
 
@@ -84,10 +85,10 @@ def run_trial(
         if judge is None or not rungs:
             return False
         fraction = judged["evals"] / settings.evals
-        reached = [i for i, r in enumerate(rungs) if fraction >= r - 1e-9]
-        if not reached or reached[-1] <= judged["rung"]:
+        rung = rung_at(rungs, fraction)
+        if rung is None or rung <= judged["rung"]:
             return False
-        rung = judged["rung"] = reached[-1]
+        judged["rung"] = rung
         reason = judge(request["number"], rung, val_loss, flops)
         if reason is not None:
             judged["pruned_rung"], judged["reason"] = rungs[rung], reason
