@@ -146,7 +146,7 @@ def test_learning_rate_scales_with_width():
         ({}, "give exactly one budget"),
         ({"tokens": 10, "seconds": 1.0}, "give exactly one budget"),
         ({"tokens": 0}, "the budget must be positive"),
-        ({"tokens": 10, "schedule": "linear"}, "schedule 'linear' is unknown; valid: cosine, wsd"),
+        ({"tokens": 10, "schedule": "linear"}, "schedule 'linear' is unknown; valid: cosine, wsd, constant"),
         ({"tokens": 10, "precision": "fp8"}, "precision 'fp8' is unknown"),
         ({"tokens": 10, "batch_size": 0}, "batch_size must be positive"),
         ({"tokens": 10, "warmup": 1.5}, "warmup must be a fraction"),

@@ -179,7 +179,7 @@ BAD = [
     case("proxy-without-budget", spec_text(proxy="[proxy]\nbatch_size = 8\n"),
          r"\[proxy\]: give exactly one budget: tokens, flops or seconds"),
     case("bad-train-setting", spec_text(proxy=PROXY + "schedule = 'linear'\n"),
-         r"\[proxy\]: schedule 'linear' is unknown; valid: cosine, wsd"),
+         r"\[proxy\]: schedule 'linear' is unknown; valid: cosine, wsd, constant"),
     case("proxy-seq-len", spec_text(proxy=PROXY + "seq_len = 32\n"), r"\[proxy\].seq_len: unknown key"),
     case("bad-objective", spec_text("[objectives]\nminimize = ['loss', 'latency']\n"),
          r"\[objectives\].minimize: unknown objective 'latency'; valid: loss, flops, step_time"),
