@@ -17,8 +17,17 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
+from rich.text import Text
 from typer.core import TyperGroup
 
 from archsearch.errors import ArchsearchError, ConfigError
@@ -1046,17 +1055,30 @@ def _export_write(output: Path, tree: dict[str, bytes]) -> None:
         raise
 
 
+class _TokensColumn(ProgressColumn):
+    """`done/total tokens`, with `?` for a total not known yet: the bar starts before the first
+    step reports one (rich's TextColumn would format None with `:,` and raise TypeError)."""
+
+    def render(self, task: Task) -> Text:
+        total = "?" if task.total is None else f"{int(task.total):,}"
+        return Text(f"{int(task.completed):,}/{total} tokens")
+
+
 @contextlib.contextmanager
 def _progress_bar(label: str) -> Iterator[Callable[[int, int, float, float], None] | None]:
-    """A rich progress bar on stderr when it is a terminal; yields its update callback or None."""
+    """A rich progress bar on stderr when it is a terminal; yields its update callback or None.
+
+    The ETA is rich's estimate from the recent rate of tokens; for a seconds budget the total is
+    itself the trainer's estimate, so the ETA is approximate there.
+    """
     console = Console(stderr=True)
     if not console.is_terminal:
         yield None
         return
     columns = (
-        TextColumn(f"{label} "), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} tokens"),
+        TextColumn(f"{label} "), BarColumn(), _TokensColumn(),
         TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[rate]:,.0f} tok/s"),
-        TimeElapsedColumn(),
+        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
     )  # fmt: skip
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task(label, total=None, loss=float("nan"), rate=0.0)

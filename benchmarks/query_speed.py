@@ -14,6 +14,7 @@ warm-up run (the first run's imports are printed separately):
 Target: under 2 seconds each (issue 5).
 
     python benchmarks/query_speed.py [--trials 100000] [--repeats 5] [--seed 0] [--keep DIR]
+    python benchmarks/query_speed.py --smoke   # 300 trials, 1 repeat: seconds; the test suite runs it
 """
 
 from __future__ import annotations
@@ -124,7 +125,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", type=Path, help="build the database in this folder and keep it")
+    parser.add_argument(
+        "--smoke", action="store_true", help="300 trials, 1 repeat: checks the benchmark runs, times nothing"
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.trials, args.repeats = 300, 1
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.keep or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
@@ -181,7 +187,8 @@ def run(folder: Path, n: int, repeats: int, seed: int) -> None:
         matched = len(trials_frame(db, STUDY, WHERE))
         f = study_front(db, STUDY)
     print(f"trials --where {WHERE!r}: {matched:,} trials match")
-    print(f"pareto: {len(f.front.numbers) if f else 0} trials on the front of {len(f.numbers) if f else 0:,}")
+    on_front, ranked = (len(f.front.numbers), len(f.trial_numbers)) if f else (0, 0)
+    print(f"pareto: {on_front} trials on the front of {ranked:,}")
     print(f"seconds (first run, then median of {repeats}):")
     results = {
         "archsearch trials --where ... --format csv --output F (CliRunner)": _median_s(

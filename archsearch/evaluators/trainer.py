@@ -280,6 +280,12 @@ def train(
             if not math.isfinite(mean_loss):
                 raise _Stop("failed", f"training loss is {mean_loss} at step {steps}")
             loss_curve.append((tokens, mean_loss))
+            # Reported at every sync, evaluations included: with evaluations closer together than
+            # log_every steps (a tiny budget) the count below never reaches log_every.
+            if progress is not None:
+                elapsed = max(train_time(), 1e-9)
+                estimate = total_tokens or int(tokens * settings.seconds / elapsed)
+                progress(tokens, estimate, mean_loss, tokens / elapsed)
 
     def train_time() -> float:
         return time.perf_counter() - start - eval_time
@@ -318,10 +324,6 @@ def train(
             tokens += tokens_per_step
             if pending_steps == log_every:
                 flush_loss()
-                if progress is not None:
-                    elapsed = max(train_time(), 1e-9)
-                    estimate = total_tokens or int(tokens * settings.seconds / elapsed)
-                    progress(tokens, estimate, loss_curve[-1][1], tokens / elapsed)
     except _Stop as stop:
         status, reason = stop.status, stop.reason
     except Exception as exc:

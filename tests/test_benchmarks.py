@@ -1,0 +1,20 @@
+"""The benchmarks still run against the current API: each in its smoke mode, as a real process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_query_speed_smoke(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "query_speed.py"), "--smoke", "--keep", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "database: 300 trials" in done.stdout, done.stdout
+    assert "trials on the front of" in done.stdout, done.stdout
+    assert "python -m archsearch pareto" in done.stdout, done.stdout
