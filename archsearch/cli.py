@@ -674,6 +674,7 @@ def pareto(
             pooled = np.concatenate([f.trial_values for f in fronts])
             ref = reference_point(pooled, fronts[0].front.objectives)
             fronts = [study_front(db, s, fronts[0].front.objectives, ref) for s in study]
+        long = {s: db.long_run_losses(s) for s in study}
     missing = [s for s, f in zip(study, fronts, strict=True) if f is None]
     if missing:
         raise ConfigError(f"no complete trial with every objective in {', '.join(map(repr, missing))}")
@@ -682,10 +683,10 @@ def pareto(
 
         plot_fronts(fronts, plot)
     if as_json:
-        _print_json([_front_json(f) for f in fronts])
+        _print_json([_front_json(f, long[f.study]) for f in fronts])
     else:
         for f in fronts:
-            _print_study_front(f)
+            _print_study_front(f, long[f.study])
     if plot is not None:
         typer.echo(f"wrote {plot}", err=True)
 
@@ -697,10 +698,15 @@ def _floats(text: str, option: str) -> tuple[float, ...]:
         raise ConfigError(f"{option} takes numbers separated by commas, got {text!r}") from None
 
 
-def _front_json(f: Any) -> dict[str, Any]:
+def _front_json(f: Any, long: dict[int, tuple[float, float, int]] | None = None) -> dict[str, Any]:
+    """The front as JSON; `long` (`Storage.long_run_losses`) adds each member's long-run loss."""
     rows = []
     for r, values in zip(f.records, f.front.values, strict=True):
         tps = f.throughput.get(r.number)
+        extra = {}
+        if long:
+            multiplier, loss, seeds = long.get(r.number, (None, None, 0))
+            extra = {"long_loss": loss, "long_multiplier": multiplier, "long_seeds": seeds}
         rows.append(
             {
                 "number": r.number,
@@ -710,6 +716,7 @@ def _front_json(f: Any) -> dict[str, Any]:
                 "tokens_per_second": tps[0] if tps else None,
                 "throughput_device": tps[1] if tps else None,
                 "throughput_modelled": tps[2] if tps else None,
+                **extra,
                 "config": r.config.to_dict(),
             }
         )
@@ -724,7 +731,8 @@ def _front_json(f: Any) -> dict[str, Any]:
     }
 
 
-def _print_study_front(f: Any) -> None:
+def _print_study_front(f: Any, long: dict[int, tuple[float, float, int]] | None = None) -> None:
+    """The front as a table; with `long` (`Storage.long_run_losses`), a long-run loss column."""
     console = _stdout()
     objectives = f.front.objectives
     title = f"Pareto front of {f.study!r}: {len(f.front.numbers)} of {len(f.trial_numbers)} complete trials"
@@ -733,6 +741,8 @@ def _print_study_front(f: Any) -> None:
         table.add_column(column, justify="left" if column in ("", "shape") else "right")
     if "step_time" in objectives:
         table.add_column("step time", justify="right")
+    if long:
+        table.add_column("long loss", justify="right")
     for r in f.records:
         tps = f.throughput.get(r.number)
         speed = f"{_si(tps[0])} tok/s {tps[1]}{' (model)' if tps[2] else ''}" if tps else "-"
@@ -743,6 +753,8 @@ def _print_study_front(f: Any) -> None:
         ]  # fmt: skip
         if "step_time" in objectives:
             row.append(_si(r["step_time_s"], "s"))
+        if long:
+            row.append(_long_cell(long.get(r.number)))
         table.add_row(*row)
     console.print(table)
     ref = ", ".join(f"{x:.4g}" for x in f.front.reference)
@@ -869,6 +881,14 @@ def _print_validation(study: str, report: dict[str, Any]) -> None:
         )
 
 
+def _long_cell(entry: tuple[float, float, int] | None) -> str:
+    """`3.1234 (10x)` or `3.1234 (10x, 3 seeds)`: a trial's long-run loss where one exists."""
+    if entry is None:
+        return "-"
+    multiplier, loss, seeds = entry
+    return f"{loss:.4f} ({multiplier:g}x{f', {seeds} seeds' if seeds > 1 else ''})"
+
+
 @app.command()
 def studies(storage: StorageOpt = None, as_json: JsonFlag = False) -> None:
     """The studies in a trial database, with their trials by state."""
@@ -938,9 +958,10 @@ def trials(
     fetch = TABLE_ROWS + 1 if fmt == "table" and limit is None else limit
     with Storage.open(storage, create=False) as db:
         frame = trials_frame(db, study, where=where, sort=sort, limit=fetch)
+        long = db.long_run_losses(study) if fmt == "table" else {}
     if fmt == "table":
         more = limit is None and len(frame) > TABLE_ROWS
-        _print_trials(frame.head(TABLE_ROWS) if more else frame, study, more=more)
+        _print_trials(frame.head(TABLE_ROWS) if more else frame, study, more=more, long=long)
         return
     data = FORMATS[fmt].encode(frame)
     if output is None:
@@ -953,8 +974,11 @@ def trials(
         typer.echo(f"wrote {len(frame):,} trials to {output}", err=True)
 
 
-def _print_trials(frame: Any, study: str, more: bool) -> None:
-    """A readable subset of the columns; csv, json and parquet carry all of them."""
+def _print_trials(
+    frame: Any, study: str, more: bool, long: dict[int, tuple[float, float, int]] | None = None
+) -> None:
+    """A readable subset of the columns; csv, json and parquet carry all of them. With `long`
+    (`Storage.long_run_losses`), a long-run loss column beside the proxy loss."""
     import pandas as pd
 
     def cell(value: Any, render: Callable[[Any], str] = str) -> str:
@@ -974,8 +998,13 @@ def _print_trials(frame: Any, study: str, more: bool) -> None:
     table = Table(title=escape(f"{'first ' if more else ''}{len(frame):,} trials of {study!r}"))
     for header, _, _ in columns:
         table.add_column(header, justify="left" if header in ("status", "activation", "reason") else "right")
+    if long:
+        table.add_column("long loss", justify="right")
     for row in frame[[name for _, name, _ in columns]].itertuples(index=False):
-        table.add_row(*(cell(v, render) for v, (_, _, render) in zip(row, columns, strict=True)))
+        cells = [cell(v, render) for v, (_, _, render) in zip(row, columns, strict=True)]
+        if long:
+            cells.append(_long_cell(long.get(row[0])) if not pd.isna(row[0]) else "-")
+        table.add_row(*cells)
     _stdout().print(table)
     if more:
         typer.echo("more trials match: use --limit N, --sort or --format csv", err=True)

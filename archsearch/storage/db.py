@@ -809,6 +809,19 @@ class Storage:
             q = q.order_by(schema.LongRun.trial_number, schema.LongRun.multiplier, schema.LongRun.seed)
             return [_long_run_record(r) for r in s.scalars(q).all()]
 
+    def long_run_losses(self, study: str) -> dict[int, tuple[float, float, int]]:
+        """Per trial with long runs: (multiplier, mean loss over its seeds, seeds) at its largest
+        multiplier; what `pareto` and `trials` show beside the proxy loss."""
+        by_trial: dict[int, dict[float, list[float]]] = {}
+        for run in self.long_runs(study):
+            by_trial.setdefault(run.trial_number, {}).setdefault(run.multiplier, []).append(run.val_loss)
+        out = {}
+        for number, by_multiplier in by_trial.items():
+            multiplier = max(by_multiplier)
+            losses = by_multiplier[multiplier]
+            out[number] = (multiplier, sum(losses) / len(losses), len(losses))
+        return out
+
     def add_validation(self, study: str, *, multiplier: float, seeds: int, report: Mapping[str, Any]) -> int:
         """Store one `validate` report of `study`; returns its id."""
         with self._session() as s:

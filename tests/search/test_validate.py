@@ -222,3 +222,28 @@ def test_options_are_checked_before_anything_runs():
         ValidateOptions("s", workers=0)
     with pytest.raises(ValidateError, match="given twice"):
         ValidateOptions("s", numbers=(1, 1, 2, 3))
+
+
+def test_pareto_and_trials_show_the_long_run_loss_where_one_exists(url):
+    runner = CliRunner()
+    before = runner.invoke(app, ["pareto", "--study", "tiny", "--storage", url])
+    assert before.exit_code == 0, before.output
+    assert "long loss" not in before.stdout  # no long runs: the tables are as they were
+    with Storage.open(url) as db:
+        for seed, loss in enumerate((2.5, 2.7)):
+            db.add_long_run("tiny", trial_number=3, multiplier=10, seed=seed, tokens=20480, val_loss=loss)
+        db.add_long_run("tiny", trial_number=0, multiplier=2, seed=0, tokens=4096, val_loss=2.75)
+        db.add_long_run("tiny", trial_number=0, multiplier=5, seed=0, tokens=10240, val_loss=2.65)
+        assert db.long_run_losses("tiny") == {3: (10.0, pytest.approx(2.6), 2), 0: (5.0, 2.65, 1)}
+    pareto = runner.invoke(app, ["pareto", "--study", "tiny", "--storage", url])
+    assert "long loss" in pareto.stdout
+    assert "2.6000 (10x, 2 seeds)" in pareto.stdout and "2.6500 (5x)" in pareto.stdout
+    front = json.loads(runner.invoke(app, ["pareto", "--study", "tiny", "--storage", url, "--json"]).stdout)
+    rows = {r["number"]: r for r in front[0]["front"]}
+    assert (rows[3]["long_loss"], rows[3]["long_multiplier"], rows[3]["long_seeds"]) == (
+        pytest.approx(2.6), 10.0, 2,
+    )  # fmt: skip
+    assert rows[1]["long_loss"] is None
+    listing = runner.invoke(app, ["trials", "--study", "tiny", "--storage", url])
+    assert listing.exit_code == 0, listing.output
+    assert "long loss" in listing.stdout and "2.6000 (10x, 2 seeds)" in listing.stdout
