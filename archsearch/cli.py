@@ -811,7 +811,7 @@ def validate(
         raise typer.Exit(128 + (summary.signal or 2))
     if as_json:
         _print_json({"study": summary.study, "trained": summary.trained, "skipped": summary.skipped,
-                     **summary.report})  # fmt: skip
+                     "failed": list(summary.failed), **summary.report})  # fmt: skip
     else:
         _print_validation(summary.study, summary.report)
     typer.echo(f"{summary.trained} long runs trained, {summary.skipped} reused from earlier runs", err=True)

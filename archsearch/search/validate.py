@@ -326,11 +326,17 @@ def run_validate(
         raise ValidateError(f"study {options.study!r} stores no [proxy] settings to retrain with")
     data = record.spec.get("data")
     stored = {r.key for r in storage.long_runs(options.study, options.multiplier)}
-    todo: list[tuple[TrialRecord, int]] = []
-    for r in chosen:
-        for seed in range(options.seeds):
-            if (r.number, float(options.multiplier), seed) not in stored:
-                todo.append((r, seed))
+    # Every request is built before Ray starts, so a settings error writes and trains nothing.
+    todo = [
+        (r, seed, dict(
+            config=r.config.to_dict(),  # type: ignore[union-attr]
+            settings=long_settings(proxy, options.multiplier, seed, r["tokens_trained"]),
+            data=data,
+        ))
+        for r in chosen
+        for seed in range(options.seeds)
+        if (r.number, float(options.multiplier), seed) not in stored
+    ]  # fmt: skip
     total = len(chosen) * options.seeds
     skipped = total - len(todo)
     start = time.monotonic()
@@ -340,14 +346,11 @@ def run_validate(
     if todo:
         log.info("validate %s: %d long runs to train, %d stored", options.study, len(todo), skipped)
         with _RayPool(options, run_fn or long_run) as pool, _signals(stop):  # type: ignore[arg-type]
-            running: dict[Any, tuple[TrialRecord, int, dict[str, Any], int]] = {}
-            queue = list(todo)
+            running: dict[Any, tuple[TrialRecord, int, dict[str, Any], int]] = {}  # ref -> run, attempt
             try:
-                while stop.signum is None and (queue or running):
-                    while queue and len(running) < options.workers:
-                        r, seed = queue.pop(0)
-                        settings = long_settings(proxy, options.multiplier, seed, r["tokens_trained"])
-                        request = dict(config=r.config.to_dict(), settings=settings, data=data)
+                while stop.signum is None and (todo or running):
+                    while todo and len(running) < options.workers:
+                        r, seed, request = todo.pop(0)
                         running[pool.task.remote(request)] = (r, seed, request, 1)
                     for ref in pool.wait(list(running), 0.5):
                         r, seed, request, attempt = running.pop(ref)
@@ -356,40 +359,55 @@ def run_validate(
                             log.warning("trial %d seed %d: %s; retrying", r.number, seed, reason)
                             running[pool.task.remote(request)] = (r, seed, request, attempt + 1)
                             continue
-                        ok = result is not None and result["status"] == COMPLETE
-                        if ok and result["val_loss"] is not None:
-                            storage.add_long_run(
-                                options.study,
-                                trial_number=r.number,
-                                multiplier=options.multiplier,
-                                seed=seed,
-                                tokens=result["tokens"],
-                                val_loss=result["val_loss"],
-                                val_curve=result["val_curve"],
-                                settings=request["settings"],
-                                device_fingerprint=result["device_fingerprint"],
-                                corpus_fingerprint=result["corpus_fingerprint"],
-                                wall_time_s=result["wall_time_s"],
-                            )
+                        why = _store(storage, options, r.number, seed, request, result, reason)
+                        if why is None:
                             trained += 1
-                            last = f"trial {r.number} seed {seed}: {result['val_loss']:.4f}"
+                            last = f"trial {r.number} seed {seed}: {result['val_loss']:.4f}"  # type: ignore[index]
                         else:
-                            why = reason or (result or {}).get("reason") or "no loss"
-                            failed.append(f"trial {r.number} seed {seed}: {why}")
-                            log.warning("long run of trial %d seed %d failed: %s", r.number, seed, why)
-                            last = failed[-1]
+                            failed.append(last := f"trial {r.number} seed {seed}: {why}")
+                            log.warning("long run failed: %s", last)
                         if on_update is not None:
-                            on_update(ValidateProgress(
-                                skipped + trained, total, len(failed), last, time.monotonic() - start
-                            ))  # fmt: skip
+                            elapsed = time.monotonic() - start
+                            on_update(ValidateProgress(skipped + trained, total, len(failed), last, elapsed))
             finally:
-                for ref in running:
+                for ref in running:  # Ctrl-C: what finished is stored; what runs is dropped
                     pool.cancel(ref)
     if stop.signum is not None:
         return ValidateSummary(options.study, None, trained, skipped, tuple(failed), stop.signum)
     report = _report(storage, options, chosen)
     storage.add_validation(options.study, multiplier=options.multiplier, seeds=options.seeds, report=report)
     return ValidateSummary(options.study, report, trained, skipped, tuple(failed))
+
+
+def _store(
+    storage: Storage,
+    options: ValidateOptions,
+    number: int,
+    seed: int,
+    request: dict[str, Any],
+    result: dict[str, Any] | None,
+    reason: str | None,
+) -> str | None:
+    """Store one finished long run (one transaction); the reason instead when it has no loss.
+
+    A failed run is not stored, so a rerun tries it again.
+    """
+    if result is None or result["status"] != COMPLETE or result["val_loss"] is None:
+        return reason or (result or {}).get("reason") or "no loss"
+    storage.add_long_run(
+        options.study,
+        trial_number=number,
+        multiplier=options.multiplier,
+        seed=seed,
+        tokens=result["tokens"],
+        val_loss=result["val_loss"],
+        val_curve=result["val_curve"],
+        settings=request["settings"],
+        device_fingerprint=result["device_fingerprint"],
+        corpus_fingerprint=result["corpus_fingerprint"],
+        wall_time_s=result["wall_time_s"],
+    )
+    return None
 
 
 def _report(storage: Storage, options: ValidateOptions, chosen: list[TrialRecord]) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from tests.search.conftest import tiny_spec
 SHAPES = [(64, 1, 2.9), (64, 2, 2.8), (128, 1, 2.85), (128, 2, 2.7), (128, 4, 2.75), (64, 4, 2.82)]
 ARGS = ("--study", "tiny", "--trials", "4", "--multiplier", "2")  # 4 runs of 4,096 tokens
 JSON_KEYS = {
-    "study", "trained", "skipped", "multiplier", "seeds", "trials", "correlations", "iso_pairs",
+    "study", "trained", "skipped", "failed", "multiplier", "seeds", "trials", "correlations", "iso_pairs",
     "noise_floor", "fronts", "rows",
 }  # fmt: skip
 
@@ -152,6 +152,7 @@ def test_json_output_has_the_report_keys(validated):
     _, report = validated
     assert set(report) == JSON_KEYS
     assert report["trained"] == 4 and report["skipped"] == 0 and report["seeds"] == 1
+    assert report["failed"] == []
     assert report["noise_floor"] is None  # one seed
     assert set(report["correlations"]) == {"proxy", "params", "flops"}
     assert all(r["long_loss"] is not None and len(r["long_losses"]) == 1 for r in report["rows"])
@@ -168,7 +169,7 @@ def test_a_rerun_trains_nothing_and_reports_the_same(validated):
     assert result.exit_code == 0, result.output
     again = json.loads(result.stdout)
     assert (again["trained"], again["skipped"]) == (0, 4)
-    drop = {"trained", "skipped"}
+    drop = {"trained", "skipped", "failed"}
     assert {k: v for k, v in again.items() if k not in drop} == {
         k: v for k, v in first.items() if k not in drop
     }
@@ -247,3 +248,28 @@ def test_pareto_and_trials_show_the_long_run_loss_where_one_exists(url):
     listing = runner.invoke(app, ["trials", "--study", "tiny", "--storage", url])
     assert listing.exit_code == 0, listing.output
     assert "long loss" in listing.stdout and "2.6000 (10x, 2 seeds)" in listing.stdout
+
+
+def _fake_run(request):
+    """A long run without training: trial 0's shape fails, the others get a loss from their width."""
+    d_model = request["config"]["d_model"]
+    if request["config"]["n_layers"] == 1 and d_model == 64:
+        return dict(status="failed", reason="loss is NaN", val_loss=None)
+    return dict(
+        status="complete", reason=None, val_loss=3.0 - d_model / 1000 - request["settings"]["seed"] / 100,
+        tokens=request["settings"]["tokens"], val_curve=[], wall_time_s=0.0, corpus_fingerprint="c",
+        device_fingerprint="d",
+    )  # fmt: skip
+
+
+def test_a_failed_long_run_is_reported_not_stored_and_retried_by_a_rerun(url, ray_session):
+    with Storage.open(url) as db:
+        options = ValidateOptions("tiny", trials=4, multiplier=2, seeds=2, workers=2)
+        summary = run_validate(db, options, run_fn=_fake_run)
+        assert summary.failed == ("trial 0 seed 0: loss is NaN", "trial 0 seed 1: loss is NaN")
+        assert summary.trained == 6 and {r.trial_number for r in db.long_runs("tiny")} == {1, 3, 4}
+        rows = {r["number"]: r for r in summary.report["rows"]}
+        assert rows[0]["long_loss"] is None and summary.report["trials"] == [1, 3, 4]
+        assert summary.report["noise_floor"] == pytest.approx(math.sqrt(0.00005))  # seeds 0.01 apart
+        again = run_validate(db, options, run_fn=_fake_run)
+        assert (again.trained, again.skipped, len(again.failed)) == (0, 6, 2)
