@@ -122,7 +122,8 @@ def calibration_set(
     Args:
         n: how many: the study's front (all of it, or `n` spread along it when larger) plus a
             random sample of the other complete trials, one from each of equal-count strata of
-            their sorted parameter counts, so small and large shapes are both in.
+            their sorted parameter counts, so small and large shapes are both in. A shape
+            trained by several trials is in once, as its first trial.
         numbers: explicit trial numbers instead; each must be a complete trial.
         seed: seeds the sample.
 
@@ -151,8 +152,15 @@ def calibration_set(
         if len(numbers) < MIN_TRIALS:
             raise ValidateError(f"give at least {MIN_TRIALS} --trial numbers, got {len(numbers)}")
         return sorted((by_number[n] for n in numbers), key=lambda r: r.number)
+    # One trial per shape: a shape evaluated twice (two drivers, or two workers asking it at once)
+    # would enter every measure as a pair tied on both sides. The first trial stands for it.
+    shapes: dict[str, int] = {}
+    for r in complete:
+        shapes.setdefault(r.config.to_json(indent=None), r.number)  # type: ignore[union-attr]
+    distinct = set(shapes.values())
+    complete = [r for r in complete if r.number in distinct]
     sf = study_front(storage, study)
-    front = [n for n in (sf.front.numbers if sf else ()) if n in by_number]
+    front = [n for n in (sf.front.numbers if sf else ()) if n in distinct]
     if len(front) >= n:
         picks = np.unique(np.round(np.linspace(0, len(front) - 1, n)).astype(int))
         chosen = [front[i] for i in picks]

@@ -273,3 +273,10 @@ def test_a_failed_long_run_is_reported_not_stored_and_retried_by_a_rerun(url, ra
         assert summary.report["noise_floor"] == pytest.approx(math.sqrt(0.00005))  # seeds 0.01 apart
         again = run_validate(db, options, run_fn=_fake_run)
         assert (again.trained, again.skipped, len(again.failed)) == (0, 6, 2)
+
+
+def test_a_shape_trained_twice_enters_the_calibration_set_once(tmp_path):
+    url = _study(f"sqlite:///{tmp_path / 't.db'}", shapes=[*SHAPES, (128, 4, 2.75)])  # trial 6 = trial 4
+    with Storage.open(url) as db:
+        assert [r.number for r in calibration_set(db, "tiny", 12)] == [0, 1, 2, 3, 4, 5]
+        assert [r.number for r in calibration_set(db, "tiny", numbers=[4, 6, 0, 1])] == [0, 1, 4, 6]
