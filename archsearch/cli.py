@@ -683,6 +683,7 @@ def pareto(
             pooled = np.concatenate([f.trial_values for f in fronts])
             ref = reference_point(pooled, fronts[0].front.objectives)
             fronts = [study_front(db, s, fronts[0].front.objectives, ref) for s in study]
+        long = {s: db.long_run_losses(s) for s in study}
     missing = [s for s, f in zip(study, fronts, strict=True) if f is None]
     if missing:
         raise ConfigError(f"no complete trial with every objective in {', '.join(map(repr, missing))}")
@@ -691,10 +692,10 @@ def pareto(
 
         plot_fronts(fronts, plot)
     if as_json:
-        _print_json([_front_json(f) for f in fronts])
+        _print_json([_front_json(f, long[f.study]) for f in fronts])
     else:
         for f in fronts:
-            _print_study_front(f)
+            _print_study_front(f, long[f.study])
     if plot is not None:
         typer.echo(f"wrote {plot}", err=True)
 
@@ -706,10 +707,15 @@ def _floats(text: str, option: str) -> tuple[float, ...]:
         raise ConfigError(f"{option} takes numbers separated by commas, got {text!r}") from None
 
 
-def _front_json(f: Any) -> dict[str, Any]:
+def _front_json(f: Any, long: dict[int, tuple[float, float, int]] | None = None) -> dict[str, Any]:
+    """The front as JSON; `long` (`Storage.long_run_losses`) adds each member's long-run loss."""
     rows = []
     for r, values in zip(f.records, f.front.values, strict=True):
         tps = f.throughput.get(r.number)
+        extra = {}
+        if long:
+            multiplier, loss, seeds = long.get(r.number, (None, None, 0))
+            extra = {"long_loss": loss, "long_multiplier": multiplier, "long_seeds": seeds}
         rows.append(
             {
                 "number": r.number,
@@ -719,6 +725,7 @@ def _front_json(f: Any) -> dict[str, Any]:
                 "tokens_per_second": tps[0] if tps else None,
                 "throughput_device": tps[1] if tps else None,
                 "throughput_modelled": tps[2] if tps else None,
+                **extra,
                 "config": r.config.to_dict(),
             }
         )
@@ -733,7 +740,8 @@ def _front_json(f: Any) -> dict[str, Any]:
     }
 
 
-def _print_study_front(f: Any) -> None:
+def _print_study_front(f: Any, long: dict[int, tuple[float, float, int]] | None = None) -> None:
+    """The front as a table; with `long` (`Storage.long_run_losses`), a long-run loss column."""
     console = _stdout()
     objectives = f.front.objectives
     title = f"Pareto front of {f.study!r}: {len(f.front.numbers)} of {len(f.trial_numbers)} complete trials"
@@ -742,6 +750,8 @@ def _print_study_front(f: Any) -> None:
         table.add_column(column, justify="left" if column in ("", "shape") else "right")
     if "step_time" in objectives:
         table.add_column("step time", justify="right")
+    if long:
+        table.add_column("long loss", justify="right")
     for r in f.records:
         tps = f.throughput.get(r.number)
         speed = f"{_si(tps[0])} tok/s {tps[1]}{' (model)' if tps[2] else ''}" if tps else "-"
@@ -752,12 +762,140 @@ def _print_study_front(f: Any) -> None:
         ]  # fmt: skip
         if "step_time" in objectives:
             row.append(_si(r["step_time_s"], "s"))
+        if long:
+            row.append(_long_cell(long.get(r.number)))
         table.add_row(*row)
     console.print(table)
     ref = ", ".join(f"{x:.4g}" for x in f.front.reference)
     scale = " (log10 for " + ", ".join(o for o in objectives if o != "loss") + ")"
     axes = ", ".join(objectives)
     console.print(f"hypervolume {f.front.hypervolume:.4g} against reference ({ref}) in ({axes}){scale}")
+
+
+@app.command()
+def validate(
+    study: Annotated[str, typer.Option(help="Study name (see `studies`).")],
+    storage: StorageOpt = None,
+    trials: Annotated[
+        int, typer.Option(help="Calibration-set size: the Pareto front plus a sample of the rest.")
+    ] = 12,
+    trial: Annotated[
+        list[int] | None, typer.Option("--trial", help="Retrain trial N (repeat); instead of --trials.")
+    ] = None,
+    multiplier: Annotated[float, typer.Option(help="Long runs train K x the proxy's tokens (> 1).")] = 10.0,
+    seeds: Annotated[int, typer.Option(help="Long runs per trial (seeds 0..R-1); > 1 measures noise.")] = 1,
+    workers: Annotated[int, typer.Option(help="Long runs at once.")] = 1,
+    seed: Annotated[int, typer.Option(help="Seed of the calibration sample.")] = 0,
+    address: Annotated[
+        str | None, typer.Option(help="Ray cluster to join (default: start one here).")
+    ] = None,
+    cpus_per_run: Annotated[float, typer.Option(help="Ray CPUs per long run.")] = 1.0,
+    gpus_per_run: Annotated[float, typer.Option(help="Ray GPUs per long run.")] = 0.0,
+    as_json: JsonFlag = False,
+) -> None:
+    """Rank fidelity of a study's proxy: retrain a calibration set for longer and compare rankings.
+
+    Long runs use the study's stored [proxy] settings and corpus at --multiplier x its tokens, with
+    the cosine schedule; each is stored as it finishes, so a rerun (or one after Ctrl-C, exit 130)
+    trains only what is missing. The report is stored with the study.
+    """
+    from archsearch.search.validate import ValidateOptions, run_validate
+    from archsearch.storage import Storage
+
+    options = ValidateOptions(
+        study=study, trials=trials, numbers=tuple(trial or ()), multiplier=multiplier, seeds=seeds,
+        workers=workers, sample_seed=seed, address=address, cpus_per_trial=cpus_per_run,
+        gpus_per_trial=gpus_per_run,
+    )  # fmt: skip
+    with Storage.open(storage, create=False) as db, _validate_display() as update:
+        summary = run_validate(db, options, on_update=update)
+    for line in summary.failed:
+        typer.echo(f"failed: {line}", err=True)
+    if summary.report is None:
+        typer.echo(
+            f"interrupted: {summary.trained} long runs trained and stored; rerun the same command to "
+            "train the rest",
+            err=True,
+        )
+        raise typer.Exit(128 + (summary.signal or 2))
+    if as_json:
+        _print_json({"study": summary.study, "trained": summary.trained, "skipped": summary.skipped,
+                     "failed": list(summary.failed), **summary.report})  # fmt: skip
+    else:
+        _print_validation(summary.study, summary.report)
+    typer.echo(f"{summary.trained} long runs trained, {summary.skipped} reused from earlier runs", err=True)
+
+
+@contextlib.contextmanager
+def _validate_display() -> Iterator[Callable[[Any], None]]:
+    """Progress on stderr: a bar on a terminal, one line per long run otherwise."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+
+        def log_line(p: Any) -> None:
+            typer.echo(f"[{p.elapsed_s:6.0f} s] {p.done}/{p.total} long runs stored; {p.last}", err=True)
+
+        yield log_line
+        return
+    columns = (TextColumn("validate "), BarColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("starting Ray", total=None)
+
+        def update(p: Any) -> None:
+            bar.update(task, completed=p.done, total=p.total, description=f"{p.done}/{p.total}; {p.last}")
+
+        yield update
+
+
+def _print_validation(study: str, report: dict[str, Any]) -> None:
+    console = _stdout()
+    seeds = report["seeds"]
+    fronts = report["fronts"]
+    proxy_front, long_front = set(fronts.get("proxy", ())), set(fronts.get("long", ()))
+    table = Table(
+        title=f"Proxy fidelity of {study!r}: {len(report['rows'])} trials retrained at "
+        f"{report['multiplier']:g}x the proxy's tokens, {seeds} seed{'s' if seeds > 1 else ''}"
+    )
+    for column in ("trial", "shape", "params", "FLOPs/token", "proxy loss", "long loss", "fronts"):
+        table.add_column(column, justify="left" if column in ("shape", "fronts") else "right")
+    for r in report["rows"]:
+        marks = "/".join(m for m, s in (("proxy", proxy_front), ("long", long_front)) if r["number"] in s)
+        table.add_row(
+            str(r["number"]), escape(r["shape"]), _si(r["params_total"]), _si(r["flops"]),
+            f"{r['proxy_loss']:.4f}", _fmt(r["long_loss"], ".4f"), marks,
+        )  # fmt: skip
+    console.print(table)
+    ranks = Table(title="Ranking the long-run loss (seed mean)")
+    for column in ("predictor", "Spearman", "Kendall", "iso-params pairs"):
+        ranks.add_column(column, justify="left" if column == "predictor" else "right")
+    names = {"proxy": "proxy loss", "params": "-params", "flops": "-FLOPs"}
+    for key, label in names.items():
+        c = report["correlations"][key]
+        iso = report["iso_pairs"].get(key)
+        ranks.add_row(
+            label, _fmt(c["spearman"], ".3f"), _fmt(c["kendall"], ".3f"), f"{iso[0]}/{iso[1]}" if iso else "-"
+        )
+    console.print(ranks)
+    floor = report["noise_floor"]
+    console.print(
+        "seed noise floor (pooled sd): " + (f"{floor:.4f}" if floor is not None else "- (one seed)")
+    )
+    if "shared" in fronts:
+        console.print(
+            f"fronts (loss vs FLOPs): proxy {len(proxy_front)}, long run {len(long_front)}, shared "
+            f"{fronts['shared']}; long-run hypervolume: proxy front {fronts['proxy_long_hypervolume']:.4g}, "
+            f"long-run front {fronts['long_long_hypervolume']:.4g} (reference "
+            + ", ".join(f"{x:.4g}" for x in fronts["reference"])
+            + ", log10 FLOPs)"
+        )
+
+
+def _long_cell(entry: tuple[float, float, int] | None) -> str:
+    """`3.1234 (10x)` or `3.1234 (10x, 3 seeds)`: a trial's long-run loss where one exists."""
+    if entry is None:
+        return "-"
+    multiplier, loss, seeds = entry
+    return f"{loss:.4f} ({multiplier:g}x{f', {seeds} seeds' if seeds > 1 else ''})"
 
 
 @app.command()
@@ -829,9 +967,10 @@ def trials(
     fetch = TABLE_ROWS + 1 if fmt == "table" and limit is None else limit
     with Storage.open(storage, create=False) as db:
         frame = trials_frame(db, study, where=where, sort=sort, limit=fetch)
+        long = db.long_run_losses(study) if fmt == "table" else {}
     if fmt == "table":
         more = limit is None and len(frame) > TABLE_ROWS
-        _print_trials(frame.head(TABLE_ROWS) if more else frame, study, more=more)
+        _print_trials(frame.head(TABLE_ROWS) if more else frame, study, more=more, long=long)
         return
     data = FORMATS[fmt].encode(frame)
     if output is None:
@@ -844,8 +983,11 @@ def trials(
         typer.echo(f"wrote {len(frame):,} trials to {output}", err=True)
 
 
-def _print_trials(frame: Any, study: str, more: bool) -> None:
-    """A readable subset of the columns; csv, json and parquet carry all of them."""
+def _print_trials(
+    frame: Any, study: str, more: bool, long: dict[int, tuple[float, float, int]] | None = None
+) -> None:
+    """A readable subset of the columns; csv, json and parquet carry all of them. With `long`
+    (`Storage.long_run_losses`), a long-run loss column beside the proxy loss."""
     import pandas as pd
 
     def cell(value: Any, render: Callable[[Any], str] = str) -> str:
@@ -865,8 +1007,13 @@ def _print_trials(frame: Any, study: str, more: bool) -> None:
     table = Table(title=escape(f"{'first ' if more else ''}{len(frame):,} trials of {study!r}"))
     for header, _, _ in columns:
         table.add_column(header, justify="left" if header in ("status", "activation", "reason") else "right")
+    if long:
+        table.add_column("long loss", justify="right")
     for row in frame[[name for _, name, _ in columns]].itertuples(index=False):
-        table.add_row(*(cell(v, render) for v, (_, _, render) in zip(row, columns, strict=True)))
+        cells = [cell(v, render) for v, (_, _, render) in zip(row, columns, strict=True)]
+        if long:
+            cells.append(_long_cell(long.get(row[0])) if not pd.isna(row[0]) else "-")
+        table.add_row(*cells)
     _stdout().print(table)
     if more:
         typer.echo("more trials match: use --limit N, --sort or --format csv", err=True)

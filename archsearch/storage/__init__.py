@@ -6,12 +6,14 @@ Imports neither torch nor Ray; Optuna is imported only when its storage is asked
 from archsearch.storage.db import (
     DEFAULT_STORAGE_URL,
     STORAGE_ENV,
+    LongRunRecord,
     SchemaVersionError,
     Storage,
     StorageError,
     StudyRecord,
     TrialOutcome,
     TrialRecord,
+    ValidationRecord,
     storage_url,
 )
 from archsearch.storage.kernels import KernelCache, measurement_row
@@ -25,6 +27,7 @@ __all__ = [
     "STATES",
     "STORAGE_ENV",
     "KernelCache",
+    "LongRunRecord",
     "QueryError",
     "SchemaVersionError",
     "Storage",
@@ -32,6 +35,7 @@ __all__ = [
     "StudyRecord",
     "TrialOutcome",
     "TrialRecord",
+    "ValidationRecord",
     "compile_filter",
     "measurement_row",
     "storage_url",

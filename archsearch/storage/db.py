@@ -100,6 +100,41 @@ class TrialRecord:
 
 
 @dataclass(frozen=True)
+class LongRunRecord:
+    """One stored long run: a trial's shape retrained at `multiplier` x the proxy's tokens."""
+
+    study: str
+    trial_number: int
+    multiplier: float
+    seed: int
+    tokens: int
+    val_loss: float
+    val_curve: tuple[tuple[int, float], ...]
+    settings: dict[str, Any]
+    device_fingerprint: str | None
+    corpus_fingerprint: str | None
+    wall_time_s: float | None
+    created_at: float
+
+    @property
+    def key(self) -> tuple[int, float, int]:
+        """(trial number, multiplier, seed): what a rerun matches to skip a stored run."""
+        return (self.trial_number, self.multiplier, self.seed)
+
+
+@dataclass(frozen=True)
+class ValidationRecord:
+    """One stored `validate` report."""
+
+    id: int
+    study: str
+    multiplier: float
+    seeds: int
+    report: dict[str, Any]
+    created_at: float
+
+
+@dataclass(frozen=True)
 class TrialOutcome:
     """What one evaluation produced, in plain data (a worker's result, as the driver records it).
 
@@ -259,9 +294,19 @@ class Storage:
                     row = conn.execute(
                         select(schema.Meta.value).where(schema.Meta.key == "schema_version")
                     ).scalar_one_or_none()
+                    found = int(row) if row is not None else 0
+                    if schema.ADDITIVE_SINCE <= found < SCHEMA_VERSION:
+                        # Those versions lack only tables added since: create them (existing
+                        # tables are left alone) and record the new version, in one transaction.
+                        schema.Base.metadata.create_all(conn, checkfirst=True)
+                        conn.execute(
+                            update(schema.Meta.__table__)
+                            .where(schema.Meta.key == "schema_version")
+                            .values(value=str(SCHEMA_VERSION))
+                        )
+                        return
             except DBAPIError as exc:
                 raise StorageError(f"cannot use the database {self.display_url}: {_one_line(exc)}") from None
-        found = int(row) if row is not None else 0
         if found != SCHEMA_VERSION:
             newer = "a newer" if found > SCHEMA_VERSION else "an older"
             raise SchemaVersionError(
@@ -704,6 +749,113 @@ class Storage:
                 for r in rows
             ]
 
+    # --- long runs and validation reports (`archsearch validate`) ---------------------------------
+    def add_long_run(
+        self,
+        study: str,
+        *,
+        trial_number: int,
+        multiplier: float,
+        seed: int,
+        tokens: int,
+        val_loss: float,
+        val_curve: Sequence[Sequence[float]] = (),
+        settings: Mapping[str, Any] | None = None,
+        device_fingerprint: str | None = None,
+        corpus_fingerprint: str | None = None,
+        wall_time_s: float | None = None,
+    ) -> bool:
+        """Record one long run, in one transaction; the first run of a (trial, multiplier, seed) wins.
+
+        Returns:
+            True when written, False when that run was already stored (it is left as it was).
+        """
+        with self._session() as s:
+            s.execute(select(schema.Study.name).where(schema.Study.name == study).with_for_update())
+            found = s.scalar(
+                select(schema.LongRun.id).where(
+                    schema.LongRun.study == study,
+                    schema.LongRun.trial_number == trial_number,
+                    schema.LongRun.multiplier == float(multiplier),
+                    schema.LongRun.seed == seed,
+                )
+            )
+            if found is not None:
+                return False
+            s.add(
+                schema.LongRun(
+                    study=study,
+                    trial_number=trial_number,
+                    multiplier=float(multiplier),
+                    seed=seed,
+                    tokens=int(tokens),
+                    val_loss=float(val_loss),
+                    val_curve_json=json.dumps([[int(t), float(v)] for t, v in val_curve]),
+                    settings_json=json.dumps(dict(settings or {}), sort_keys=True),
+                    device_fingerprint=device_fingerprint,
+                    corpus_fingerprint=corpus_fingerprint,
+                    wall_time_s=wall_time_s,
+                    created_at=time.time(),
+                )
+            )
+            return True
+
+    def long_runs(self, study: str, multiplier: float | None = None) -> list[LongRunRecord]:
+        """`study`'s long runs (of one multiplier, or all), by trial number, multiplier, seed."""
+        with self._session(read_only=True) as s:
+            q = select(schema.LongRun).where(schema.LongRun.study == study)
+            if multiplier is not None:
+                q = q.where(schema.LongRun.multiplier == float(multiplier))
+            q = q.order_by(schema.LongRun.trial_number, schema.LongRun.multiplier, schema.LongRun.seed)
+            return [_long_run_record(r) for r in s.scalars(q).all()]
+
+    def long_run_losses(self, study: str) -> dict[int, tuple[float, float, int]]:
+        """Per trial with long runs: (multiplier, mean loss over its seeds, seeds) at its largest
+        multiplier; what `pareto` and `trials` show beside the proxy loss."""
+        by_trial: dict[int, dict[float, list[float]]] = {}
+        for run in self.long_runs(study):
+            by_trial.setdefault(run.trial_number, {}).setdefault(run.multiplier, []).append(run.val_loss)
+        out = {}
+        for number, by_multiplier in by_trial.items():
+            multiplier = max(by_multiplier)
+            losses = by_multiplier[multiplier]
+            out[number] = (multiplier, sum(losses) / len(losses), len(losses))
+        return out
+
+    def add_validation(self, study: str, *, multiplier: float, seeds: int, report: Mapping[str, Any]) -> int:
+        """Store one `validate` report of `study`; returns its id."""
+        with self._session() as s:
+            row = schema.Validation(
+                study=study,
+                multiplier=float(multiplier),
+                seeds=int(seeds),
+                report_json=json.dumps(dict(report), sort_keys=True),
+                created_at=time.time(),
+            )
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def validations(self, study: str) -> list[ValidationRecord]:
+        """`study`'s stored `validate` reports, oldest first."""
+        with self._session(read_only=True) as s:
+            rows = s.scalars(
+                select(schema.Validation)
+                .where(schema.Validation.study == study)
+                .order_by(schema.Validation.created_at, schema.Validation.id)
+            ).all()
+            return [
+                ValidationRecord(
+                    id=r.id,
+                    study=r.study,
+                    multiplier=r.multiplier,
+                    seeds=r.seeds,
+                    report=json.loads(r.report_json),
+                    created_at=r.created_at,
+                )
+                for r in rows
+            ]
+
     # --- kernel measurements (the profiler's shared cache) ----------------------------------------
     def measurements(self, fingerprint: str | None = None) -> dict[str, float]:
         """Measured kernel seconds by `MeasurementKey.to_str()`, for one device or all."""
@@ -796,4 +948,21 @@ def _trial_record(row: schema.Trial) -> TrialRecord:
         params=json.loads(row.params_json) if row.params_json else {},
         config=ArchConfig.from_json(row.config_json) if row.config_json else None,
         values=values,
+    )
+
+
+def _long_run_record(row: schema.LongRun) -> LongRunRecord:
+    return LongRunRecord(
+        study=row.study,
+        trial_number=row.trial_number,
+        multiplier=row.multiplier,
+        seed=row.seed,
+        tokens=row.tokens,
+        val_loss=row.val_loss,
+        val_curve=tuple((int(t), float(v)) for t, v in json.loads(row.val_curve_json)),
+        settings=json.loads(row.settings_json),
+        device_fingerprint=row.device_fingerprint,
+        corpus_fingerprint=row.corpus_fingerprint,
+        wall_time_s=row.wall_time_s,
+        created_at=row.created_at,
     )

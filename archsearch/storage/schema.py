@@ -5,8 +5,9 @@ full shape and its cost columns, training results and curves, kernel measurement
 study on a device, device fingerprints, failure reasons and leases. Every table name starts with
 `archsearch_`, so the two schemas never collide.
 
-Bump `SCHEMA_VERSION` with every change to these tables; `Storage` refuses a database whose
-version differs from the code's.
+Bump `SCHEMA_VERSION` with every change to these tables. A database from version
+`ADDITIVE_SINCE` on, older than the code, gains the tables added since when it is opened (those
+versions only ever added tables); `Storage` refuses any other version that differs from the code's.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: archsearch_long_runs and archsearch_validations (`archsearch validate`)
+ADDITIVE_SINCE = 1  # versions 1 .. SCHEMA_VERSION - 1 differ from this one only by missing tables
 
 # Trial states. "running" holds a lease; "rejected" was sampled but is not a valid or in-budget
 # config, and "duplicate" is a shape the study already evaluated (its result is told to Optuna
@@ -39,7 +41,6 @@ RUNNING, COMPLETE, PRUNED, FAILED, REJECTED, DUPLICATE, INTERRUPTED = (
     "interrupted",
 )
 FINISHED_STATES = (COMPLETE, PRUNED, FAILED)
-STATES = (COMPLETE, PRUNED, FAILED)
 STATES = (RUNNING, COMPLETE, PRUNED, FAILED, REJECTED, DUPLICATE, INTERRUPTED)
 
 
@@ -180,3 +181,40 @@ class Device(Base):
     type: Mapped[str] = mapped_column(String(16))
     info_json: Mapped[str] = mapped_column(Text)
     first_seen: Mapped[float] = mapped_column(Float)
+
+
+class LongRun(Base):
+    """One trial's shape retrained for longer than the proxy: the reference `validate` ranks by.
+
+    One row per (study, trial, multiplier, seed); a rerun of `validate` skips the rows it finds.
+    """
+
+    __tablename__ = "archsearch_long_runs"
+    __table_args__ = (UniqueConstraint("study", "trial_number", "multiplier", "seed"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    study: Mapped[str] = mapped_column(ForeignKey("archsearch_studies.name", ondelete="CASCADE"), index=True)
+    trial_number: Mapped[int] = mapped_column(Integer)
+    multiplier: Mapped[float] = mapped_column(Float)  # x the study's proxy token budget
+    seed: Mapped[int] = mapped_column(Integer)
+    tokens: Mapped[int] = mapped_column(BigInteger)  # tokens actually trained
+    val_loss: Mapped[float] = mapped_column(Float)  # held-out nats per token at the end
+    val_curve_json: Mapped[str] = mapped_column(Text)  # [[tokens, loss], ...]
+    settings_json: Mapped[str] = mapped_column(Text)  # the TrainSettings it ran with
+    device_fingerprint: Mapped[str | None] = mapped_column(String(64))
+    corpus_fingerprint: Mapped[str | None] = mapped_column(String(64))
+    wall_time_s: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Validation(Base):
+    """One `validate` report on a study: its rank-fidelity metrics, as JSON."""
+
+    __tablename__ = "archsearch_validations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    study: Mapped[str] = mapped_column(ForeignKey("archsearch_studies.name", ondelete="CASCADE"), index=True)
+    multiplier: Mapped[float] = mapped_column(Float)
+    seeds: Mapped[int] = mapped_column(Integer)
+    report_json: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float)

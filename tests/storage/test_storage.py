@@ -214,3 +214,69 @@ def test_the_url_comes_from_the_flag_then_the_environment_then_the_default(monke
     assert storage_url() == "sqlite:///archsearch.db"
     monkeypatch.setenv("ARCHSEARCH_STORAGE", "sqlite:///env.db")
     assert (storage_url(), storage_url("sqlite:///flag.db")) == ("sqlite:///env.db", "sqlite:///flag.db")
+
+
+def _long_run(storage, trial_number=0, seed=0, loss=1.25, multiplier=10):
+    return storage.add_long_run(
+        "s",
+        trial_number=trial_number,
+        multiplier=multiplier,
+        seed=seed,
+        tokens=40960,
+        val_loss=loss,
+        val_curve=[[20480, 1.5], [40960, loss]],
+        settings={"tokens": 40960, "schedule": "cosine"},
+        device_fingerprint="fp",
+        corpus_fingerprint="corpus",
+        wall_time_s=2.5,
+    )
+
+
+def test_long_runs_are_stored_once_per_trial_multiplier_and_seed(storage):
+    assert _long_run(storage, trial_number=3, seed=1)
+    assert _long_run(storage, trial_number=3, seed=0)
+    assert _long_run(storage, trial_number=3, seed=0, multiplier=5)
+    assert not _long_run(storage, trial_number=3, seed=0, loss=9.0)  # the first run wins
+    runs = storage.long_runs("s", multiplier=10)
+    assert [r.key for r in runs] == [(3, 10.0, 0), (3, 10.0, 1)]
+    assert runs[0].val_loss == 1.25 and runs[0].val_curve == ((20480, 1.5), (40960, 1.25))
+    assert runs[0].settings == {"tokens": 40960, "schedule": "cosine"}
+    assert (runs[0].tokens, runs[0].device_fingerprint, runs[0].corpus_fingerprint) == (40960, "fp", "corpus")
+    assert len(storage.long_runs("s")) == 3
+    assert storage.long_runs("other") == []
+
+
+def test_a_long_run_of_an_unknown_study_is_refused(storage):
+    with pytest.raises(StorageError, match="database error"):
+        storage.add_long_run("nope", trial_number=0, multiplier=10, seed=0, tokens=1, val_loss=1.0)
+    assert storage.long_runs("nope") == []
+
+
+def test_validation_reports_are_kept_in_order(storage):
+    first = storage.add_validation("s", multiplier=10, seeds=1, report={"spearman": 0.5})
+    storage.add_validation("s", multiplier=5, seeds=2, report={"spearman": 0.25})
+    reports = storage.validations("s")
+    assert [(r.multiplier, r.seeds, r.report) for r in reports] == [
+        (10, 1, {"spearman": 0.5}),
+        (5, 2, {"spearman": 0.25}),
+    ]
+    assert reports[0].id == first
+
+
+def test_an_older_database_gains_the_new_tables(db_url):
+    with Storage.open(db_url) as st:
+        st.create_study("s", **SPEC)
+    engine = create_engine(db_url)
+    with engine.begin() as conn:  # what a version-1 database looked like
+        conn.execute(text("DROP TABLE archsearch_long_runs"))
+        conn.execute(text("DROP TABLE archsearch_validations"))
+        conn.execute(text("UPDATE archsearch_meta SET value = '1'"))
+    engine.dispose()
+    with Storage.open(db_url) as st:
+        assert st.study("s") is not None
+        assert _long_run(st)
+        assert len(st.long_runs("s")) == 1
+    engine = create_engine(db_url)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT value FROM archsearch_meta")).scalar_one() == str(SCHEMA_VERSION)
+    engine.dispose()

@@ -1,0 +1,437 @@
+"""`archsearch validate`: how well a study's proxy loss ranks shapes the way longer training does.
+
+The loss axis of a study's front comes from a short proxy run (BRIEF.md section 9: short runs
+favour shapes that learn fast early). Validation retrains a calibration set of the study's
+trials for `multiplier` x the proxy's token budget and compares rankings:
+
+1. The calibration set: the study's Pareto front plus a seeded random sample of the other
+   complete trials spread over the parameter-count range (one per equal-count stratum of the
+   sorted parameter counts), `trials` in all; or explicit trial numbers.
+2. Each chosen trial's stored config is retrained with the study's stored `[proxy]` settings and
+   corpus, at `multiplier` x the budget, always with the cosine schedule and the default floor
+   (`schedule="cosine", min_lr=0.1`: the long run stands for how users really train), for seeds
+   0..seeds-1. Runs are Ray tasks as in `search`: the driver owns the database, tasks take and
+   return plain data. Every finished run is stored at once (`Storage.add_long_run`); a rerun
+   skips the (trial, multiplier, seed) runs already stored, and Ctrl-C keeps what finished.
+3. The report: Spearman and Kendall of the proxy loss, of -params and of -FLOPs against the
+   long-run loss (seed mean); iso-parameter pair agreement of the proxy and of -params; the seed
+   noise floor; how many members the proxy front and the long-run front (loss vs forward FLOPs,
+   over the calibration set) share; and the long-run hypervolume of each front with one
+   reference point. It is stored with the study (`Storage.add_validation`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from archsearch.errors import ArchsearchError
+from archsearch.search.fidelity import iso_pair_agreement, kendall, noise_floor, spearman
+from archsearch.search.pareto import hypervolume, pareto_mask, reference_point, scaled, study_front
+from archsearch.storage.schema import COMPLETE
+
+if TYPE_CHECKING:
+    from archsearch.storage import Storage, TrialRecord
+
+log = logging.getLogger(__name__)
+
+MIN_TRIALS = 4  # rank correlations over fewer shapes say nothing
+DEFAULT_TRIALS = 12
+DEFAULT_MULTIPLIER = 10.0
+LONG_SCHEDULE = dict(schedule="cosine", min_lr=0.1)  # the long run always trains like users do
+FRONT_OBJECTIVES = ("loss", "flops")  # the fronts compared: loss against forward FLOPs per token
+
+
+class ValidateError(ArchsearchError):
+    """A validation that cannot start: bad options, an unknown study, too few complete trials."""
+
+
+@dataclass(frozen=True)
+class ValidateOptions:
+    """What to validate and how. Checked on construction, before anything is opened or written."""
+
+    study: str
+    trials: int = DEFAULT_TRIALS  # calibration-set size when `numbers` is empty
+    numbers: tuple[int, ...] = ()  # explicit trial numbers; empty: the front plus a sample
+    multiplier: float = DEFAULT_MULTIPLIER  # long runs train this many times the proxy's tokens
+    seeds: int = 1  # long runs per trial, seeds 0..seeds-1
+    workers: int = 1  # long runs at once
+    sample_seed: int = 0  # seeds the choice of the non-front trials
+    # Ray, as `SearchOptions` names them (the driver's pool reads these four).
+    address: str | None = None
+    cpus_per_trial: float = 1.0
+    gpus_per_trial: float = 0.0
+    retries: int = 1  # re-runs of a long run whose worker died
+
+    def __post_init__(self) -> None:
+        if not self.study:
+            raise ValidateError("--study is required")
+        if not (isinstance(self.multiplier, (int, float)) and math.isfinite(self.multiplier)):
+            raise ValidateError(f"--multiplier must be a finite number > 1, got {self.multiplier}")
+        if self.multiplier <= 1:
+            raise ValidateError(
+                f"--multiplier must be > 1 (a longer run than the proxy), got {self.multiplier:g}"
+            )
+        if self.seeds < 1:
+            raise ValidateError(f"--seeds must be at least 1, got {self.seeds}")
+        if self.workers < 1:
+            raise ValidateError(f"--workers must be at least 1, got {self.workers}")
+        if not self.numbers and self.trials < MIN_TRIALS:
+            raise ValidateError(f"--trials must be at least {MIN_TRIALS}, got {self.trials}")
+        if len(set(self.numbers)) != len(self.numbers):
+            raise ValidateError("a --trial number is given twice")
+        if self.cpus_per_trial <= 0 or self.gpus_per_trial < 0 or self.retries < 0:
+            raise ValidateError("--cpus-per-run must be > 0, --gpus-per-run and --retries >= 0")
+
+
+@dataclass(frozen=True)
+class ValidateProgress:
+    """A snapshot for progress displays: long runs stored of those the report needs."""
+
+    done: int
+    total: int
+    failed: int
+    last: str  # what just happened, e.g. "trial 3 seed 0: 2.1034"
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class ValidateSummary:
+    study: str
+    report: dict[str, Any] | None  # None when interrupted before every run was stored
+    trained: int  # long runs trained by this call
+    skipped: int  # long runs found stored and reused
+    failed: tuple[str, ...]  # "trial N seed S: reason" of the runs that failed here
+    signal: int | None = None  # the signal that stopped it early
+
+
+# ------------------------------------------------------------------------------------------------
+# The calibration set
+# ------------------------------------------------------------------------------------------------
+def calibration_set(
+    storage: Storage, study: str, n: int = DEFAULT_TRIALS, numbers: Sequence[int] = (), seed: int = 0
+) -> list[TrialRecord]:
+    """The trials to retrain, by trial number.
+
+    Args:
+        n: how many: the study's front (all of it, or `n` spread along it when larger) plus a
+            random sample of the other complete trials, one from each of equal-count strata of
+            their sorted parameter counts, so small and large shapes are both in. A shape
+            trained by several trials is in once, as its first trial.
+        numbers: explicit trial numbers instead; each must be a complete trial.
+        seed: seeds the sample.
+
+    Raises:
+        ValidateError: an unknown study, fewer than `MIN_TRIALS` complete trials (or numbers),
+            or a number that is not a complete trial.
+    """
+    storage.require_study(study)
+    complete = [
+        r
+        for r in storage.trials(study, status=COMPLETE)
+        if r.config is not None and r["loss"] is not None and math.isfinite(r["loss"])
+    ]
+    if len(complete) < MIN_TRIALS:
+        raise ValidateError(
+            f"study {study!r} has {len(complete)} complete trials with a loss; validate needs at least "
+            f"{MIN_TRIALS}"
+        )
+    by_number = {r.number: r for r in complete}
+    if numbers:
+        missing = [n for n in numbers if n not in by_number]
+        if missing:
+            raise ValidateError(
+                f"not complete trials of {study!r}: {', '.join(map(str, missing))} (see `archsearch trials`)"
+            )
+        if len(numbers) < MIN_TRIALS:
+            raise ValidateError(f"give at least {MIN_TRIALS} --trial numbers, got {len(numbers)}")
+        return sorted((by_number[n] for n in numbers), key=lambda r: r.number)
+    # One trial per shape: a shape evaluated twice (two drivers, or two workers asking it at once)
+    # would enter every measure as a pair tied on both sides. The first trial stands for it.
+    shapes: dict[str, int] = {}
+    for r in complete:
+        shapes.setdefault(r.config.to_json(indent=None), r.number)  # type: ignore[union-attr]
+    distinct = set(shapes.values())
+    complete = [r for r in complete if r.number in distinct]
+    sf = study_front(storage, study)
+    front = [n for n in (sf.front.numbers if sf else ()) if n in distinct]
+    if len(front) >= n:
+        picks = np.unique(np.round(np.linspace(0, len(front) - 1, n)).astype(int))
+        chosen = [front[i] for i in picks]
+    else:
+        others = sorted((r for r in complete if r.number not in set(front)), key=lambda r: r["params_total"])
+        k = min(n - len(front), len(others))
+        rng = np.random.default_rng(seed)
+        strata = np.array_split(np.arange(len(others)), k) if k else []
+        chosen = front + [others[int(rng.choice(s))].number for s in strata]
+    return sorted((by_number[c] for c in chosen), key=lambda r: r.number)
+
+
+# ------------------------------------------------------------------------------------------------
+# Long-run settings and the Ray task
+# ------------------------------------------------------------------------------------------------
+def long_settings(proxy: dict[str, Any], multiplier: float, seed: int, tokens_trained: int | None) -> dict:
+    """The long run's `TrainSettings` fields: the proxy's budget times `multiplier`, the cosine
+    schedule with the default floor, seed `seed`.
+
+    A tokens or FLOPs budget is multiplied; a seconds budget is not reproducible, so the long run
+    trains `multiplier` x the tokens the trial's proxy run actually trained.
+    """
+    settings = dict(proxy)
+    if settings.get("tokens") is not None:
+        settings["tokens"] = round(settings["tokens"] * multiplier)
+    elif settings.get("flops") is not None:
+        settings["flops"] = float(settings["flops"] * multiplier)
+    else:
+        if not tokens_trained:
+            raise ValidateError("a seconds-budget proxy run without a token count cannot be scaled")
+        settings["tokens"], settings["seconds"] = round(tokens_trained * multiplier), None
+    return {**settings, **LONG_SCHEDULE, "seed": seed}
+
+
+def long_run(request: dict[str, Any]) -> dict[str, Any]:
+    """The Ray task: train one config with the given settings; plain data in and out.
+
+    Args:
+        request: "config" (`ArchConfig.to_dict()`), "settings" (`TrainSettings` fields), "data"
+            (the corpus path, None for the bundled corpus).
+
+    Returns:
+        status ("complete" or "failed"), reason, val_loss (nats per token), tokens, val_curve,
+        wall_time_s, corpus_fingerprint, device_fingerprint. Deterministic on CPU for one request.
+    """
+    from archsearch.evaluators.settings import TrainSettings
+    from archsearch.evaluators.trainer import resolve_device, train
+    from archsearch.search.worker import _dataset
+    from archsearch.space.config import ArchConfig
+
+    cfg = ArchConfig.from_dict(request["config"])
+    settings = TrainSettings(**request["settings"])
+    data = _dataset(request.get("data"), cfg.vocab_size, settings.seq_len or cfg.seq_len)
+    result = train(cfg, data, settings)
+    return dict(
+        status=result.status,
+        reason=result.reason,
+        val_loss=result.val_loss,
+        tokens=result.tokens,
+        val_curve=[list(p) for p in result.val_curve],
+        wall_time_s=result.wall_time_s,
+        corpus_fingerprint=result.corpus_fingerprint,
+        device_fingerprint=resolve_device(settings.device).fingerprint,
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# The metrics
+# ------------------------------------------------------------------------------------------------
+def fidelity_report(rows: Sequence[dict[str, Any]], multiplier: float, seeds: int) -> dict[str, Any]:
+    """The rank-fidelity report of a calibration set.
+
+    Args:
+        rows: one per trial: number, params_total, flops (forward per token), proxy_loss and
+            long_losses (one per seed; trials without any are left out of the measures).
+
+    Returns:
+        Plain data (JSON-ready): see the module docstring; NaN correlations become None.
+    """
+    used = [r for r in rows if r["long_losses"]]
+    numbers = [r["number"] for r in used]
+    proxy = np.array([r["proxy_loss"] for r in used], dtype=float)
+    long = np.array([float(np.mean(r["long_losses"])) for r in used], dtype=float)
+    params = np.array([r["params_total"] for r in used], dtype=float)
+    flops = np.array([r["flops"] for r in used], dtype=float)
+
+    def finite(x: float) -> float | None:
+        return float(x) if math.isfinite(x) else None
+
+    predictors = {"proxy": proxy, "params": -params, "flops": -flops}  # lower predicted = better
+    correlations = {
+        name: {"spearman": finite(spearman(p, long)), "kendall": finite(kendall(p, long))}
+        for name, p in predictors.items()
+    } if len(used) >= 2 else {name: {"spearman": None, "kendall": None} for name in predictors}  # fmt: skip
+    iso = {name: list(iso_pair_agreement(predictors[name], long, params)) for name in ("proxy", "params")}
+
+    # Fronts over the calibration set in (loss, forward FLOPs): ranked by the proxy loss and by
+    # the long-run loss; both then scored by their long-run hypervolume, one reference point.
+    proxy_pts = np.column_stack([proxy, flops])
+    long_pts = np.column_stack([long, flops])
+    proxy_front = [numbers[i] for i in np.flatnonzero(pareto_mask(scaled(proxy_pts, FRONT_OBJECTIVES)))]
+    long_front = [numbers[i] for i in np.flatnonzero(pareto_mask(scaled(long_pts, FRONT_OBJECTIVES)))]
+    fronts: dict[str, Any] = {"objectives": list(FRONT_OBJECTIVES)}
+    if used:
+        ref = reference_point(long_pts, FRONT_OBJECTIVES)
+        scaled_ref = scaled(np.asarray([ref]), FRONT_OBJECTIVES)[0]
+        index = {n: i for i, n in enumerate(numbers)}
+
+        def long_hv(members: list[int]) -> float:
+            return hypervolume(scaled(long_pts[[index[m] for m in members]], FRONT_OBJECTIVES), scaled_ref)
+
+        fronts.update(
+            proxy=proxy_front,
+            long=long_front,
+            shared=len(set(proxy_front) & set(long_front)),
+            proxy_long_hypervolume=long_hv(proxy_front),
+            long_long_hypervolume=long_hv(long_front),
+            reference=list(ref),
+        )
+    floor = noise_floor([r["long_losses"] for r in used]) if seeds > 1 else None
+    return {
+        "multiplier": float(multiplier),
+        "seeds": int(seeds),
+        "trials": numbers,
+        "correlations": correlations,
+        "iso_pairs": iso,
+        "noise_floor": floor,
+        "fronts": fronts,
+        "rows": [
+            {
+                **r,
+                "long_loss": float(np.mean(r["long_losses"])) if r["long_losses"] else None,
+                "long_losses": list(r["long_losses"]),
+            }
+            for r in rows
+        ],
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# The driver
+# ------------------------------------------------------------------------------------------------
+def run_validate(
+    storage: Storage,
+    options: ValidateOptions,
+    *,
+    on_update: Callable[[ValidateProgress], None] | None = None,
+    run_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> ValidateSummary:
+    """Choose the calibration set, train the long runs not yet stored, report and store the metrics.
+
+    Args:
+        storage: the trial database (the study must be in it).
+        options: see `ValidateOptions`.
+        on_update: called with a `ValidateProgress` after each long run, for progress displays.
+        run_fn: the Ray task body; `long_run` by default.
+
+    Returns:
+        A `ValidateSummary`; its report is None, and `signal` set, when SIGINT / SIGTERM stopped it
+        before every run was stored (the runs that finished are kept; a rerun continues).
+
+    Raises:
+        ValidateError: too few complete trials, unknown trial numbers or study.
+    """
+    from archsearch.search.driver import _RayPool, _signals, _Stop
+
+    record = storage.require_study(options.study)
+    chosen = calibration_set(storage, options.study, options.trials, options.numbers, options.sample_seed)
+    proxy = record.spec.get("proxy")
+    if not proxy:
+        raise ValidateError(f"study {options.study!r} stores no [proxy] settings to retrain with")
+    data = record.spec.get("data")
+    stored = {r.key for r in storage.long_runs(options.study, options.multiplier)}
+    # Every request is built before Ray starts, so a settings error writes and trains nothing.
+    todo = [
+        (r, seed, dict(
+            config=r.config.to_dict(),  # type: ignore[union-attr]
+            settings=long_settings(proxy, options.multiplier, seed, r["tokens_trained"]),
+            data=data,
+        ))
+        for r in chosen
+        for seed in range(options.seeds)
+        if (r.number, float(options.multiplier), seed) not in stored
+    ]  # fmt: skip
+    total = len(chosen) * options.seeds
+    skipped = total - len(todo)
+    start = time.monotonic()
+    failed: list[str] = []
+    trained = 0
+    stop = _Stop()
+    if todo:
+        log.info("validate %s: %d long runs to train, %d stored", options.study, len(todo), skipped)
+        with _RayPool(options, run_fn or long_run) as pool, _signals(stop):  # type: ignore[arg-type]
+            running: dict[Any, tuple[TrialRecord, int, dict[str, Any], int]] = {}  # ref -> run, attempt
+            try:
+                while stop.signum is None and (todo or running):
+                    while todo and len(running) < options.workers:
+                        r, seed, request = todo.pop(0)
+                        running[pool.task.remote(request)] = (r, seed, request, 1)
+                    for ref in pool.wait(list(running), 0.5):
+                        r, seed, request, attempt = running.pop(ref)
+                        result, reason, died = pool.result(ref)
+                        if result is None and died and attempt <= options.retries:
+                            log.warning("trial %d seed %d: %s; retrying", r.number, seed, reason)
+                            running[pool.task.remote(request)] = (r, seed, request, attempt + 1)
+                            continue
+                        why = _store(storage, options, r.number, seed, request, result, reason)
+                        if why is None:
+                            trained += 1
+                            last = f"trial {r.number} seed {seed}: {result['val_loss']:.4f}"  # type: ignore[index]
+                        else:
+                            failed.append(last := f"trial {r.number} seed {seed}: {why}")
+                            log.warning("long run failed: %s", last)
+                        if on_update is not None:
+                            elapsed = time.monotonic() - start
+                            on_update(ValidateProgress(skipped + trained, total, len(failed), last, elapsed))
+            finally:
+                for ref in running:  # Ctrl-C: what finished is stored; what runs is dropped
+                    pool.cancel(ref)
+    if stop.signum is not None:
+        return ValidateSummary(options.study, None, trained, skipped, tuple(failed), stop.signum)
+    report = _report(storage, options, chosen)
+    storage.add_validation(options.study, multiplier=options.multiplier, seeds=options.seeds, report=report)
+    return ValidateSummary(options.study, report, trained, skipped, tuple(failed))
+
+
+def _store(
+    storage: Storage,
+    options: ValidateOptions,
+    number: int,
+    seed: int,
+    request: dict[str, Any],
+    result: dict[str, Any] | None,
+    reason: str | None,
+) -> str | None:
+    """Store one finished long run (one transaction); the reason instead when it has no loss.
+
+    A failed run is not stored, so a rerun tries it again.
+    """
+    if result is None or result["status"] != COMPLETE or result["val_loss"] is None:
+        return reason or (result or {}).get("reason") or "no loss"
+    storage.add_long_run(
+        options.study,
+        trial_number=number,
+        multiplier=options.multiplier,
+        seed=seed,
+        tokens=result["tokens"],
+        val_loss=result["val_loss"],
+        val_curve=result["val_curve"],
+        settings=request["settings"],
+        device_fingerprint=result["device_fingerprint"],
+        corpus_fingerprint=result["corpus_fingerprint"],
+        wall_time_s=result["wall_time_s"],
+    )
+    return None
+
+
+def _report(storage: Storage, options: ValidateOptions, chosen: list[TrialRecord]) -> dict[str, Any]:
+    losses: dict[int, list[float]] = {}
+    for run in storage.long_runs(options.study, options.multiplier):
+        if run.seed < options.seeds:
+            losses.setdefault(run.trial_number, []).append(run.val_loss)
+    rows = [
+        dict(
+            number=r.number,
+            params_total=int(r["params_total"]),
+            flops=float(r["flops_forward_per_token"]),
+            proxy_loss=float(r["loss"]),
+            long_losses=losses.get(r.number, []),
+            shape=r.config.describe() if r.config is not None else "",
+        )
+        for r in chosen
+    ]
+    return fidelity_report(rows, options.multiplier, options.seeds)

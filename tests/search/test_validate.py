@@ -1,0 +1,282 @@
+"""`archsearch validate` on tiny studies written through the storage API (no search run)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import signal
+
+import pytest
+from typer.testing import CliRunner
+
+from archsearch.cli import app
+from archsearch.search.validate import (
+    ValidateError,
+    ValidateOptions,
+    calibration_set,
+    fidelity_report,
+    long_settings,
+    run_validate,
+)
+from archsearch.space.knobs import config_from_knobs
+from archsearch.storage import Storage, TrialOutcome
+from tests.search.conftest import tiny_spec
+
+# (d_model, n_layers, proxy loss): the study's front in (loss, FLOPs) is trials 0, 1 and 3.
+SHAPES = [(64, 1, 2.9), (64, 2, 2.8), (128, 1, 2.85), (128, 2, 2.7), (128, 4, 2.75), (64, 4, 2.82)]
+ARGS = ("--study", "tiny", "--trials", "4", "--multiplier", "2")  # 4 runs of 4,096 tokens
+JSON_KEYS = {
+    "study", "trained", "skipped", "failed", "multiplier", "seeds", "trials", "correlations", "iso_pairs",
+    "noise_floor", "fronts", "rows",
+}  # fmt: skip
+
+
+def _study(url: str, shapes=SHAPES, failed: int = 0) -> str:
+    spec = tiny_spec()
+    with Storage.open(url) as db:
+        db.create_study(
+            "tiny", spec_fingerprint=spec.fingerprint, spec_source=spec.source, spec=spec.to_dict(),
+            objectives=spec.objectives,
+        )  # fmt: skip
+        for number, (d_model, layers, loss) in enumerate(shapes):
+            cfg = config_from_knobs(d_model=d_model, n_layers=layers, head_dim=32, vocab_size=256, seq_len=32)
+            slot = db.claim_trial("tiny", 100, 60)
+            db.assign_trial(slot, number=number, optuna_trial_id=number, params={}, config=cfg)
+            db.finish_trial(slot, TrialOutcome(status="complete", train={"val_loss": loss, "tokens": 2048}))
+        for _ in range(failed):
+            db.finish_trial(db.claim_trial("tiny", 100, 60), TrialOutcome(status="failed", reason="boom"))
+    return url
+
+
+@pytest.fixture
+def url(tmp_path):
+    return _study(f"sqlite:///{tmp_path / 't.db'}")
+
+
+def _run(*args: str):
+    return CliRunner().invoke(app, ["validate", *args])
+
+
+def _files(tmp_path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(tmp_path.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def validated(tmp_path_factory, ray_session):
+    """One real validation of the tiny study (CPU), shared by the tests that read it."""
+    path = tmp_path_factory.mktemp("validated")
+    url = _study(f"sqlite:///{path / 't.db'}")
+    result = _run(*ARGS, "--storage", url, "--json")
+    assert result.exit_code == 0, result.output
+    return url, json.loads(result.stdout)
+
+
+def test_too_few_complete_trials_is_one_error_line(tmp_path):
+    url = _study(f"sqlite:///{tmp_path / 't.db'}", shapes=SHAPES[:3], failed=2)
+    result = _run("--study", "tiny", "--storage", url)
+    assert result.exit_code == 2
+    assert (
+        result.stderr == "error: study 'tiny' has 3 complete trials with a loss; validate needs at least 4\n"
+    )
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (("--multiplier", "1"), "--multiplier must be > 1"),
+        (("--multiplier", "0.5"), "--multiplier must be > 1"),
+        (("--multiplier", "nan"), "--multiplier must be a finite number"),
+        (("--multiplier", "inf"), "--multiplier must be a finite number"),
+        (("--seeds", "0"), "--seeds must be at least 1"),
+    ],
+    ids=["one", "below-one", "nan", "inf", "no-seeds"],
+)
+def test_bad_options_exit_2_and_leave_the_database_unchanged(url, tmp_path, args, match):
+    before = _files(tmp_path)
+    result = _run("--study", "tiny", "--storage", url, *args)
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: {match}") and result.stderr.count("\n") == 1
+    assert _files(tmp_path) == before
+
+
+def test_unknown_trial_numbers_are_an_error(url):
+    result = _run("--study", "tiny", "--storage", url, *(f"--trial={n}" for n in (0, 1, 2, 42)))
+    assert result.exit_code == 2
+    assert result.stderr == "error: not complete trials of 'tiny': 42 (see `archsearch trials`)\n"
+
+
+def test_the_calibration_set_is_the_front_plus_a_sample_spread_over_sizes(url):
+    with Storage.open(url) as db:
+        assert [r.number for r in calibration_set(db, "tiny", 4)] in (
+            [0, 1, 2, 3],
+            [0, 1, 3, 4],
+            [0, 1, 3, 5],
+        )
+        # Five: the front and one from each half of the others by parameter count (2 and 5 are
+        # the two smallest non-front shapes, 4 the largest).
+        five = [r.number for r in calibration_set(db, "tiny", 5, seed=3)]
+        assert five[:2] == [0, 1] and 3 in five and 4 in five and len(five) == 5
+        assert [r.number for r in calibration_set(db, "tiny", 2)] == [0, 3]  # spread along the front
+        assert [r.number for r in calibration_set(db, "tiny", numbers=[5, 4, 0, 1])] == [0, 1, 4, 5]
+        assert calibration_set(db, "tiny", 4, seed=7) == calibration_set(db, "tiny", 4, seed=7)
+
+
+def test_long_runs_scale_the_budget_and_train_with_the_cosine_schedule():
+    proxy = {"tokens": 2048, "schedule": "wsd", "min_lr": 0.0, "seed": 5, "lr": 1e-3}
+    assert long_settings(proxy, 10, 2, None) == {
+        "tokens": 20480, "schedule": "cosine", "min_lr": 0.1, "seed": 2, "lr": 1e-3,
+    }  # fmt: skip
+    assert long_settings({"tokens": None, "flops": 1e9}, 2.5, 0, None)["flops"] == 2.5e9
+    assert long_settings({"tokens": None, "flops": None, "seconds": 3.0}, 4, 0, 1000)["tokens"] == 4000
+
+
+def test_the_report_of_a_perfect_proxy():
+    rows = [
+        dict(number=n, params_total=p, flops=2.0 * p, proxy_loss=loss, long_losses=[loss - 1, loss - 0.9])
+        for n, (p, loss) in enumerate([(100, 3.0), (110, 2.9), (300, 2.5), (1000, 2.6)])
+    ]
+    report = fidelity_report(rows, 10, 2)
+    assert report["correlations"]["proxy"] == {"spearman": pytest.approx(1.0), "kendall": pytest.approx(1.0)}
+    assert report["correlations"]["params"]["spearman"] == pytest.approx(0.8)
+    assert report["iso_pairs"] == {"proxy": [1, 1], "params": [1, 1]}
+    assert report["noise_floor"] == pytest.approx(math.sqrt(0.005))  # each pair differs by 0.1
+    fronts = report["fronts"]
+    assert sorted(fronts["proxy"]) == sorted(fronts["long"]) == [0, 1, 2] and fronts["shared"] == 3
+    assert fronts["proxy_long_hypervolume"] == fronts["long_long_hypervolume"] > 0
+
+
+def test_json_output_has_the_report_keys(validated):
+    _, report = validated
+    assert set(report) == JSON_KEYS
+    assert report["trained"] == 4 and report["skipped"] == 0 and report["seeds"] == 1
+    assert report["failed"] == []
+    assert report["noise_floor"] is None  # one seed
+    assert set(report["correlations"]) == {"proxy", "params", "flops"}
+    assert all(r["long_loss"] is not None and len(r["long_losses"]) == 1 for r in report["rows"])
+    assert {"proxy", "long", "shared", "proxy_long_hypervolume", "long_long_hypervolume"} <= set(
+        report["fronts"]
+    )
+
+
+def test_a_rerun_trains_nothing_and_reports_the_same(validated):
+    url, first = validated
+    with Storage.open(url) as db:
+        runs = db.long_runs("tiny")
+    result = _run(*ARGS, "--storage", url, "--json")
+    assert result.exit_code == 0, result.output
+    again = json.loads(result.stdout)
+    assert (again["trained"], again["skipped"]) == (0, 4)
+    drop = {"trained", "skipped", "failed"}
+    assert {k: v for k, v in again.items() if k not in drop} == {
+        k: v for k, v in first.items() if k not in drop
+    }
+    with Storage.open(url) as db:
+        assert db.long_runs("tiny") == runs  # nothing rewritten
+        assert [v.report["correlations"] for v in db.validations("tiny")] == [first["correlations"]] * 2
+
+
+def test_the_table_states_the_measures(validated):
+    url, _ = validated
+    result = _run(*ARGS, "--storage", url)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "4 trials retrained at 2x the proxy's tokens, 1 seed" in out
+    for text in ("proxy loss", "-params", "-FLOPs", "Spearman", "Kendall", "seed noise floor", "hypervolume"):
+        assert text in out
+
+
+def test_an_interrupted_validation_keeps_its_runs_and_a_rerun_trains_the_rest(
+    tmp_path, validated, ray_session
+):
+    url = _study(f"sqlite:///{tmp_path / 't.db'}")
+    seen = []
+
+    def interrupt(progress):
+        seen.append(progress.done)
+        if len(seen) == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C: the driver's handler stops the loop
+
+    with Storage.open(url) as db:
+        summary = run_validate(db, ValidateOptions("tiny", trials=4, multiplier=2), on_update=interrupt)
+        assert summary.signal == signal.SIGINT and summary.report is None and summary.trained == 1
+        [kept] = db.long_runs("tiny")
+        assert db.validations("tiny") == []
+    result = _run(*ARGS, "--storage", url, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert (report["trained"], report["skipped"]) == (3, 1)
+    with Storage.open(url) as db:
+        runs = db.long_runs("tiny")
+    assert len(runs) == 4 and len({r.key for r in runs}) == 4
+    assert kept in runs  # the first run was kept, not repeated
+    # CPU training is deterministic: the same losses as the uninterrupted validation.
+    _, reference = validated
+    assert [r["long_losses"] for r in report["rows"]] == [r["long_losses"] for r in reference["rows"]]
+    assert report["correlations"] == reference["correlations"]
+
+
+def test_options_are_checked_before_anything_runs():
+    with pytest.raises(ValidateError, match="--workers must be at least 1"):
+        ValidateOptions("s", workers=0)
+    with pytest.raises(ValidateError, match="given twice"):
+        ValidateOptions("s", numbers=(1, 1, 2, 3))
+
+
+def test_pareto_and_trials_show_the_long_run_loss_where_one_exists(url):
+    runner = CliRunner()
+    before = runner.invoke(app, ["pareto", "--study", "tiny", "--storage", url])
+    assert before.exit_code == 0, before.output
+    assert "long loss" not in before.stdout  # no long runs: the tables are as they were
+    with Storage.open(url) as db:
+        for seed, loss in enumerate((2.5, 2.7)):
+            db.add_long_run("tiny", trial_number=3, multiplier=10, seed=seed, tokens=20480, val_loss=loss)
+        db.add_long_run("tiny", trial_number=0, multiplier=2, seed=0, tokens=4096, val_loss=2.75)
+        db.add_long_run("tiny", trial_number=0, multiplier=5, seed=0, tokens=10240, val_loss=2.65)
+        assert db.long_run_losses("tiny") == {3: (10.0, pytest.approx(2.6), 2), 0: (5.0, 2.65, 1)}
+    pareto = runner.invoke(app, ["pareto", "--study", "tiny", "--storage", url])
+    assert "long loss" in pareto.stdout
+    assert "2.6000 (10x, 2 seeds)" in pareto.stdout and "2.6500 (5x)" in pareto.stdout
+    front = json.loads(runner.invoke(app, ["pareto", "--study", "tiny", "--storage", url, "--json"]).stdout)
+    rows = {r["number"]: r for r in front[0]["front"]}
+    assert (rows[3]["long_loss"], rows[3]["long_multiplier"], rows[3]["long_seeds"]) == (
+        pytest.approx(2.6), 10.0, 2,
+    )  # fmt: skip
+    assert rows[1]["long_loss"] is None
+    listing = runner.invoke(app, ["trials", "--study", "tiny", "--storage", url])
+    assert listing.exit_code == 0, listing.output
+    assert "long loss" in listing.stdout and "2.6000 (10x, 2 seeds)" in listing.stdout
+
+
+def _fake_run(request):
+    """A long run without training: trial 0's shape fails, the others get a loss from their width."""
+    d_model = request["config"]["d_model"]
+    if request["config"]["n_layers"] == 1 and d_model == 64:
+        return dict(status="failed", reason="loss is NaN", val_loss=None)
+    return dict(
+        status="complete", reason=None, val_loss=3.0 - d_model / 1000 - request["settings"]["seed"] / 100,
+        tokens=request["settings"]["tokens"], val_curve=[], wall_time_s=0.0, corpus_fingerprint="c",
+        device_fingerprint="d",
+    )  # fmt: skip
+
+
+def test_a_failed_long_run_is_reported_not_stored_and_retried_by_a_rerun(url, ray_session):
+    with Storage.open(url) as db:
+        options = ValidateOptions("tiny", trials=4, multiplier=2, seeds=2, workers=2)
+        summary = run_validate(db, options, run_fn=_fake_run)
+        assert summary.failed == ("trial 0 seed 0: loss is NaN", "trial 0 seed 1: loss is NaN")
+        assert summary.trained == 6 and {r.trial_number for r in db.long_runs("tiny")} == {1, 3, 4}
+        rows = {r["number"]: r for r in summary.report["rows"]}
+        assert rows[0]["long_loss"] is None and summary.report["trials"] == [1, 3, 4]
+        assert summary.report["noise_floor"] == pytest.approx(math.sqrt(0.00005))  # seeds 0.01 apart
+        again = run_validate(db, options, run_fn=_fake_run)
+        assert (again.trained, again.skipped, len(again.failed)) == (0, 6, 2)
+
+
+def test_a_shape_trained_twice_enters_the_calibration_set_once(tmp_path):
+    url = _study(f"sqlite:///{tmp_path / 't.db'}", shapes=[*SHAPES, (128, 4, 2.75)])  # trial 6 = trial 4
+    with Storage.open(url) as db:
+        assert [r.number for r in calibration_set(db, "tiny", 12)] == [0, 1, 2, 3, 4, 5]
+        assert [r.number for r in calibration_set(db, "tiny", numbers=[4, 6, 0, 1])] == [0, 1, 4, 6]
