@@ -18,3 +18,17 @@ def test_query_speed_smoke(tmp_path):
     assert "database: 300 trials" in done.stdout, done.stdout
     assert "trials on the front of" in done.stdout, done.stdout
     assert "python -m archsearch pareto" in done.stdout, done.stdout
+
+
+def test_proxy_fidelity_smoke():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "proxy_fidelity.py"), "--smoke",
+         "--variants", "reference,tokens2x-constant"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("3 shapes; long-run reference: recorded 10x runs"), done.stdout
+    rows = {line.split()[0]: line.split() for line in lines[2:]}
+    assert set(rows) == {"params", "forward", "reference", "tokens2x-constant"}, done.stdout
+    assert rows["tokens2x-constant"][1] == "0.07x", done.stdout  # 2 x 4,096 smoke tokens of 120k

@@ -1,0 +1,169 @@
+"""Proxy fidelity: how well each proxy variant ranks shapes the way 10x longer training does.
+
+The calibration set is fixed: the 14 distinct shapes of a random-sampler study of
+`examples/tiny.toml`, with their loss after 5x and 10x the original proxy budget (120,832 tokens,
+batch 16, cosine, seed 0, fp32, CPU), recorded in `benchmarks/data/fidelity_tiny_2026-11-23.json`.
+Each variant below trains every shape once on the bundled corpus (fp32, one thread: CPU runs are
+bit-reproducible, so the variant "reference" reproduces the recorded proxy losses exactly) and is
+scored against the recorded long runs. Printed per variant (and for the free predictors, parameter
+count and forward FLOPs, on the same set):
+- Spearman and Kendall of its loss against the 10x loss (and Spearman against 5x);
+- pairwise agreement inside iso-parameter pairs (parameter counts within 25%);
+- how many members its front (loss vs forward FLOPs) shares with the 10x front;
+- its compute: training tokens per shape as a multiple of the original proxy's, and of a 10x run.
+
+    python benchmarks/proxy_fidelity.py [--variants reference,batch8] [--out results.json]
+    python benchmarks/proxy_fidelity.py --smoke      # 3 shapes, a few thousand tokens: seconds
+
+Results are kept in `--out` as they come, so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from archsearch.fileio import write_atomic
+from archsearch.search.fidelity import iso_pair_agreement, kendall, spearman
+from archsearch.search.pareto import pareto_mask
+
+CALIBRATION = Path(__file__).resolve().parent / "data" / "fidelity_tiny_2026-11-23.json"
+PROXY_TOKENS = 120_000  # the original proxy's budget (examples/tiny.toml before the change)
+
+# name -> TrainSettings fields that differ from the original proxy (batch 16, 120k tokens, cosine).
+# Smaller batches keep the tokens and add optimizer steps; they evaluate on as many tokens (8 x 16
+# sequences) so that only training differs.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "reference": {},
+    "constant": {"schedule": "constant"},
+    "batch8": {"batch_size": 8, "eval_batches": 16},
+    "batch8-constant": {"batch_size": 8, "eval_batches": 16, "schedule": "constant"},
+    "batch4": {"batch_size": 4},  # post-norm shapes stall at the unigram loss at this rate
+    "batch4-lr1e-3": {"batch_size": 4, "eval_batches": 32, "lr": 1e-3},
+    "tokens1.5x-constant": {"tokens": 180_000, "schedule": "constant"},
+    "tokens2x": {"tokens": 2 * PROXY_TOKENS},
+    "tokens2x-constant": {"tokens": 2 * PROXY_TOKENS, "schedule": "constant"},
+    "batch8-tokens2x": {"batch_size": 8, "eval_batches": 16, "tokens": 2 * PROXY_TOKENS},
+    "batch8-tokens2x-constant": {
+        "batch_size": 8, "eval_batches": 16, "tokens": 2 * PROXY_TOKENS, "schedule": "constant",
+    },
+}  # fmt: skip
+BASE = dict(tokens=PROXY_TOKENS, batch_size=16, evals=4, device="cpu", precision="fp32", seed=0)
+
+
+def train_variant(trials: list[dict], overrides: dict[str, Any], done: dict[str, Any], save) -> None:
+    """Train every calibration shape not yet in `done` (trial number -> result), saving after each."""
+    import torch
+
+    from archsearch.evaluators.data import load_dataset
+    from archsearch.evaluators.settings import TrainSettings
+    from archsearch.evaluators.trainer import train
+    from archsearch.space.config import ArchConfig
+
+    torch.set_num_threads(1)  # these shapes gain nothing from a second thread (issue 9's 31x)
+    settings = TrainSettings(**{**BASE, **overrides})
+    data = load_dataset(None, None, seq_len=trials[0]["config"]["seq_len"])
+    for trial in trials:
+        key = str(trial["trial"])
+        if key in done:
+            continue
+        start = time.perf_counter()
+        result = train(ArchConfig.from_dict(trial["config"]), data, settings)
+        done[key] = dict(
+            status=result.status, val_loss=result.val_loss, tokens=result.tokens, steps=result.steps,
+            wall_s=time.perf_counter() - start, val_curve=[list(p) for p in result.val_curve],
+        )  # fmt: skip
+        save()
+
+
+def scores(predicted: np.ndarray, trials: list[dict]) -> dict[str, float]:
+    """Fidelity of `predicted` (lower = better) against the recorded long runs."""
+    x10 = np.array([t["x10"]["val_loss"] for t in trials])
+    x5 = np.array([t["x5"]["val_loss"] for t in trials])
+    params = np.array([t["params_total"] for t in trials], dtype=float)
+    flops = np.array([t["flops_forward_per_token"] for t in trials])
+    agree, pairs = iso_pair_agreement(predicted, x10, params)
+    front = set(np.flatnonzero(pareto_mask(np.column_stack([predicted, flops]))))
+    long_front = set(np.flatnonzero(pareto_mask(np.column_stack([x10, flops]))))
+    return dict(
+        spearman_10x=spearman(predicted, x10),
+        kendall_10x=kendall(predicted, x10),
+        spearman_5x=spearman(predicted, x5),
+        iso_agree=agree,
+        iso_pairs=pairs,
+        front=len(front),
+        front_10x=len(long_front),
+        front_shared=len(front & long_front),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"any of {', '.join(VARIANTS)}")
+    parser.add_argument("--out", default="proxy_fidelity_results.json", help="results (resumable)")
+    parser.add_argument("--smoke", action="store_true", help="3 shapes, 4k tokens: checks the script runs")
+    args = parser.parse_args()
+    names = [n.strip() for n in args.variants.split(",") if n.strip()]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variant(s) {unknown}; valid: {', '.join(VARIANTS)}")
+
+    trials = json.loads(CALIBRATION.read_text())["trials"]
+    if args.smoke:
+        trials = sorted(trials, key=lambda t: t["params_total"])[:3]
+    out = Path(args.out)
+    results: dict[str, Any] = json.loads(out.read_text()) if out.exists() and not args.smoke else {}
+    for name in names:
+        overrides = dict(VARIANTS[name])
+        if args.smoke:
+            overrides["tokens"] = 4096 * overrides.get("tokens", PROXY_TOKENS) // PROXY_TOKENS
+        done = results.setdefault(name, {"settings": overrides, "runs": {}})["runs"]
+        if not args.smoke:
+            train_variant(trials, overrides, done, lambda: write_atomic(out, json.dumps(results, indent=1)))
+        else:
+            train_variant(trials, overrides, done, lambda: None)
+
+    params = np.array([t["params_total"] for t in trials], dtype=float)
+    rows = {
+        "params (bigger = better)": (scores(-params, trials), 0.0, 0.0),
+        "forward FLOPs (more = better)": (
+            scores(-np.array([t["flops_forward_per_token"] for t in trials]), trials), 0.0, 0.0,
+        ),
+    }  # fmt: skip
+    for name in names:
+        runs = results[name]["runs"]
+        losses = [runs[str(t["trial"])]["val_loss"] for t in trials]
+        if any(loss is None for loss in losses):
+            failed = [t["trial"] for t, loss in zip(trials, losses, strict=True) if loss is None]
+            print(f"{name}: trials {failed} failed; scored as worst")
+        predicted = np.array([np.inf if loss is None else loss for loss in losses])
+        tokens = np.mean([runs[str(t["trial"])]["tokens"] for t in trials])
+        wall = sum(runs[str(t["trial"])]["wall_s"] for t in trials)
+        rows[name] = (scores(predicted, trials), tokens / PROXY_TOKENS, wall)
+
+    print(f"{len(trials)} shapes; long-run reference: recorded 10x runs ({CALIBRATION.name})")
+    print(
+        f"{'predictor':32s} {'compute':>8s} {'of 10x':>7s} {'wall s':>7s} {'sp 10x':>7s} {'kt 10x':>7s} "
+        f"{'sp 5x':>6s} {'iso pairs':>10s} {'front shared':>13s}"
+    )
+    for name, (s, compute, wall) in rows.items():
+        cost = f"{compute:7.2f}x {compute / 10:7.2f} {wall:7.0f}" if compute else f"{'free':>24s}"
+        print(
+            f"{name:32s} {cost} {s['spearman_10x']:7.3f} "
+            f"{s['kendall_10x']:7.3f} {s['spearman_5x']:6.3f} {s['iso_agree']:>4d} of {s['iso_pairs']:<3d}"
+            f" {s['front_shared']:>4d} of {s['front']}/{s['front_10x']}"
+        )
+    if not args.smoke:
+        print(f"results in {os.path.abspath(out)}")
+
+
+if __name__ == "__main__":
+    main()
