@@ -580,7 +580,7 @@ def search(
 
     spec = load_spec(space)
     options = SearchOptions(
-        study=study or spec.name,
+        study=spec.name if study is None else study,  # "" is refused, not replaced
         trials=trials or spec.defaults.trials,
         workers=workers,
         sampler=sampler or spec.defaults.sampler,

@@ -202,6 +202,12 @@ def test_train_shows_progress_with_an_eta_on_a_terminal(tiny_config):
     assert re.search(r"training .*[1-9][\d,]*/4,096 tokens loss \d.* ETA", text), text[-2000:]
 
 
+def test_train_refuses_an_endless_budget(tiny_config):
+    result = run("train", str(tiny_config), "--seconds", "inf")
+    assert result.exit_code == 2, result.output
+    assert result.stderr == "error: seconds must be a finite number, got inf\n"
+
+
 def test_profile_measured_json(tiny_config):
     result = run(
         "profile", str(tiny_config), "--batch", "2", "--min-run-time", "0.01", "--dtype", "fp32", "--json"
@@ -277,6 +283,13 @@ def test_devices_lists_the_catalogue():
             "error: data path not found",
         ),
         (["train", "--preset", "byte-1m", "--tokens", "10", "--schedule", "step"], "error: schedule 'step'"),
+        (["train", "--preset", "byte-1m", "--seconds", "nan"], "error: seconds must be a finite number"),
+        (["train", "--preset", "byte-1m", "--flops", "inf"], "error: flops must be a finite number, got inf"),
+        (["train", "--preset", "byte-1m", "--tokens", "10", "--lr", "-1"], "error: lr must be positive"),
+        (
+            ["train", "--preset", "byte-1m", "--tokens", "10", "--device", "tpu"],
+            "error: device 'tpu' is unknown; valid: cpu, cuda, cuda:N, auto",
+        ),
         (
             ["profile", "--preset", "byte-1m", "--device", "tpu-v9"],
             "error: unknown device 'tpu-v9'; measured: cpu, cuda, cuda:N; modelled: a100-80gb, h100-sxm",

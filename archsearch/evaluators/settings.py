@@ -6,7 +6,9 @@ without importing torch.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -53,6 +55,9 @@ SCHEDULES.register("cosine", _cosine)
 SCHEDULES.register("wsd", _wsd)
 SCHEDULES.register("constant", _constant)
 PRECISIONS = ("auto", "bf16", "fp32")
+# What `trainer.resolve_device` can run; checked here so a space file's `device = "tpu"` is refused
+# when it is read, not once per trial when the trial starts.
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 @dataclass(frozen=True)
@@ -83,11 +88,25 @@ class TrainSettings:
     compile: bool = False  # torch.compile the model
 
     def __post_init__(self) -> None:
+        # Every number finite first: NaN passes every `<=` test below, and inf never ends a run.
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise TrainError(f"{field.name} must be a finite number, got {value}")
         budgets = [b for b in (self.tokens, self.flops, self.seconds) if b is not None]
         if len(budgets) != 1:
             raise TrainError("give exactly one budget: tokens, flops or seconds")
         if budgets[0] <= 0:
             raise TrainError(f"the budget must be positive, got {budgets[0]}")
+        for name in ("lr", "grad_clip"):
+            if getattr(self, name) <= 0:
+                raise TrainError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 0 <= self.min_lr <= 1:
+            raise TrainError(f"min_lr must be a fraction of the peak in [0, 1], got {self.min_lr}")
+        if self.weight_decay < 0:
+            raise TrainError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if not isinstance(self.device, str) or not DEVICE_PATTERN.fullmatch(self.device):
+            raise TrainError(f"device {self.device!r} is unknown; valid: cpu, cuda, cuda:N, auto")
         if self.schedule not in SCHEDULES:
             raise TrainError(f"schedule {self.schedule!r} is unknown; valid: {', '.join(SCHEDULES)}")
         if self.precision not in PRECISIONS:

@@ -41,7 +41,7 @@ import numpy as np
 from archsearch.errors import ArchsearchError
 from archsearch.search.pareto import OBJECTIVE_COLUMNS, StudyFront, pareto_mask, study_front
 from archsearch.search.pruning import DEFAULT_REDUCTION_FACTOR, MultiObjectiveHalving
-from archsearch.search.samplers import SAMPLERS
+from archsearch.search.samplers import SAMPLERS, SEED_MAX
 from archsearch.search.spec import SearchSpec
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts
@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 DEFAULT_LEASE_S = 120.0  # a running trial whose driver went silent this long is presumed dead
 WAIT_S = 0.5  # how long the loop blocks on Ray: also how fast a Ctrl-C is noticed
 MAX_REJECTIONS = 500  # rejected samples in a row before the search gives up on the sampler
+RAY_RESOURCE_UNIT = 1e-4  # the smallest fraction of a CPU or GPU Ray schedules
 REASON_ATTR = "archsearch_reason"  # Optuna user attribute carrying a failed or pruned trial's reason
 
 
@@ -87,8 +88,17 @@ class SearchOptions:
         for name in ("trials", "workers"):
             if getattr(self, name) < 1:
                 raise SearchError(f"--{name} must be at least 1, got {getattr(self, name)}")
-        if self.retries < 0 or self.cpus_per_trial <= 0 or self.gpus_per_trial < 0:
-            raise SearchError("--retries and --gpus-per-trial must be >= 0 and --cpus-per-trial > 0")
+        if self.retries < 0:
+            raise SearchError(f"--retries must be >= 0, got {self.retries}")
+        # Ray counts resources in units of 0.0001 (ray_option_utils._validate_resource_quantity):
+        # a smaller fraction, NaN or inf fails inside Ray after the study was created.
+        cpus, gpus = self.cpus_per_trial, self.gpus_per_trial
+        if not (math.isfinite(cpus) and cpus >= RAY_RESOURCE_UNIT):
+            raise SearchError(f"--cpus-per-trial must be a finite number >= 0.0001, got {cpus}")
+        if not (math.isfinite(gpus) and (gpus == 0 or gpus >= RAY_RESOURCE_UNIT)):
+            raise SearchError(f"--gpus-per-trial must be 0 or a finite number >= 0.0001, got {gpus}")
+        if not 0 <= self.seed <= SEED_MAX:
+            raise SearchError(f"--seed must be in 0..{SEED_MAX} (Optuna's seed range), got {self.seed}")
         if self.sampler not in SAMPLERS:
             raise SearchError(f"sampler {self.sampler!r} is unknown; valid: {', '.join(SAMPLERS.names())}")
 

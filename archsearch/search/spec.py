@@ -52,6 +52,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -64,7 +65,7 @@ from archsearch.evaluators.hardware import ACCELERATORS
 from archsearch.evaluators.settings import TrainError, TrainSettings
 from archsearch.fileio import read_text
 from archsearch.registry import Registry
-from archsearch.search.samplers import SAMPLERS
+from archsearch.search.samplers import SAMPLERS, SEED_MAX
 from archsearch.space.search_space import KNOBS, Budget, Domain, SearchSpace, SpaceError
 
 
@@ -123,8 +124,8 @@ class ProfileSpec:
             raise SpecError(f"devices repeat: {list(self.devices)}", "devices")
         if self.batch is not None and self.batch <= 0:
             raise SpecError(f"must be positive, got {self.batch}", "batch")
-        if self.min_run_time <= 0:
-            raise SpecError(f"must be positive, got {self.min_run_time}", "min_run_time")
+        if not (math.isfinite(self.min_run_time) and self.min_run_time > 0):
+            raise SpecError(f"must be finite and positive, got {self.min_run_time}", "min_run_time")
 
 
 @dataclass(frozen=True)
@@ -144,8 +145,8 @@ class SearchDefaults:
         for key in ("trials", "prune_min_trials"):
             if getattr(self, key) <= 0:
                 raise SpecError(f"must be positive, got {getattr(self, key)}", key)
-        if self.seed < 0:
-            raise SpecError(f"must be non-negative, got {self.seed}", "seed")
+        if not 0 <= self.seed <= SEED_MAX:
+            raise SpecError(f"must be in 0..{SEED_MAX} (Optuna's seed range), got {self.seed}", "seed")
         if not all(0 < r < 1 for r in self.rungs) or list(self.rungs) != sorted(set(self.rungs)):
             raise SpecError(f"must be increasing fractions in (0, 1), got {list(self.rungs)}", "rungs")
         if self.prune and not self.rungs:

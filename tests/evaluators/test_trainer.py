@@ -150,6 +150,15 @@ def test_learning_rate_scales_with_width():
         ({"tokens": 10, "precision": "fp8"}, "precision 'fp8' is unknown"),
         ({"tokens": 10, "batch_size": 0}, "batch_size must be positive"),
         ({"tokens": 10, "warmup": 1.5}, "warmup must be a fraction"),
+        ({"seconds": math.inf}, "seconds must be a finite number, got inf"),
+        ({"flops": math.nan}, "flops must be a finite number, got nan"),
+        ({"tokens": 10, "lr": math.nan}, "lr must be a finite number"),
+        ({"tokens": 10, "lr": -1.0}, "lr must be positive, got -1.0"),
+        ({"tokens": 10, "grad_clip": 0.0}, "grad_clip must be positive"),
+        ({"tokens": 10, "min_lr": 2.0}, r"min_lr must be a fraction of the peak in \[0, 1\]"),
+        ({"tokens": 10, "weight_decay": -0.1}, "weight_decay must be >= 0"),
+        ({"tokens": 10, "device": "tpu"}, "device 'tpu' is unknown; valid: cpu, cuda, cuda:N, auto"),
+        ({"tokens": 10, "device": "cuda:x"}, "device 'cuda:x' is unknown"),
     ],
 )
 def test_bad_settings(kwargs, match):

@@ -91,6 +91,71 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, monkeypatc
     assert sorted(p.name for p in tmp_path.iterdir()) == ["space.toml"]
 
 
+PROXY = 'batch_size = 4\nevals = 4\neval_batches = 1'
+
+
+def _bad(name: str, table: str, body: str, message: str):
+    return pytest.param({table: body}, message, id=name)
+
+
+# Values `space check` used to accept and that then burned compute (issue 9 section 3).
+BAD_VALUES = [
+    _bad("lr-negative", "proxy", f"tokens = 2048\nlr = -1.0\n{PROXY}", r"\[proxy\]: lr must be positive"),
+    _bad("lr-nan", "proxy", f"tokens = 2048\nlr = nan\n{PROXY}", r"\[proxy\]: lr must be a finite number"),
+    _bad("grad-clip-nan", "proxy", f"tokens = 2048\ngrad_clip = nan\n{PROXY}", r"grad_clip must be a finite"),
+    _bad("flops-nan", "proxy", f"flops = nan\n{PROXY}", r"\[proxy\]: flops must be a finite number"),
+    _bad("seconds-inf", "proxy", f"seconds = inf\n{PROXY}", r"\[proxy\]: seconds must be a finite number"),
+    _bad("device-tpu", "proxy", f"tokens = 2048\ndevice = 'tpu'\n{PROXY}",
+         r"\[proxy\]: device 'tpu' is unknown; valid: cpu, cuda, cuda:N, auto"),
+    _bad("min-run-time-nan", "profile", "local = true\nmin_run_time = nan",
+         r"\[profile\].min_run_time: must be finite and positive, got nan"),
+    _bad("seed-too-large", "search", "trials = 3\nprune = false\nseed = 4294967296",
+         r"\[search\].seed: must be in 0\.\.4294967295"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("command", ["space-check", "search"])
+@pytest.mark.parametrize(("tables", "message"), BAD_VALUES)
+def test_bad_values_in_a_space_file_are_refused_when_read(tmp_path, monkeypatch, command, tables, message):
+    monkeypatch.chdir(tmp_path)
+    space = tmp_path / "space.toml"
+    space.write_text(tiny_toml(**{"search": "trials = 3\nprune = false", **tables}))
+    args = ["space", "check", str(space)] if command == "space-check" else ["search", "--space", str(space)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert __import__("re").search(message, lines[0]), lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["space.toml"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--cpus-per-trial", "nan"], r"--cpus-per-trial must be a finite number >= 0.0001, got nan"),
+        (["--cpus-per-trial", "inf"], r"--cpus-per-trial must be a finite number >= 0.0001, got inf"),
+        (["--cpus-per-trial", "1e-9"], r"--cpus-per-trial must be a finite number >= 0.0001, got 1e-09"),
+        (["--gpus-per-trial", "nan"], r"--gpus-per-trial must be 0 or a finite number >= 0.0001, got nan"),
+        (["--seed", "-1"], r"--seed must be in 0\.\.4294967295 \(Optuna's seed range\), got -1"),
+        (["--seed", "99999999999"], r"--seed must be in 0\.\.4294967295 .*, got 99999999999"),
+        (["--study", ""], r"--study must be a name of 1 to 512 characters"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
+)
+def test_bad_flags_exit_2_with_one_line_before_any_study_is_written(tmp_path, monkeypatch, flags, message):
+    monkeypatch.chdir(tmp_path)
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    Storage.open(url).close()  # an existing database: the refusal must leave it without a study
+    args = ["search", "--space", str(_space(tmp_path)), "--storage", url, *flags]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert __import__("re").search(message, lines[0]), lines[0]
+    with Storage.open(url, create=False) as db:
+        assert db.study_names() == []
+
+
 def test_studies_needs_an_existing_database(tmp_path):
     result = CliRunner().invoke(app, ["studies", "--storage", f"sqlite:///{tmp_path / 'none.db'}"])
     assert result.exit_code == 2 and "no database at" in result.stderr
