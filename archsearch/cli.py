@@ -317,6 +317,11 @@ def train(
             ("bits per byte", _fmt(result.bits_per_byte, ".4f")),
             ("tokens", f"{result.tokens:,} in {result.steps:,} steps"),
             ("tokens / s", f"{result.tokens_per_second:,.0f}"),
+            (
+                "step time",
+                _fmt(result.step_time_s, ".4g")
+                + f" s, median of {result.step_time_steps} steady-state steps",
+            ),
             ("achieved FLOP/s", _si(result.achieved_flops_per_second, "FLOP/s")),
             ("MFU", _fmt(result.mfu, ".1%") + f" of {_si(result.peak_flops_per_second or 0, 'FLOP/s')} peak"),
             ("precision", result.precision),
@@ -343,7 +348,21 @@ def profile(
         str, typer.Option(help="cpu, cuda, cuda:N (measured) or a catalogued GPU (modelled, see `devices`).")
     ] = "cpu",
     batch: Annotated[int, typer.Option(help="Sequences per micro-batch.", min=1)] = 8,
-    dtype: Annotated[str, typer.Option(help="bf16, fp16 or fp32.")] = "bf16",
+    dtype: Annotated[
+        str,
+        typer.Option(
+            help="bf16, fp16, fp32 or auto: what training runs in here (fp32 on a CPU without native "
+            "bf16); bf16 on a modelled GPU."
+        ),
+    ] = "auto",
+    steps: Annotated[
+        int,
+        typer.Option(
+            help="Measured: real training steps timed (median, after 3 warm-up steps) so the kernels "
+            "read as its breakdown with a residual line; 0: kernels only.",
+            min=0,
+        ),
+    ] = 10,
     cache: Annotated[Path | None, typer.Option(help="JSON file caching measurements across runs.")] = None,
     storage: Annotated[
         str | None,
@@ -365,9 +384,18 @@ def profile(
             f"unknown device {device!r}; measured: cpu, cuda, cuda:N; modelled: {', '.join(ACCELERATORS)}"
         )
     if device in ACCELERATORS:
-        report = predict_step(device_model(device), step_kernels(cfg, batch, dtype))
+        dtype = "bf16" if dtype == "auto" else dtype  # what a GPU trains in
+        report = predict_step(device_model(device), step_kernels(cfg, batch, dtype), dtype)
     else:
         from archsearch.evaluators.profiler import InMemoryCache, JsonFileCache, profile_step
+        from archsearch.evaluators.trainer import measure_step
+
+        def measure(store: Any) -> Any:
+            kernels = profile_step(cfg, batch, device, dtype, store, min_run_time, progress=interactive)
+            if not steps:
+                return kernels
+            seconds, timed = measure_step(cfg, batch, device, kernels.dtype, steps, cache=store)
+            return kernels.with_measured_step(seconds, timed)
 
         if cache is not None and storage is not None:
             raise ConfigError("give --cache FILE or --storage URL, not both")
@@ -376,18 +404,16 @@ def profile(
             from archsearch.storage import KernelCache, Storage
 
             with Storage.open(storage) as db:
-                store = KernelCache(db.measurements(), db)  # new times are written through
-                report = profile_step(cfg, batch, device, dtype, store, min_run_time, progress=interactive)
+                report = measure(KernelCache(db.measurements(), db))  # new times are written through
         else:
-            store = JsonFileCache(cache) if cache is not None else InMemoryCache()
-            report = profile_step(cfg, batch, device, dtype, store, min_run_time, progress=interactive)
+            report = measure(JsonFileCache(cache) if cache is not None else InMemoryCache())
     if as_json:
         _print_json(report.to_dict())
         return
     console = _stdout()
     how = "modelled" if report.modelled else "measured"
     console.print(
-        f"{cfg.describe()}\n{how} on {report.device['name']}, {dtype}, batch {batch} x {cfg.seq_len}"
+        f"{cfg.describe()}\n{how} on {report.device['name']}, {report.dtype}, batch {batch} x {cfg.seq_len}"
     )
     table = Table("kernel", "m", "n", "k", "count", "time/call", "total", "TFLOP/s", "share")
     rows = sorted(report.kernels, key=lambda r: r.total_s, reverse=True)
@@ -401,10 +427,27 @@ def profile(
     for op in sorted(report.memory_ops, key=lambda o: o.time_s, reverse=True):
         mem.add_row(op.name, _si(op.bytes, "B"), _si(op.time_s, "s"), f"{op.time_s / report.step_time_s:.1%}")
     console.print(mem)
-    console.print(
-        f"step {_si(report.step_time_s, 's')} ({report.kernel_time_s / report.step_time_s:.0%} in matmuls "
-        f"and attention), {report.tokens_per_second:,.0f} tokens/s"
-    )
+    console.print(_step_breakdown(report))
+
+
+def _step_breakdown(report: Any) -> str:
+    """The lines that add up to the step: matmuls and attention, memory-bound ops and, when the
+    real step was measured, the residual (what the kernels timed one by one leave out)."""
+    step = report.step_time_s
+    parts = [
+        f"  matmuls and attention   {_si(report.kernel_time_s, 's'):>8} {report.kernel_time_s / step:7.1%}",
+        f"  memory-bound ops        {_si(report.memory_time_s, 's'):>8} {report.memory_time_s / step:7.1%}",
+    ]
+    if report.residual_s is not None:
+        parts.append(
+            f"  residual                {_si(report.residual_s, 's'):>8} {report.residual_s / step:7.1%}"
+            "  (launches, framework overhead, elementwise ops, optimizer)"
+        )
+        how = f"measured training step, median of {report.measured_steps}"
+    else:
+        how = "sum of the kernels" + ("" if report.modelled else "; real step not measured")
+    head = f"step {_si(step, 's')} ({how}), {report.tokens_per_second:,.0f} tokens/s"
+    return "\n".join([head, *parts])
 
 
 @app.command()

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -223,6 +224,19 @@ def test_profile_measured_json(tiny_config):
         assert {"name", "m", "n", "k", "count", "dtype", "time_s", "tflops"} <= set(row)
 
 
+def test_profile_adds_the_residual_line_up_to_the_measured_step(tiny_config):
+    args = ("profile", str(tiny_config), "--batch", "2", "--min-run-time", "0.005", "--steps", "3")
+    report = json.loads(run(*args, "--json").stdout)
+    assert report["measured_steps"] == 3 and report["step_time_s"] == report["measured_step_s"] > 0
+    parts = report["kernel_time_s"] + report["memory_time_s"] + report["residual_s"]
+    assert parts == pytest.approx(report["step_time_s"], rel=1e-12)
+    table = run(*args).stdout
+    assert "measured training step, median of 3" in table
+    assert re.search(r"residual +-?[\d.]+[mu]?s +-?[\d.]+%  \(launches, framework overhead", table), table
+    kernels_only = json.loads(run(*args[:-2], "--steps", "0", "--json").stdout)
+    assert kernels_only["residual_s"] is None and kernels_only["step_time_s"] == kernels_only["kernel_sum_s"]
+
+
 def test_profile_caches_kernel_times_in_the_trial_database(tiny_config, tmp_path):
     from archsearch.storage import Storage
 
@@ -241,7 +255,8 @@ def test_profile_caches_kernel_times_in_the_trial_database(tiny_config, tmp_path
     first = json.loads(run(*args, "--storage", url).stdout)
     with Storage.open(url, create=False) as db:
         stored = db.measurements()
-    assert len(stored) == len({(k["kind"], k["m"], k["n"], k["k"]) for k in first["kernels"]}) + 1  # + copy
+    distinct = len({(k["kind"], k["m"], k["n"], k["k"]) for k in first["kernels"]})
+    assert len(stored) == distinct + 2  # + the bandwidth copy and the fp32 matmul peak behind MFU
     second = json.loads(run(*args, "--storage", url).stdout)
     with Storage.open(url, create=False) as db:
         assert db.measurements() == stored  # every kernel came from the table: nothing re-timed

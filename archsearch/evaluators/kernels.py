@@ -16,6 +16,8 @@ through the whole residual stream), so each projection contributes all three.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -246,9 +248,13 @@ class MemoryRow:
 class ProfileReport:
     """How long one training step of `config` takes on `device`, kernel by kernel.
 
-    `step_time_s` is the sum of every kernel's `count * time_s` plus the memory ops' estimates: a
-    serial sum, as one stream runs them; it leaves out Python and launch gaps between kernels, so
-    it is a lower bound of a real step's time.
+    `kernel_sum_s` is the sum of every kernel's `count * time_s` plus the memory ops' estimates: a
+    serial sum, as one stream runs them. A real eager step is 1.4-5.6x longer (BRIEF.md section
+    10): kernel launches, framework overhead, elementwise ops below peak bandwidth, the optimizer.
+    So when the real step was measured (`measured_step_s`, the trainer's median step), it is the
+    step time and the kernels are its breakdown: `residual_s` (measured minus the kernel sum) is
+    the line that makes the parts add up to it. Without a measurement (modelled devices, a bare
+    kernel profile) the step time is the kernel sum.
     """
 
     config: ArchConfig
@@ -261,6 +267,8 @@ class ProfileReport:
     bandwidth_bytes_per_s: float
     min_run_time: float
     modelled: bool = False  # measured by the profiler; predicted by the hardware model
+    measured_step_s: float | None = None  # the real training step (median), when one was timed
+    measured_steps: int = 0  # how many steady-state steps that median is of
 
     @property
     def kernel_time_s(self) -> float:
@@ -271,8 +279,25 @@ class ProfileReport:
         return sum(row.time_s for row in self.memory_ops)
 
     @property
-    def step_time_s(self) -> float:
+    def kernel_sum_s(self) -> float:
+        """GEMMs and attention as timed, plus memory-bound ops at the copy bandwidth."""
         return self.kernel_time_s + self.memory_time_s
+
+    @property
+    def residual_s(self) -> float | None:
+        """Measured step minus the kernel sum: launches and framework overhead, elementwise ops,
+        the optimizer. Can be negative when the memory ops' estimate overshoots a short step."""
+        return None if self.measured_step_s is None else self.measured_step_s - self.kernel_sum_s
+
+    @property
+    def step_time_s(self) -> float:
+        return self.measured_step_s if self.measured_step_s is not None else self.kernel_sum_s
+
+    def with_measured_step(self, seconds: float, steps: int) -> ProfileReport:
+        """This breakdown of a real step measured at `seconds` (the median of `steps` steps)."""
+        if not (seconds > 0 and math.isfinite(seconds)):
+            raise ValueError(f"a measured step must be a positive number of seconds, got {seconds}")
+        return dataclasses.replace(self, measured_step_s=seconds, measured_steps=steps)
 
     @property
     def tokens_per_second(self) -> float:
@@ -290,6 +315,10 @@ class ProfileReport:
             "tokens_per_second": self.tokens_per_second,
             "kernel_time_s": self.kernel_time_s,
             "memory_time_s": self.memory_time_s,
+            "kernel_sum_s": self.kernel_sum_s,
+            "measured_step_s": self.measured_step_s,
+            "measured_steps": self.measured_steps,
+            "residual_s": self.residual_s,
             "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
             "min_run_time": self.min_run_time,
             "kernels": [row.to_dict() for row in self.kernels],

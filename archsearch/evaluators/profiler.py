@@ -500,6 +500,124 @@ def time_gemm(
         return _median_seconds(_gemm_fn(m, n, k, info.torch_device, torch_dtype, seed), info, min_run_time)
 
 
+# ------------------------------------------------------------------------------------------------
+# Precision and the matmul peak (the MFU denominator)
+# ------------------------------------------------------------------------------------------------
+
+AUTO = "auto"  # a precision (or profile dtype) resolved by `resolve_precision`: what training runs
+# The peak GEMM: square, big enough that the BLAS library reaches its best rate (blocking,
+# threading and packing amortised), small enough to take well under a second per call. 8192 on a
+# GPU (1.1 TFLOP a call, ms on an H100); 1024 on a CPU (2.1 GFLOP, tens of ms on 2 AVX2 cores).
+PEAK_SIZE = {"cuda": 8192, "cpu": 1024}
+PEAK_REPEATS = 3  # independent rounds of timing blocks; the best block of all of them wins
+PEAK_MIN_RUN_TIME = 0.2  # seconds per round
+PEAK_KIND = "peak"  # the MeasurementKey kind of a peak: a best-of time, not a median
+
+
+def native_bf16(device: DeviceInfo) -> bool:
+    """Whether `device` runs bf16 matmuls natively rather than by emulation through fp32.
+
+    CUDA: `torch.cuda.is_bf16_supported()`. CPU: oneDNN's bf16 support check (AVX512-BF16, AMX or
+    AVX512 cores); an AVX2-only CPU converts every bf16 operand and runs far below its fp32 rate
+    (BRIEF.md section 10), so bf16 there is never a default.
+    """
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def resolve_precision(device: DeviceInfo, requested: str, cache: MeasurementCache | None = None) -> str:
+    """The precision training runs in, and so the one its kernels are profiled and its MFU taken in.
+
+    "auto": bf16 on a CUDA device that supports it, else fp32. On CPU, bf16 only with native
+    support (`native_bf16`) and only where a matmul measures faster in bf16 than in fp32 (about 4x
+    on AMX machines; native but slow elsewhere). Any other value is returned as asked: an explicit
+    request is honoured, even for emulated bf16.
+    """
+    if requested != AUTO:
+        return requested
+    if device.type == "cuda":
+        return "bf16" if native_bf16(device) else "fp32"
+    if not native_bf16(device):
+        return "fp32"
+    bf16, fp32 = (peak_matmul_flops(device, p, cache, size=512) for p in ("bf16", "fp32"))
+    return "bf16" if bf16 > fp32 else "fp32"
+
+
+def _best_seconds(fn: Callable[[], object], info: DeviceInfo, min_run_time: float, repeats: int) -> float:
+    """The fastest timing block of `repeats` rounds of `blocked_autorange`: seconds per call.
+
+    A peak is a maximum rate, so the best block, not the median, estimates it: on a shared machine
+    every disturbance (another process, a frequency dip) only ever makes a block slower.
+    """
+    device_ctx = torch.cuda.device(info.index) if info.type == "cuda" else contextlib.nullcontext()
+    best = math.inf
+    with device_ctx:
+        fn()
+        for _ in range(repeats):
+            timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+            best = min(best, min(timer.blocked_autorange(min_run_time=min_run_time).times))
+    return float(best)
+
+
+# Per process, for callers without a cache: every run in one process divides by the same peak.
+_PEAKS = InMemoryCache()
+
+
+def peak_matmul_flops(
+    device: DeviceInfo,
+    precision: str,
+    cache: MeasurementCache | None = None,
+    *,
+    size: int | None = None,
+    repeats: int = PEAK_REPEATS,
+    min_run_time: float = PEAK_MIN_RUN_TIME,
+) -> float:
+    """Measured FLOP/s of a large square `torch.mm` in `precision`: the MFU denominator.
+
+    The best block of `repeats` rounds (see `_best_seconds`), cached under
+    (fingerprint, precision, "peak", (n, n, n)): in `cache` when given (the trial database's kernel
+    table through `storage.KernelCache`, so all trials and studies on a device share one peak),
+    else per process.
+
+    Raises:
+        ProfilerError: bad dtype, or the operands do not fit in memory.
+    """
+    n = size or PEAK_SIZE[device.type]
+    store = cache if cache is not None else _PEAKS
+    key = MeasurementKey(device.fingerprint, precision, PEAK_KIND, (n, n, n))
+    seconds = store.get(key)
+    if seconds is None:
+        torch_dtype = _check_dtype(device, precision)
+        with _memory_errors(f"peak gemm {n}x{n}x{n} ({precision})", device):
+            fn = _gemm_fn(n, n, n, device.torch_device, torch_dtype, seed=0)
+            seconds = _best_seconds(fn, device, min_run_time, repeats)
+        store.put(key, seconds, device)
+        logger.info("matmul peak on %s, %s: %.3g TFLOP/s", device.name, precision, 2 * n**3 / seconds / 1e12)
+    return 2 * n**3 / seconds
+
+
+def model_flops_utilisation(achieved: float, peak: float) -> float:
+    """achieved / peak, never above 1.
+
+    Above 1 means the peak was measured low (typically while another worker loaded the same
+    cores) or the cost model counts FLOPs the step does not run. We clamp and warn rather than
+    re-measure: the peak is stored first-measurement-wins in the shared kernel table, like every
+    kernel time, so all trials on a device divide by the same number and their MFUs stay
+    comparable; re-measuring mid-study would change the yardstick between trials.
+    """
+    if achieved > peak:
+        logger.warning(
+            "achieved %.3g FLOP/s is above the measured matmul peak %.3g FLOP/s (ratio %.3f): MFU "
+            "clamped to 1; the stored peak was probably measured under load",
+            achieved,
+            peak,
+            achieved / peak,
+        )
+        return 1.0
+    return achieved / peak
+
+
 def measure_bandwidth(
     device: str | DeviceInfo = "cpu",
     cache: MeasurementCache | None = None,
@@ -607,7 +725,7 @@ def profile_step(
     cfg: ArchConfig,
     batch: int,
     device: str = "cpu",
-    dtype: str = "bf16",
+    dtype: str = AUTO,
     cache: MeasurementCache | None = None,
     min_run_time: float = DEFAULT_MIN_RUN_TIME,
     *,
@@ -625,7 +743,9 @@ def profile_step(
         cfg: the architecture.
         batch: sequences per step (micro-batch); the step runs batch * cfg.seq_len tokens.
         device: "cpu", "cuda" or "cuda:N".
-        dtype: "fp32", "bf16" or "fp16", for GEMMs, attention and the memory-op byte counts.
+        dtype: "fp32", "bf16" or "fp16", for GEMMs, attention and the memory-op byte counts;
+            "auto": the precision training runs in here (`resolve_precision`), so a CPU without
+            native bf16 times fp32 kernels, never emulated bf16, unless bf16 is asked for.
         cache: where measurements persist across calls; None keeps them for this call only.
         min_run_time: seconds of repeats per kernel (median taken); more is steadier and slower.
         max_bytes: refuse a kernel whose tensors would need more bytes than this; default
@@ -644,9 +764,10 @@ def profile_step(
     if not (min_run_time > 0 and math.isfinite(min_run_time)):
         raise ProfilerError(f"min_run_time must be a positive number of seconds, got {min_run_time}")
     info = detect_device(device)
+    cache = cache if cache is not None else InMemoryCache()
+    dtype = resolve_precision(info, dtype, cache)
     torch_dtype = _check_dtype(info, dtype)
     step = kernels.step_kernels(cfg, batch, dtype)
-    cache = cache if cache is not None else InMemoryCache()
 
     jobs = [_gemm_job(g, info, dtype, torch_dtype, seed) for g in step.gemms]
     jobs += [_sdpa_job(a, info, dtype, torch_dtype, seed) for a in step.attention]

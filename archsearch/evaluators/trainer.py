@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -23,7 +24,16 @@ import torch
 from torch import nn
 
 from archsearch.evaluators.model import ProxyLM
-from archsearch.evaluators.profiler import DeviceInfo, detect_device, is_memory_error, time_gemm
+from archsearch.evaluators.profiler import (
+    DeviceInfo,
+    MeasurementCache,
+    ProfilerError,
+    detect_device,
+    is_memory_error,
+    model_flops_utilisation,
+    peak_matmul_flops,
+    resolve_precision,
+)
 from archsearch.evaluators.settings import SCHEDULES, TrainError, TrainSettings
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts, param_counts
@@ -69,6 +79,10 @@ class TrainResult:
     loss_curve: tuple[tuple[int, float], ...] = ()  # (tokens, training loss) every few steps
     val_curve: tuple[tuple[int, float], ...] = ()  # (tokens, held-out loss) at each evaluation
     config: dict[str, Any] = field(default_factory=dict)
+    # The real training step: median seconds of the steady-state optimizer steps (forward,
+    # backward, clip, optimizer step, zero_grad; evaluation excluded), and how many steps it is of.
+    step_time_s: float | None = None
+    step_time_steps: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -88,38 +102,56 @@ def resolve_device(name: str) -> DeviceInfo:
     return detect_device(name)
 
 
-_PEAK_CACHE: dict[tuple[str, str, int], float] = {}
+# Optimizer steps left out of the step-time median: the first ones pay for lazy initialisation
+# (oneDNN / cuBLAS plans, the caching allocator growing, the optimizer's state), not steady state.
+STEP_WARMUP = 3
 
 
-def peak_matmul_flops(device: DeviceInfo, precision: str, size: int | None = None) -> float:
-    """Measured FLOP/s of a large square matmul in `precision`: the MFU denominator.
+def choose_precision(device: DeviceInfo, requested: str, cache: MeasurementCache | None = None) -> str:
+    """bf16 autocast where the device runs it natively and faster, else fp32 (`resolve_precision`).
 
-    Timed by the profiler (`torch.utils.benchmark`: warm-up, synchronisation, median); cached per
-    process, so every run on a device divides by the same peak.
+    On CPU bf16 helps only with native support (AVX512-BF16 / AMX; about 4x on this project's
+    machines); without it every matmul is emulated far below the fp32 rate, so "auto" is fp32.
     """
-    n = size or (8192 if device.type == "cuda" else 1024)
-    key = (device.fingerprint, precision, n)
-    if key not in _PEAK_CACHE:
-        _PEAK_CACHE[key] = 2 * n**3 / time_gemm(n, n, n, device, precision, min_run_time=0.2)
-    return _PEAK_CACHE[key]
+    if requested == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise TrainError("bf16 asked for, but this CUDA device does not support it")
+    return resolve_precision(device, requested, cache)
 
 
-def choose_precision(device: DeviceInfo, requested: str) -> str:
-    """bf16 autocast where the device supports it and runs it faster, else fp32.
+class StepClock:
+    """Times each optimizer step: CUDA events on a GPU (read once, at the end, so timing adds no
+    synchronisation to the loop), wall time on a CPU, whose kernels run synchronously."""
 
-    On CUDA that is `torch.cuda.is_bf16_supported()`. On CPU bf16 helps only with native support
-    (AVX512-BF16 / AMX; about 4x on this project's machines) and can be slower without it, so
-    "auto" measures a matmul in both and keeps the faster.
-    """
-    if requested != "auto":
-        if requested == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise TrainError("bf16 asked for, but this CUDA device does not support it")
-        return requested
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    return (
-        "bf16" if peak_matmul_flops(device, "bf16", 512) > peak_matmul_flops(device, "fp32", 512) else "fp32"
-    )
+    def __init__(self, device: torch.device) -> None:
+        self._cuda = device.type == "cuda"
+        self._events: list[tuple[Any, Any]] = []  # (start, end) of each finished step
+        self._start: Any = None
+        self._seconds: list[float] = []
+        self._t0 = 0.0
+
+    def start(self) -> None:
+        if self._cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        if self._cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._events.append((self._start, end))  # a step that raised never gets here
+        else:
+            self._seconds.append(time.perf_counter() - self._t0)
+
+    def median(self, warmup: int = STEP_WARMUP) -> tuple[float | None, int]:
+        """Median seconds of the steps after the first `warmup` (at most half of them are
+        skipped, so a short run still reports), and how many steps that is; (None, 0) if none.
+        On CUDA, call after the device is synchronised."""
+        if self._cuda:
+            self._seconds = [a.elapsed_time(b) / 1e3 for a, b in self._events]  # ms -> s
+        times = self._seconds[min(warmup, len(self._seconds) // 2) :]
+        return (statistics.median(times), len(times)) if times else (None, 0)
 
 
 def param_groups(model: ProxyLM, lr: float, base_width: int, weight_decay: float) -> list[dict[str, Any]]:
@@ -173,6 +205,7 @@ def train(
     settings: TrainSettings,
     on_eval: Callable[[int, float], bool] | None = None,
     progress: Callable[[int, int, float, float], None] | None = None,
+    cache: MeasurementCache | None = None,
 ) -> TrainResult:
     """Train `cfg`'s proxy on `data` within the budget; return its held-out loss and speed.
 
@@ -184,6 +217,8 @@ def train(
             return stops the run as "pruned" (multi-fidelity search uses this).
         progress: called as `progress(tokens, total_tokens, train_loss, tokens_per_second)` every
             few steps, for progress bars. For a seconds budget, `total_tokens` is an estimate.
+        cache: where the matmul peak behind MFU is cached (the trial database's kernel table via
+            `storage.KernelCache`); None: per process.
 
     Returns:
         A TrainResult; failures come back as `status="failed"` with the reason, not as exceptions.
@@ -207,7 +242,7 @@ def train(
     else:
         total_tokens = 0  # the clock decides
     total_steps = max(1, math.ceil(total_tokens / tokens_per_step))  # at least one step
-    precision = choose_precision(info, settings.precision)
+    precision = choose_precision(info, settings.precision, cache)
     base = dict(
         precision=precision,
         device=f"{info.name} ({info.type}, {info.units} {'SMs' if info.type == 'cuda' else 'cores'})",
@@ -269,6 +304,7 @@ def train(
     eval_time = 0.0  # excluded from training time and throughput
     status, reason = "complete", None
     pending_loss, pending_steps = torch.zeros((), device=device), 0
+    clock = StepClock(device)
     start = time.perf_counter()
 
     def flush_loss() -> None:
@@ -313,11 +349,13 @@ def train(
             for group in optimizer.param_groups:
                 group["lr"] = group["base_lr"] * lr_scale
             x, y = next(batches)
+            clock.start()
             loss = loss_of(x, y)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
             optimizer.step()
+            clock.stop()
             pending_loss += loss.detach()
             pending_steps += 1
             steps += 1
@@ -339,7 +377,8 @@ def train(
     wall = time.perf_counter() - start
     trained_s = wall - eval_time
     achieved = flops_per_token * tokens / trained_s if trained_s > 0 else 0.0
-    peak = peak_matmul_flops(info, precision) if tokens else None
+    peak = peak_matmul_flops(info, precision, cache) if tokens else None
+    step_time, step_time_steps = clock.median()
     val_loss = val_curve[-1][1] if val_curve else None
     if status == "failed":
         val_loss = None
@@ -354,9 +393,66 @@ def train(
         wall_time_s=wall,
         tokens_per_second=tokens / trained_s if trained_s > 0 else 0.0,
         achieved_flops_per_second=achieved,
-        mfu=achieved / peak if peak else None,
+        mfu=model_flops_utilisation(achieved, peak) if peak else None,
         peak_flops_per_second=peak,
         loss_curve=tuple(loss_curve),
         val_curve=tuple(val_curve),
+        step_time_s=step_time,
+        step_time_steps=step_time_steps,
         **base,
     )
+
+
+class _RandomTokens:
+    """Uniform random tokens: a `TokenData` for timing steps, where the text does not matter."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self.fingerprint = f"random-{vocab_size}"
+
+    def bits_per_byte(self, nats_per_token: float) -> float | None:
+        return None
+
+    def train_batches(
+        self, batch_size: int, seq_len: int, seed: int, device: torch.device
+    ) -> Iterator[Batch]:
+        g = torch.Generator().manual_seed(seed)
+        while True:
+            tokens = torch.randint(self.vocab_size, (batch_size, seq_len + 1), generator=g)
+            yield tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+
+    def val_batches(self, batch_size: int, seq_len: int, count: int, device: torch.device) -> list[Batch]:
+        return [next(self.train_batches(batch_size, seq_len, -1 - i, device)) for i in range(count)]
+
+
+MEASURE_STEPS = 10  # steady-state steps timed by `measure_step`, after STEP_WARMUP more
+
+
+def measure_step(
+    cfg: ArchConfig,
+    batch: int,
+    device: str = "cpu",
+    precision: str = "auto",
+    steps: int = MEASURE_STEPS,
+    cache: MeasurementCache | None = None,
+) -> tuple[float, int]:
+    """Time the real training step of `cfg` on `batch` sequences: `train` on random tokens for
+    `STEP_WARMUP + steps` steps, its own clock (`TrainResult.step_time_s`). For a step that no
+    proxy run timed: `archsearch profile`, or a profile at another batch or dtype than training.
+
+    Returns:
+        (median seconds of the steady-state steps, how many steps that is of).
+
+    Raises:
+        ProfilerError: the run failed (out of memory, too large for the device).
+    """
+    if steps <= 0:
+        raise ValueError(f"steps must be positive, got {steps}")
+    settings = TrainSettings(
+        tokens=(STEP_WARMUP + steps) * batch * cfg.seq_len, batch_size=batch, evals=1, eval_batches=1,
+        device=device, precision=precision, warmup=0.0,
+    )  # fmt: skip
+    result = train(cfg, _RandomTokens(cfg.vocab_size), settings, cache=cache)
+    if result.status != "complete" or result.step_time_s is None:
+        raise ProfilerError(f"could not time a training step of batch {batch}: {result.reason}")
+    return result.step_time_s, result.step_time_steps

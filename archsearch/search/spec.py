@@ -30,7 +30,7 @@ Every table and key is optional unless marked; unknown tables or keys are errors
     local = true           # time the step's kernels on this machine
     devices = ["h100-sxm"] # and model them on catalogued accelerators
     batch = 8              # default: [proxy].batch_size
-    dtype = "bf16"
+    dtype = "auto"         # auto: locally the precision training ran in, bf16 on modelled GPUs
     min_run_time = 0.05    # seconds of repeats per kernel
     [objectives]
     minimize = ["loss", "flops"]   # loss, flops, step_time; loss is required
@@ -98,6 +98,7 @@ DEFAULT_OBJECTIVES = ("loss", "flops")
 # The dtypes evaluators.profiler can time (its TORCH_DTYPES; fp8 has no plain matmul), named here
 # so a spec validates without importing torch.
 PROFILE_DTYPES = ("fp32", "bf16", "fp16")
+AUTO_DTYPE = "auto"  # evaluators.profiler.AUTO: what training runs in (bf16 on modelled GPUs)
 LOCAL = "local"
 
 
@@ -108,16 +109,19 @@ class ProfileSpec:
     local: bool = True
     devices: tuple[str, ...] = ()
     batch: int | None = None  # sequences per profiled step; None: the proxy's batch_size
-    dtype: str = "bf16"
+    # "auto": the local kernels in the precision training used (fp32 on a CPU without native
+    # bf16, never emulated bf16), the modelled GPUs in bf16. A dtype named here is used for both.
+    dtype: str = AUTO_DTYPE
     min_run_time: float = 0.05  # seconds of repeats per kernel: fast enough to profile every trial
 
     def __post_init__(self) -> None:
-        if self.dtype not in PROFILE_DTYPES:
-            raise SpecError(f"cannot profile {self.dtype!r}; valid: {', '.join(PROFILE_DTYPES)}", "dtype")
+        if self.dtype not in (AUTO_DTYPE, *PROFILE_DTYPES):
+            valid = ", ".join((AUTO_DTYPE, *PROFILE_DTYPES))
+            raise SpecError(f"cannot profile {self.dtype!r}; valid: {valid}", "dtype")
         for name in self.devices:
             if name not in ACCELERATORS:
                 raise SpecError(f"unknown accelerator {name!r}; valid: {', '.join(ACCELERATORS)}", "devices")
-            if self.dtype not in ACCELERATORS[name].dtypes:
+            if self.modelled_dtype not in ACCELERATORS[name].dtypes:
                 valid = ", ".join(ACCELERATORS[name].dtypes)
                 raise SpecError(f"{name} has no {self.dtype} peak; valid: {valid}", "dtype")
         if len(set(self.devices)) < len(self.devices):
@@ -126,6 +130,11 @@ class ProfileSpec:
             raise SpecError(f"must be positive, got {self.batch}", "batch")
         if not (math.isfinite(self.min_run_time) and self.min_run_time > 0):
             raise SpecError(f"must be finite and positive, got {self.min_run_time}", "min_run_time")
+
+    @property
+    def modelled_dtype(self) -> str:
+        """The dtype the catalogued GPUs are modelled in."""
+        return "bf16" if self.dtype == AUTO_DTYPE else self.dtype
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,7 @@ def run_trial(
     """
     from archsearch.evaluators.settings import TrainSettings
     from archsearch.evaluators.trainer import resolve_device, train
+    from archsearch.storage.kernels import KernelCache
 
     cfg = ArchConfig.from_dict(request["config"])
     settings = TrainSettings(**request["proxy"])
@@ -94,49 +95,67 @@ def run_trial(
             judged["pruned_rung"], judged["reason"] = rungs[rung], reason
         return reason is not None
 
-    result = train(cfg, data, settings, on_eval=on_eval)
+    cache = KernelCache(known_kernels)  # kernel times and the MFU peak, shared through the database
+    result = train(cfg, data, settings, on_eval=on_eval, cache=cache)
     outcome: dict[str, Any] = dict(
         status=result.status,
         reason=judged["reason"] if result.status == "pruned" else result.reason,
         train=result.to_dict(),
         pruned_rung=judged["pruned_rung"] if result.status == "pruned" else None,
+        measurements=tuple(cache.new),
     )
     if result.status != "complete":
         return outcome  # no profiling spent on a pruned or failed shape
     info = resolve_device(settings.device)
     outcome["device"] = info.to_dict()
-    outcome.update(_profile(cfg, request, settings.batch_size, str(info.torch_device), known_kernels))
+    outcome.update(_profile(cfg, request, settings, result, str(info.torch_device), cache))
     return outcome
 
 
 def _profile(
-    cfg: ArchConfig, request: dict[str, Any], batch_size: int, device: str, known: dict[str, float] | None
+    cfg: ArchConfig, request: dict[str, Any], settings: Any, result: Any, device: str, cache: Any
 ) -> dict[str, Any]:
-    """Step times: measured here (kernel by kernel) and modelled on the catalogued GPUs."""
+    """Step times: measured here (the real step, its kernels as the breakdown) and modelled on the
+    catalogued GPUs.
+
+    The local step time is the trainer's own median step, and its kernels are profiled in the
+    precision it trained in ([profile] dtype "auto"). A profile at another batch or an explicitly
+    asked dtype is a different step: a short run (`trainer.measure_step`) times that one instead,
+    so the report's lines always add up to a real step of what was profiled.
+    """
     from archsearch.evaluators.hardware import device_model, predict_step
     from archsearch.evaluators.kernels import step_kernels
-    from archsearch.evaluators.profiler import ProfilerError, profile_step
-    from archsearch.storage.kernels import KernelCache
+    from archsearch.evaluators.profiler import AUTO, ProfilerError, profile_step
+    from archsearch.evaluators.trainer import measure_step
 
     spec = request["profile"]
-    batch, dtype = spec.get("batch") or batch_size, spec["dtype"]
-    cache = KernelCache(known)
+    batch, dtype = spec.get("batch") or settings.batch_size, spec["dtype"]
+    local_dtype = result.precision if dtype == AUTO else dtype
     reports = {}
     try:
         if spec.get("local"):
-            reports["local"] = profile_step(
+            report = profile_step(
                 cfg,
                 batch,
                 device=device,
-                dtype=dtype,
+                dtype=local_dtype,
                 cache=cache,
                 min_run_time=spec["min_run_time"],
                 progress=False,
             )
+            if (batch, local_dtype) == (settings.batch_size, result.precision) and result.step_time_s:
+                step, steps = result.step_time_s, result.step_time_steps
+            else:
+                step, steps = measure_step(cfg, batch, device, local_dtype, cache=cache)
+            reports["local"] = report.with_measured_step(step, steps)
     except ProfilerError as exc:
         return dict(status="failed", reason=f"profiling: {exc}", measurements=tuple(cache.new))
+    # Modelled GPUs train in bf16 unless a dtype is asked for: what "auto" resolves to on them.
+    modelled_dtype = "bf16" if dtype == AUTO else dtype
     for name in spec.get("devices") or ():
-        reports[name] = predict_step(device_model(name), step_kernels(cfg, batch, dtype), dtype)
+        reports[name] = predict_step(
+            device_model(name), step_kernels(cfg, batch, modelled_dtype), modelled_dtype
+        )
     profiles = tuple(
         dict(
             device=name,
@@ -152,7 +171,12 @@ def _profile(
     target = request.get("step_time_device")
     step_time = reports[target].step_time_s if target in reports else None
     if target is not None and (step_time is None or not math.isfinite(step_time)):
-        return dict(status="failed", reason=f"no step time on {target!r}", profiles=profiles)
+        return dict(
+            status="failed",
+            reason=f"no step time on {target!r}",
+            profiles=profiles,
+            measurements=tuple(cache.new),
+        )
     return dict(
         profiles=profiles,
         measurements=tuple(cache.new),

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from archsearch.evaluators import profiler
 from archsearch.search.worker import run_trial
 from archsearch.space.knobs import config_from_knobs
 
@@ -59,3 +60,34 @@ def test_without_rungs_the_judge_is_never_asked():
 def test_a_training_failure_comes_back_as_a_failed_result():
     out = run_trial(_request(proxy=dict(tokens=4096, batch_size=4, lr=1e30, precision="fp32", device="cpu")))
     assert out["status"] == "failed" and "loss" in out["reason"].lower()
+
+
+def test_the_local_step_time_is_the_trainers_measured_step_in_its_precision(monkeypatch):
+    monkeypatch.setattr(profiler, "native_bf16", lambda device: False)  # any host: an AVX2-only CPU
+    profile = dict(local=True, devices=["h100-sxm"], batch=None, dtype="auto", min_run_time=0.002)
+    out = run_trial(_request(profile=profile, step_time_device="local", rungs=[]))
+    assert out["status"] == "complete", out["reason"]
+    train = out["train"]
+    assert out["step_time_device"] == "local"
+    assert out["step_time_s"] == train["step_time_s"] > 0
+    assert train["step_time_steps"] == train["steps"] - 3
+    local = next(p for p in out["profiles"] if p["device"] == "local")
+    assert local["dtype"] == train["precision"] == "fp32"  # profiled as trained: never emulated bf16
+    assert local["step_time_s"] == train["step_time_s"]
+    report = local["report"]
+    parts = report["kernel_time_s"] + report["memory_time_s"] + report["residual_s"]
+    assert parts == pytest.approx(report["measured_step_s"], rel=1e-12)
+    h100 = next(p for p in out["profiles"] if p["device"] == "h100-sxm")
+    assert h100["dtype"] == "bf16" and h100["report"]["residual_s"] is None  # modelled: no real step
+    assert train["mfu"] is None or 0 < train["mfu"] <= 1
+    assert any(m["kind"] == "peak" for m in out["measurements"])  # the MFU peak goes to the database
+
+
+def test_a_profile_at_another_batch_times_its_own_real_step():
+    profile = dict(local=True, devices=[], batch=2, dtype="fp32", min_run_time=0.002)
+    proxy = dict(tokens=4096, batch_size=4, evals=4, eval_batches=1, device="cpu", precision="fp32")
+    out = run_trial(_request(profile=profile, proxy=proxy, step_time_device="local", rungs=[]))
+    (local,) = out["profiles"]
+    assert local["batch"] == 2 and out["step_time_s"] == local["step_time_s"]
+    assert out["step_time_s"] != out["train"]["step_time_s"]  # a batch of 2, not the trainer's 4
+    assert local["report"]["measured_steps"] == 10  # trainer.MEASURE_STEPS
