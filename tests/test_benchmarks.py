@@ -32,3 +32,12 @@ def test_proxy_fidelity_smoke():
     rows = {line.split()[0]: line.split() for line in lines[2:]}
     assert set(rows) == {"params", "forward", "reference", "tokens2x-constant"}, done.stdout
     assert rows["tokens2x-constant"][1] == "0.07x", done.stdout  # 2 x 4,096 smoke tokens of 120k
+
+
+def test_step_time_accuracy_smoke():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "step_time_accuracy.py"), "--smoke"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "stored/trainer" in done.stdout, done.stdout
