@@ -45,16 +45,28 @@ from archsearch.space.knobs import DEFAULT_MULTIPLE_OF, config_from_knobs
 from archsearch.space.width import gated_d_ff
 
 EXIT_USAGE = 2  # Click's code for bad usage; archsearch uses it for every bad input
+# Click's usage error class, from the Click that Typer runs: recent Typers vendor a copy whose
+# classes are not `click`'s. The public typer.BadParameter derives from it in both cases.
+_USAGE_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 
 
 class _Group(TyperGroup):
-    """Turns library errors into one line on stderr and exit code 2, at the command boundary."""
+    """Turns library errors into one line on stderr and exit code 2, at the command boundary.
+
+    Click's usage errors in a command's arguments (a bad value, an unknown flag or command) are
+    raised here too, while the command's arguments are parsed: they get the same one line instead
+    of Click's usage box. An unknown flag before the command name is parsed earlier and keeps it.
+    """
 
     def invoke(self, ctx: typer.Context) -> Any:
         try:
             return super().invoke(ctx)
         except ArchsearchError as exc:
             typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(EXIT_USAGE) from None
+        except _USAGE_ERROR as exc:
+            message = " ".join(exc.format_message().split())  # one line, whatever Click wraps
+            typer.echo(f"error: {message} (see --help)", err=True)
             raise typer.Exit(EXIT_USAGE) from None
 
 

@@ -320,3 +320,36 @@ def test_bad_evaluator_input_is_one_line_and_exit_2(tmp_path, monkeypatch, args,
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith(message)
     assert result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("command", [["cost"], ["config", "check"]], ids=["cost", "config-check"])
+@pytest.mark.parametrize("field", ["d_model", "vocab_size", "n_layers"])
+def test_a_huge_size_is_one_error_line_not_an_overflow(tmp_path, command, field):
+    data = json.loads(preset("byte-1m").to_json())
+    data[field] = 10**400  # JSON reads it exactly; the float cost model used to overflow
+    path = tmp_path / "huge.json"
+    path.write_text(json.dumps(data))
+    result = run(*command, str(path))
+    assert result.exit_code == 2, result.output
+    assert result.stderr == f"error: {path}: {field} must be at most 2**53, got a 401-digit number\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["search", "--space", "x.toml", "--workers", "0"], "error: Invalid value for '--workers'"),
+        (["search", "--space", "x.toml", "--retries", "-1"], "error: Invalid value for '--retries'"),
+        (["search", "--space", "x.toml", "--seed", "abc"], "error: Invalid value for '--seed'"),
+        (["search", "--space", "x.toml", "--bogus"], "error: No such option: --bogus"),
+        (["trials", "--study", "s", "--limit", "abc"], "error: Invalid value for '--limit'"),
+        (["nope"], "error: No such command 'nope'"),
+        (["config", "check"], "error: Missing argument"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
+)
+def test_usage_errors_are_one_line_not_a_usage_box(tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    result = run(*args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(message) and result.stderr.count("\n") == 1, result.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -134,7 +134,13 @@ class ProfileSpec:
     @property
     def modelled_dtype(self) -> str:
         """The dtype the catalogued GPUs are modelled in."""
-        return "bf16" if self.dtype == AUTO_DTYPE else self.dtype
+        return modelled_dtype(self.dtype)
+
+
+def modelled_dtype(dtype: str) -> str:
+    """A `[profile] dtype` as the catalogued GPUs are modelled in: "auto" is bf16 there (training's
+    precision on every catalogued GPU), a named dtype is itself."""
+    return "bf16" if dtype == AUTO_DTYPE else dtype
 
 
 @dataclass(frozen=True)

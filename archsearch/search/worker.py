@@ -127,6 +127,7 @@ def _profile(
     from archsearch.evaluators.kernels import step_kernels
     from archsearch.evaluators.profiler import AUTO, ProfilerError, profile_step
     from archsearch.evaluators.trainer import measure_step
+    from archsearch.search.spec import modelled_dtype
 
     spec = request["profile"]
     batch, dtype = spec.get("batch") or settings.batch_size, spec["dtype"]
@@ -150,12 +151,9 @@ def _profile(
             reports["local"] = report.with_measured_step(step, steps)
     except ProfilerError as exc:
         return dict(status="failed", reason=f"profiling: {exc}", measurements=tuple(cache.new))
-    # Modelled GPUs train in bf16 unless a dtype is asked for: what "auto" resolves to on them.
-    modelled_dtype = "bf16" if dtype == AUTO else dtype
+    gpu_dtype = modelled_dtype(dtype)
     for name in spec.get("devices") or ():
-        reports[name] = predict_step(
-            device_model(name), step_kernels(cfg, batch, modelled_dtype), modelled_dtype
-        )
+        reports[name] = predict_step(device_model(name), step_kernels(cfg, batch, gpu_dtype), gpu_dtype)
     profiles = tuple(
         dict(
             device=name,

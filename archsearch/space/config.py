@@ -22,6 +22,10 @@ from archsearch.errors import ConfigError
 from archsearch.fileio import read_text, write_atomic
 from archsearch.registry import Registry
 
+# Largest size a field may take: integers up to 2**53 are exact as float64, which the cost model
+# and JSON readers use; a larger one (d_model = 10**400) overflowed the float conversion.
+MAX_SIZE = 2**53
+
 
 @dataclass(frozen=True)
 class ActivationSpec:
@@ -157,6 +161,9 @@ class ArchConfig:
                     raise ConfigError(f"{field.name} must be an integer, got {value!r}")
                 if value <= 0:
                     raise ConfigError(f"{field.name} must be positive, got {value}")
+                if value > MAX_SIZE:  # a 400-digit value in full would flood the line: its length
+                    digits = len(str(value))
+                    raise ConfigError(f"{field.name} must be at most 2**53, got a {digits}-digit number")
             elif field.type == "bool":
                 if not isinstance(value, bool):
                     raise ConfigError(f"{field.name} must be true or false, got {value!r}")
