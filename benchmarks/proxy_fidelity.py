@@ -13,6 +13,8 @@ count and forward FLOPs, on the same set):
 - its compute: training tokens per shape as a multiple of the original proxy's, and of a 10x run.
 
     python benchmarks/proxy_fidelity.py [--variants reference,batch8] [--out results.json]
+    python benchmarks/proxy_fidelity.py --out benchmarks/data/proxy_fidelity_cpu_2026-11-23.json \
+        --variants reference,tokens2x-constant     # the recorded runs of README's tables
     python benchmarks/proxy_fidelity.py --smoke      # 3 shapes, a few thousand tokens: seconds
 
 Results are kept in `--out` as they come, so an interrupted run resumes where it stopped.
@@ -49,6 +51,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "tokens1.5x-constant": {"tokens": 180_000, "schedule": "constant"},
     "tokens2x": {"tokens": 2 * PROXY_TOKENS},
     "tokens2x-constant": {"tokens": 2 * PROXY_TOKENS, "schedule": "constant"},
+    # Seed 0 is the recorded long runs' seed (same init and first batches): other seeds show the
+    # fidelity a proxy has against an independent long run.
+    "reference-seed1": {"seed": 1},
+    "tokens2x-constant-seed1": {"tokens": 2 * PROXY_TOKENS, "schedule": "constant", "seed": 1},
+    "tokens2x-constant-seed2": {"tokens": 2 * PROXY_TOKENS, "schedule": "constant", "seed": 2},
     "batch8-tokens2x": {"batch_size": 8, "eval_batches": 16, "tokens": 2 * PROXY_TOKENS},
     "batch8-tokens2x-constant": {
         "batch_size": 8, "eval_batches": 16, "tokens": 2 * PROXY_TOKENS, "schedule": "constant",
