@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -25,6 +26,33 @@ def write_atomic(path: str | Path, data: bytes) -> None:
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        raise
+
+
+def write_tree(output: str | Path, tree: dict[str, bytes]) -> None:
+    """All of `tree` (relative path -> bytes) under the folder `output`, or nothing.
+
+    The files go into a hidden sibling folder, each with `write_atomic`, and the folder is renamed
+    onto `output` at the end: `output` must be absent or an empty folder.
+
+    Raises:
+        ArchsearchError: the folder cannot be written (one line naming it); nothing is left behind.
+    """
+    from archsearch.errors import ArchsearchError
+
+    output = Path(output).absolute()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
+    try:
+        for name, data in tree.items():
+            write_atomic(staging / name, data)
+        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp's folder is private (0700); the tree is not
+        os.replace(staging, output)  # rename(2) onto an absent or empty folder
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ArchsearchError(f"cannot write {output}: {exc.strerror or exc}") from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
         raise
 
 

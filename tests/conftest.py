@@ -1,4 +1,5 @@
-"""Suite-wide fixtures: no test writes to the home directory's cache."""
+"""Suite-wide fixtures: no test writes to the home directory's cache; one local Ray shared by the
+in-process searches."""
 
 from __future__ import annotations
 
@@ -17,3 +18,16 @@ def _session_cache(tmp_path_factory: pytest.TempPathFactory):
         os.environ.pop("ARCHSEARCH_CACHE", None)
     else:
         os.environ["ARCHSEARCH_CACHE"] = old
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray for all in-process searches (a search joins it and leaves it running)."""
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(
+        address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False
+    )
+    yield
+    ray.shutdown()

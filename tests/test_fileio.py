@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from archsearch.fileio import _umask, write_atomic
+from archsearch.errors import ArchsearchError
+from archsearch.fileio import _umask, write_atomic, write_tree
 
 
 def test_write_atomic_gives_the_mode_a_plain_open_would(tmp_path):
@@ -32,4 +33,44 @@ def test_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "replace", broken)
     with pytest.raises(OSError, match="disk full"):
         write_atomic(tmp_path / "f", b"data")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_write_tree_writes_every_file_with_plain_modes(tmp_path):
+    plain = tmp_path / "plain-dir"
+    plain.mkdir()
+    write_tree(tmp_path / "out", {"a.json": b"{}", "sub/b.txt": b"b"})
+    out = tmp_path / "out"
+    assert (out / "a.json").read_bytes() == b"{}" and (out / "sub" / "b.txt").read_bytes() == b"b"
+    assert out.stat().st_mode & 0o777 == plain.stat().st_mode & 0o777  # not mkdtemp's private 0700
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "plain-dir"]  # no staging folder
+
+
+@pytest.mark.parametrize("occupied", ["file", "non-empty-folder"])
+def test_write_tree_onto_something_there_fails_and_leaves_it_alone(tmp_path, occupied):
+    out = tmp_path / "out"
+    if occupied == "file":
+        out.write_bytes(b"keep")
+    else:
+        out.mkdir()
+        (out / "keep").write_bytes(b"keep")
+    with pytest.raises(ArchsearchError, match=f"cannot write {out}"):
+        write_tree(out, {"a": b"new"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert (out.read_bytes() if occupied == "file" else (out / "keep").read_bytes()) == b"keep"
+
+
+def test_write_tree_leaves_nothing_when_a_file_fails(tmp_path, monkeypatch):
+    import archsearch.fileio as fileio
+
+    real = fileio.write_atomic
+
+    def second_fails(path, data):
+        if path.name == "b":
+            raise KeyboardInterrupt
+        real(path, data)
+
+    monkeypatch.setattr(fileio, "write_atomic", second_fails)
+    with pytest.raises(KeyboardInterrupt):
+        write_tree(tmp_path / "out", {"a": b"1", "b": b"2"})
     assert list(tmp_path.iterdir()) == []

@@ -399,6 +399,7 @@ class _Driver:
         with _signals(self.stop):
             try:
                 while self.stop.signum is None:
+                    started = len(self.running)
                     while len(self.running) < opts.workers and self.stop.signum is None:
                         slot = self.storage.claim_trial(opts.study, opts.trials, opts.lease_s)
                         if slot is None:
@@ -415,6 +416,8 @@ class _Driver:
                             continue
                         rejections = 0
                         self._submit(pool, item, known_ref, board)
+                    if len(self.running) > started:
+                        self._notify()  # displays count running trials from the first one on
                     if not self.running:
                         break
                     ready = pool.wait(list(self.running), WAIT_S)

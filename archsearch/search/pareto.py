@@ -198,6 +198,38 @@ class StudyFront:
     trial_values: np.ndarray  # and their objective values
     throughput: dict[int, tuple[float, str, bool]]  # number -> (tokens/s, device, modelled)
 
+    def to_dict(self, long: dict[int, tuple[float, float, int]] | None = None) -> dict[str, Any]:
+        """JSON-ready; `long` (`Storage.long_run_losses`) adds each member's long-run loss."""
+        rows = []
+        for r, values in zip(self.records, self.front.values, strict=True):
+            tps = self.throughput.get(r.number)
+            extra = {}
+            if long:
+                multiplier, loss, seeds = long.get(r.number, (None, None, 0))
+                extra = {"long_loss": loss, "long_multiplier": multiplier, "long_seeds": seeds}
+            rows.append(
+                {
+                    "number": r.number,
+                    "knee": r.number == self.front.knee,
+                    **dict(zip(self.front.objectives, map(float, values), strict=True)),
+                    "params_total": r["params_total"],
+                    "tokens_per_second": tps[0] if tps else None,
+                    "throughput_device": tps[1] if tps else None,
+                    "throughput_modelled": tps[2] if tps else None,
+                    **extra,
+                    "config": r.config.to_dict(),
+                }
+            )
+        return {
+            "study": self.study,
+            "objectives": list(self.front.objectives),
+            "trials": len(self.trial_numbers),
+            "hypervolume": self.front.hypervolume,
+            "reference": list(self.front.reference),
+            "knee": self.front.knee,
+            "front": rows,
+        }
+
 
 def parse_objectives(text: str | Sequence[str]) -> tuple[str, ...]:
     """ "loss,flops" -> ("loss", "flops"), validated: known names, loss first, no repeats."""
@@ -250,3 +282,31 @@ def study_front(
                 throughput[r.number] = (p["tokens_per_second"], name, p["modelled"])
                 break
     return StudyFront(study, front, records, tuple(numbers), values, throughput)
+
+
+def study_fronts(
+    storage: Storage,
+    studies: Sequence[str],
+    objectives: Sequence[str] | None = None,
+    reference: Sequence[float] | None = None,
+) -> list[StudyFront]:
+    """The fronts of several studies against one reference point, so their hypervolumes compare.
+
+    Without `reference`, the default point is taken over every study's trials pooled.
+
+    Raises:
+        ArchsearchError: as `study_front`; studies with different objectives and none given; a
+            study with no complete trial that has every objective.
+    """
+    fronts = [study_front(storage, s, objectives, reference) for s in studies]
+    missing = [s for s, f in zip(studies, fronts, strict=True) if f is None]
+    if missing:
+        raise ArchsearchError(f"no complete trial with every objective in {', '.join(map(repr, missing))}")
+    found = [f for f in fronts if f is not None]
+    if reference is None and len(found) > 1:
+        if len({f.front.objectives for f in found}) > 1:
+            raise ArchsearchError("studies with different objectives: pass --objectives")
+        names = found[0].front.objectives
+        pooled = reference_point(np.concatenate([f.trial_values for f in found]), names)
+        found = [f for f in (study_front(storage, s, names, pooled) for s in studies) if f is not None]
+    return found

@@ -18,6 +18,7 @@ Every table and key is optional unless marked; unknown tables or keys are errors
     [rules]
     multiple_of = 64       # alignment of d_ff (and of every d_model)
     gated_parity = true    # gated MLPs take 2/3 of d_ff_ratio
+    export = []            # e.g. ["hf"]: sample only shapes these export formats represent exactly
     [budget]
     params = { min = 1e5, max = 4e6 }    # total parameters
     flops_per_token = { max = 2e7 }      # forward FLOPs per token
@@ -66,7 +67,7 @@ from archsearch.evaluators.settings import TrainError, TrainSettings
 from archsearch.fileio import read_text
 from archsearch.registry import Registry
 from archsearch.search.samplers import SAMPLERS, SEED_MAX
-from archsearch.space.search_space import KNOBS, Budget, Domain, SearchSpace, SpaceError
+from archsearch.space.search_space import KNOBS, Budget, Domain, SearchSpace, SpaceError, check_export_formats
 
 
 class SpecError(ConfigError):
@@ -296,7 +297,7 @@ _TYPES = {  # schema type -> (what it says in errors, test)
     "table": ("a table", lambda v: isinstance(v, dict)),
 }
 _RANGE = {"min": "number", "max": "number", "step": "number", "log": "bool"}
-_RULES = {"multiple_of": "int", "gated_parity": "bool"}
+_RULES = {"multiple_of": "int", "gated_parity": "bool", "export": "list[str]"}
 _PROFILE = {"local": "bool", "devices": "list[str]", "batch": "int", "dtype": "str", "min_run_time": "float"}
 _OBJECTIVES = {"minimize": "list[str]", "step_time_device": "str"}
 _SEARCH = {
@@ -403,6 +404,7 @@ def _parse(text: str, source: str, base_dir: Path) -> SearchSpec:
         rules = _read(tables["rules"], _RULES)
         if rules.get("multiple_of", 1) <= 0:
             raise SpecError(f"must be positive, got {rules['multiple_of']}", "multiple_of")
+        check_export_formats(rules.get("export", ()))
     with _in_table("budget"):
         budget = _budget(tables["budget"])
     with _in_table("model"):

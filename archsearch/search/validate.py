@@ -355,6 +355,8 @@ def run_validate(
         log.info("validate %s: %d long runs to train, %d stored", options.study, len(todo), skipped)
         with _RayPool(options, run_fn or long_run) as pool, _signals(stop):  # type: ignore[arg-type]
             running: dict[Any, tuple[TrialRecord, int, dict[str, Any], int]] = {}  # ref -> run, attempt
+            if on_update is not None:
+                on_update(ValidateProgress(skipped, total, 0, f"training {len(todo)} long runs", 0.0))
             try:
                 while stop.signum is None and (todo or running):
                     while todo and len(running) < options.workers:

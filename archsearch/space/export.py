@@ -11,8 +11,8 @@ Each format is an `ExportFormat` in the `EXPORT_FORMATS` registry:
 - `files(cfg, provenance)`: relative file name -> contents, for a representable shape.
 - `notes(cfg)`: approximations the export states (printed and written beside the files).
 
-Pure: no torch, no I/O. `provenance` is a plain dict (see `trial_provenance`); writing the files
-is the caller's business (the CLI writes a whole folder atomically).
+Pure: no torch, no I/O, no storage. `provenance` is a plain dict (a trial's comes from
+`search.selection.trial_provenance`); `fileio.write_tree` writes the files, all or nothing.
 """
 
 from __future__ import annotations
@@ -22,15 +22,12 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from archsearch.errors import ArchsearchError
 from archsearch.registry import Registry
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts, param_counts
-
-if TYPE_CHECKING:
-    from archsearch.storage import StudyRecord, TrialRecord
 
 # The proxy's fixed choices. They live in evaluators/model.py, which imports torch; a test pins
 # these copies to the originals.
@@ -668,42 +665,8 @@ for _format in (HFFormat(), LitGPTFormat(), NanoGPTFormat(), JsonFormat()):
 
 
 # ------------------------------------------------------------------------------------------------
-# Provenance of a trial
+# Provenance of a shape without a trial (a trial's is `search.selection.trial_provenance`)
 # ------------------------------------------------------------------------------------------------
-# The trial columns that are its measured (or exactly counted) results.
-RESULT_COLUMNS = (
-    "loss", "bits_per_byte", "params_total", "params_non_embedding", "flops_forward_per_token",
-    "flops_train_per_token", "kv_cache_bytes_per_token", "tokens_trained", "steps", "train_seconds",
-    "tokens_per_second", "mfu", "precision", "step_time_s", "step_time_device",
-)  # fmt: skip
-
-
-def trial_provenance(
-    study: StudyRecord, trial: TrialRecord, device: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """Where an exported shape comes from, as plain JSON-ready data.
-
-    Args:
-        study: the study record (name, spec fingerprint, objectives).
-        trial: the trial record (number, results columns, corpus and device fingerprints).
-        device: the device the trial trained on (`Storage.devices()` entry), if known.
-    """
-    from archsearch import __version__
-
-    values = trial.values
-    fingerprint = values.get("device_fingerprint")
-    return {
-        "study": study.name,
-        "trial": trial.number,
-        "spec_fingerprint": study.spec_fingerprint,
-        "objectives": list(study.objectives),
-        "corpus_fingerprint": values.get("corpus_fingerprint"),
-        "device": dict(device) if device else ({"fingerprint": fingerprint} if fingerprint else None),
-        "archsearch_version": __version__,
-        "results": {column: values.get(column) for column in RESULT_COLUMNS},
-    }
-
-
 def config_provenance(cfg: ArchConfig) -> dict[str, Any]:
     """Provenance of a shape with no trial behind it: its exact costs only."""
     from archsearch import __version__

@@ -307,6 +307,19 @@ class Budget:
         return ", ".join(parts) or "no bounds"
 
 
+def check_export_formats(names: tuple[str, ...]) -> None:
+    """The `export` rule's formats are known export formats (`space.export.EXPORT_FORMATS`).
+
+    Raises:
+        SpaceError: an unknown format, keyed `export`.
+    """
+    from archsearch.space.export import EXPORT_FORMATS
+
+    for name in names:
+        if name not in EXPORT_FORMATS:
+            raise SpaceError(f"unknown format {name!r}; valid: {', '.join(EXPORT_FORMATS)}", key="export")
+
+
 @dataclass(frozen=True)
 class Feasibility:
     """How much of a space is valid and within budget, from enumeration or random draws."""
@@ -333,6 +346,7 @@ class SearchSpace:
     multiple_of: int = DEFAULT_MULTIPLE_OF  # alignment of derived widths (d_ff) and of d_model
     gated_parity: bool = True  # gated MLPs take 2/3 of d_ff_ratio (the 8/3 rule)
     budget: Budget = field(default_factory=Budget)
+    export: tuple[str, ...] = ()  # formats every shape must export to exactly (`space.export`)
 
     @classmethod
     def from_knobs(cls, knobs: Mapping[str, Any], **rules: Any) -> SearchSpace:
@@ -340,7 +354,7 @@ class SearchSpace:
 
         Args:
             knobs: every knob given; the others take their defaults.
-            **rules: `multiple_of`, `gated_parity`, `budget`.
+            **rules: `multiple_of`, `gated_parity`, `budget`, `export`.
         """
         for name in knobs:
             if name not in KNOBS:
@@ -370,6 +384,7 @@ class SearchSpace:
             or self.multiple_of <= 0
         ):
             raise SpaceError(f"must be a positive integer, got {self.multiple_of!r}", key="multiple_of")
+        check_export_formats(self.export)
         for domain in self.domains:
             self._check_domain(domain)
         for name, value in self.fixed:
@@ -447,12 +462,19 @@ class SearchSpace:
             # which would otherwise add a whole multiple_of where the ratio lands on one exactly.
             ratio = Fraction(ratio).limit_denominator(1000)
         try:
-            return config_from_knobs(
+            cfg = config_from_knobs(
                 d_model=d_model, n_heads=n_heads, head_dim=head_dim, n_kv_heads=n_kv_heads, d_ff_ratio=ratio,
                 multiple_of=self.multiple_of, gated_parity=self.gated_parity, **knobs,
             )  # fmt: skip
         except ConfigError as exc:
             raise Rejected(str(exc)) from None
+        if self.export:
+            from archsearch.space.export import EXPORT_FORMATS
+
+            for name in self.export:
+                if reason := EXPORT_FORMATS[name].refusal(cfg):
+                    raise Rejected(f"not exportable as {name}: {reason}", f"not exportable as {name}")
+        return cfg
 
     def config_from_params(self, params: Mapping[str, Any]) -> ArchConfig:
         """The config at a point of the space.
@@ -561,6 +583,8 @@ class SearchSpace:
             "budget": {
                 k: getattr(self.budget, k) for k in ("params_min", "params_max", "flops_min", "flops_max")
             },
+            # Only when set: a space without the rule keeps the fingerprint it always had.
+            **({"export": list(self.export)} if self.export else {}),
         }
 
 

@@ -13,7 +13,7 @@ from ray import cloudpickle  # Ray vendors it
 from archsearch.search import driver as driver_module
 from archsearch.search.driver import SearchError, SearchOptions, run_search
 from archsearch.storage import Storage
-from tests.search.conftest import tiny_spec
+from tests.specs import tiny_spec
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers need not import tests/
 pytestmark = pytest.mark.usefixtures("ray_session")

@@ -18,7 +18,7 @@ from archsearch.search.spec import (
     load_spec,
     parse_spec,
 )
-from archsearch.space.search_space import Domain, Rejected, SpaceError
+from archsearch.space.search_space import Domain, Rejected, SpaceError, sample_configs
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -174,6 +174,9 @@ BAD = [
          r"\[model\].d_model: 96 is not a multiple of multiple_of=64"),
     case("d_model-alignment-rule", spec_text("[rules]\nmultiple_of = 128\n"),
          r"\[model\].d_model: 64 is not a multiple of multiple_of=128"),
+    case("unknown-export-format", spec_text("[rules]\nexport = ['hf', 'onnx']\n"),
+         r"\[rules\].export: unknown format 'onnx'; valid: hf, litgpt, nanogpt, json"),
+    case("export-not-a-list", spec_text("[rules]\nexport = 'hf'\n"), r"\[rules\].export: expected a list"),
     case("missing-required", spec_text(model=MODEL.replace("seq_len = 64\n", "")),
          r"\[model\].seq_len: required"),
     case("proxy-without-budget", spec_text(proxy="[proxy]\nbatch_size = 8\n"),
@@ -209,6 +212,21 @@ BAD = [
     case("table-not-table", "model = 3\n", r"\[model\] must be a table, got 3"),
     case("toml-syntax", spec_text("[search]\ntrials = = 3\n"), r"invalid TOML: .*\(at line 11, column 10\)"),
 ]  # fmt: skip
+
+
+def test_the_export_rule_samples_only_shapes_the_format_represents():
+    from archsearch.space.export import EXPORT_FORMATS
+
+    text = (EXAMPLES / "tiny.toml").read_text()
+    free = parse_spec(text, "tiny.toml")
+    ruled = parse_spec(text.replace("[rules]\n", "[rules]\nexport = ['hf']\n"), "tiny.toml")
+    assert ruled.fingerprint != free.fingerprint  # a different space is a different study
+    found = ruled.space.feasibility()
+    assert 0 < found.feasible < free.space.feasibility().feasible
+    assert dict(found.reasons)["not exportable as hf"] > 0
+    configs = sample_configs(ruled.space, 20, seed=1)
+    assert configs and all(EXPORT_FORMATS["hf"].refusal(c) is None for c in configs)
+    assert {c.norm_placement for c in configs} == {"pre"} and {c.activation for c in configs} == {"swiglu"}
 
 
 @pytest.mark.parametrize(("text", "match"), BAD)

@@ -22,7 +22,7 @@ from archsearch.search.validate import (
 )
 from archsearch.space.knobs import config_from_knobs
 from archsearch.storage import Storage, TrialOutcome
-from tests.search.conftest import tiny_spec
+from tests.specs import tiny_spec
 
 # (d_model, n_layers, proxy loss): the study's front in (loss, FLOPs) is trials 0, 1 and 3.
 SHAPES = [(64, 1, 2.9), (64, 2, 2.8), (128, 1, 2.85), (128, 2, 2.7), (128, 4, 2.75), (64, 4, 2.82)]
@@ -196,12 +196,13 @@ def test_an_interrupted_validation_keeps_its_runs_and_a_rerun_trains_the_rest(
 
     def interrupt(progress):
         seen.append(progress.done)
-        if len(seen) == 1:
+        if progress.done == 1 and seen.count(1) == 1:  # the first long run is stored
             os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C: the driver's handler stops the loop
 
     with Storage.open(url) as db:
         summary = run_validate(db, ValidateOptions("tiny", trials=4, multiplier=2), on_update=interrupt)
         assert summary.signal == signal.SIGINT and summary.report is None and summary.trained == 1
+        assert seen[0] == 0  # displays hear of the start, before any run ends
         [kept] = db.long_runs("tiny")
         assert db.validations("tiny") == []
     result = _run(*ARGS, "--storage", url, "--json")

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from archsearch.cli import app
 from archsearch.space import ArchConfig, load_config, param_counts, preset
+from tests.terminal import under_a_terminal
 
 runner = CliRunner()
 
@@ -151,51 +152,12 @@ def test_train_table_and_failure_exit_code(tiny_config):
     assert "failed (training loss is" in failed.stdout or "failed (validation loss is" in failed.stdout
 
 
-def _under_a_terminal(args: list[str], cwd, timeout: float = 300) -> tuple[int, str, str]:
-    """Run `archsearch ARGS` with stderr on a pseudo-terminal, as a person sees it; stdout piped.
-
-    Returns (exit code, stdout, what the terminal showed)."""
-    import os
-    import select
-    import time
-
-    master, slave = os.openpty()
-    env = {**os.environ, "COLUMNS": "200", "TERM": "xterm-256color"}
-    env.pop("NO_COLOR", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "archsearch", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-        stderr=slave, stdin=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
-    os.close(slave)
-    shown, deadline = bytearray(), time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.5)
-            if ready:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:  # EIO: every copy of the slave is closed, the process is gone
-                    break
-                if not chunk:
-                    break
-                shown += chunk
-            elif proc.poll() is not None:
-                break
-        stdout, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-    finally:
-        os.close(master)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return proc.returncode, stdout, shown.decode(errors="replace")
-
-
 def test_train_shows_progress_with_an_eta_on_a_terminal(tiny_config):
     # stderr a terminal used to crash before the first step: `{task.total:,}` with total None.
     import re
 
     args = ["train", str(tiny_config), *TINY_TRAIN, "--json"]
-    code, stdout, shown = _under_a_terminal(args, tiny_config.parent)
+    code, stdout, shown = under_a_terminal(args, tiny_config.parent)
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown)  # the bar's colours and cursor moves
     assert code == 0, text[-2000:]
     assert json.loads(stdout)["status"] == "complete"
@@ -343,6 +305,7 @@ def test_a_huge_size_is_one_error_line_not_an_overflow(tmp_path, command, field)
         (["search", "--space", "x.toml", "--bogus"], "error: No such option: --bogus"),
         (["trials", "--study", "s", "--limit", "abc"], "error: Invalid value for '--limit'"),
         (["nope"], "error: No such command 'nope'"),
+        (["--bogus", "cost"], "error: No such option: --bogus"),
         (["config", "check"], "error: Missing argument"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from archsearch import cli
 from archsearch.cli import app
+from archsearch.cli import results as results_cli
 from archsearch.storage import Storage, trials_frame
 from tests.storage.test_query import fill_study
 
@@ -213,7 +213,7 @@ def test_the_table_shows_a_readable_subset(db):
 
 
 def test_a_long_table_shows_its_first_rows_and_says_more_match(db, monkeypatch):
-    monkeypatch.setattr(cli, "TABLE_ROWS", 2)
+    monkeypatch.setattr(results_cli, "TABLE_ROWS", 2)
     result = trials(db)
     assert result.exit_code == 0 and "first 2 trials of 's'" in result.stdout
     assert result.stderr == "more trials match: use --limit N, --sort or --format csv\n"

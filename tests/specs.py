@@ -1,11 +1,8 @@
-"""Fixtures for search tests: tiny specs, and one local Ray shared by the in-process searches."""
+"""Tiny search specs for tests: a space whose trials train in seconds on a CPU."""
 
 from __future__ import annotations
 
-import os
 import textwrap
-
-import pytest
 
 from archsearch.search.spec import parse_spec
 
@@ -49,16 +46,3 @@ def tiny_toml(**tables: str) -> str:
 
 def tiny_spec(**tables: str):
     return parse_spec(tiny_toml(**tables), "tiny.toml")
-
-
-@pytest.fixture(scope="session")
-def ray_session():
-    """One local Ray for all in-process searches (a search joins it and leaves it running)."""
-    import ray
-
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(
-        address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False
-    )
-    yield
-    ray.shutdown()

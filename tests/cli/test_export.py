@@ -202,6 +202,50 @@ def test_a_refused_knee_fails_too(db_url, tmp_path):
     assert not out.exists()
 
 
+def test_a_refused_knee_points_to_exportable(db_url, tmp_path):
+    result = run(db_url, "--study", "posts", "--knee", "--format", "hf", "--output", str(tmp_path / "k"))
+    _one_error_line(result, "add --exportable to choose among the trials that export")
+
+
+# --- --exportable: choose among the trials the format represents -------------------------------
+
+
+def test_exportable_knee_is_the_knee_of_the_front_of_what_exports(db_url, tmp_path):
+    exportable = [n for n, e in TRIALS.items() if e and e[0].norm_placement == "pre"]
+    values = np.array([[TRIALS[n][1], _flops(n)] for n in exportable])
+    expected = pareto_front(exportable, values, ("loss", "flops")).knee
+    out = tmp_path / "knee"
+    result = run(db_url, "--study", "s", "--knee", "--exportable", "--format", "hf", "--output", str(out))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().startswith(f"{out}: trial {expected} as ")
+    config = json.loads((out / "config.json").read_text())
+    layers = config.get("num_hidden_layers", config.get("n_layer"))  # llama or gpt2 names
+    assert layers == TRIALS[expected][0].n_layers and "study s, trial" in (out / "README.md").read_text()
+
+
+def test_exportable_front_leaves_out_what_the_format_refuses(db_url, tmp_path):
+    out = tmp_path / "front"
+    result = run(db_url, "--study", "s", "--front", "--exportable", "--format", "hf", "--output", str(out))
+    assert result.exit_code == 0, result.output
+    index = json.loads((out / "index.json").read_text())
+    assert [row["number"] for row in index["trials"]] == [2, 1, 0]
+    assert index["exportable_only"] is True and not any(row["refused"] for row in index["trials"])
+    assert "refused" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--study", "posts", "--knee"], "no complete trial of 'posts' can be exported as hf"),
+        (["--study", "s", "--trial", "2"], "--exportable chooses among trials; it does not apply to --trial"),
+    ],
+)
+def test_exportable_errors(db_url, tmp_path, args, message):
+    out = tmp_path / "out"
+    _one_error_line(run(db_url, *args, "--exportable", "--format", "hf", "--output", str(out)), message)
+    assert not out.exists()
+
+
 # --- bad input: exit 2, one line, nothing written -------------------------------------------------
 
 BAD = [

@@ -3,7 +3,9 @@ processes (signals, killed workers and concurrent drivers need real processes)."
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -18,7 +20,8 @@ from typer.testing import CliRunner
 
 from archsearch.cli import app
 from archsearch.storage import Storage
-from tests.search.conftest import tiny_toml
+from tests.specs import tiny_toml
+from tests.terminal import under_a_terminal
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SLOW_PROXY = 'seconds = {seconds}\nbatch_size = 4\nevals = 2\neval_batches = 1\ndevice = "cpu"'
@@ -199,6 +202,20 @@ def test_a_signal_stops_cleanly_and_resume_finishes_exactly_n(tmp_path, signum, 
     counts = _counts(url)
     assert counts["complete"] == 4 and set(counts) <= {"complete", "interrupted", "duplicate"}, counts
     _no_running(url)
+
+
+def test_the_search_bar_counts_running_trials_shows_an_eta_and_keeps_the_final_counts(tmp_path):
+    # Seconds budgets keep the first trial running long enough for the terminal to draw it.
+    space = _space(tmp_path, trials=2, seconds=2.0)
+    args = ["search", "--space", str(space), "--study", "s", "--storage", f"sqlite:///{tmp_path / 't.db'}"]
+    code, stdout, shown = under_a_terminal([*args, "--json"], tmp_path)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown)  # the bar's colours and cursor moves
+    assert code == 0, text[-2000:]
+    assert json.loads(stdout)["counts"]["complete"] == 2
+    assert "Traceback" not in text, text[-2000:]
+    assert re.search(r"search .*0/2 finished: .*; 1 running; .* ETA", text), text[-2000:]
+    last = [line for line in text.splitlines() if line.strip()][-1]
+    assert last.startswith("search: 2/2 finished: 2 complete") and "0 running" in last, text[-2000:]
 
 
 def _descendants(root: int) -> set[int]:

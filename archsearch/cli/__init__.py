@@ -1,0 +1,30 @@
+"""The `archsearch` command line: a thin layer over the library, one module per command group.
+
+- `common`: the Typer apps, the options defined once, output helpers, one-line errors;
+- `shape`: cost, presets, width, config new / check;
+- `measure`: train, profile, align, devices;
+- `search`: space check, search;
+- `validate`: validate;
+- `results`: pareto, studies, trials;
+- `export`: export;
+- `progress`: the progress bars, fed by the library's callbacks.
+
+Each command parses its options, calls the library and prints; importing this package loads no
+torch, Ray, Optuna or pandas (commands import what they need when they run).
+"""
+
+from __future__ import annotations
+
+# Importing the command modules registers their commands on `app`, in this order in --help.
+# isort: off
+from archsearch.cli import shape, measure, search, validate, results, export  # noqa: F401
+
+# isort: on
+from archsearch.cli.common import app
+
+__all__ = ["app", "main"]
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

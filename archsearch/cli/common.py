@@ -1,0 +1,138 @@
+"""What every command shares: the Typer apps, the options defined once, output helpers.
+
+Data goes to stdout (a table, or JSON with `--json`), messages to stderr. A user error (an
+`ArchsearchError`) becomes one line, `error: ...`, and exit code 2; a bug keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from typer.core import TyperGroup
+
+from archsearch.errors import ArchsearchError, ConfigError
+from archsearch.space import ArchConfig, load_config, preset
+
+EXIT_USAGE = 2  # Click's code for bad usage; archsearch uses it for every bad input
+# Click's usage error class, from the Click that Typer runs: recent Typers vendor a copy whose
+# classes are not `click`'s. The public typer.BadParameter derives from it in both cases.
+_USAGE_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+def usage_error_line(exc: Exception) -> str:
+    """Click's usage error as the one line archsearch prints, whatever Click wraps."""
+    return "error: " + " ".join(exc.format_message().split()) + " (see --help)"  # type: ignore[attr-defined]
+
+
+class _Group(TyperGroup):
+    """Turns library errors into one line on stderr and exit code 2, at the command boundary.
+
+    Click's usage errors in a command's arguments (a bad value, an unknown flag or command) are
+    raised here too, while the command's arguments are parsed: they get the same one line instead
+    of Click's usage box; so do those before the command name (`parse_args`).
+    """
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except _USAGE_ERROR as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # no arguments: the help, not an error
+                raise
+            typer.echo(usage_error_line(exc), err=True)
+            raise typer.Exit(EXIT_USAGE) from None
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ArchsearchError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(EXIT_USAGE) from None
+        except _USAGE_ERROR as exc:
+            typer.echo(usage_error_line(exc), err=True)
+            raise typer.Exit(EXIT_USAGE) from None
+
+
+app = typer.Typer(
+    cls=_Group,
+    help="Hardware-aware architecture search for transformer language models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+config_app = typer.Typer(cls=_Group, help="Write and check ArchConfig JSON files.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+space_app = typer.Typer(cls=_Group, help="Check search-space files.", no_args_is_help=True)
+app.add_typer(space_app, name="space")
+
+# Options shared by several commands, defined once.
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")]
+ConfigArg = Annotated[Path | None, typer.Argument(help="ArchConfig JSON file.")]
+PresetOpt = Annotated[str | None, typer.Option("--preset", help="A built-in shape (see `presets`).")]
+SpaceArg = Annotated[Path, typer.Argument(help="Search-space TOML file (see examples/).")]
+StorageOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--storage", help="Database URL (default: $ARCHSEARCH_STORAGE, else sqlite:///archsearch.db)."
+    ),
+]
+StudyOpt = Annotated[str, typer.Option(help="Study name (see `studies`).")]
+
+
+def stdout() -> Console:
+    # Piped output gets a wide fixed width instead of rich's 80 columns, so rows do not wrap.
+    console = Console(highlight=False)
+    return console if console.is_terminal else Console(highlight=False, width=160)
+
+
+def print_json(obj: Any) -> None:
+    typer.echo(json.dumps(obj, indent=2))
+
+
+def si(value: float, unit: str = "") -> str:
+    """`124439808` -> `124.4M`, `0.00034` -> `340u`: short magnitudes for tables (JSON is exact)."""
+    prefixes = (
+        (1e15, "P"),
+        (1e12, "T"),
+        (1e9, "G"),
+        (1e6, "M"),
+        (1e3, "k"),
+        (1, ""),
+        (1e-3, "m"),
+        (1e-6, "u"),
+    )
+    for factor, prefix in prefixes:
+        if abs(value) >= factor:
+            return f"{value / factor:.4g}{prefix}{unit}"
+    return f"{value:.4g}{unit}"
+
+
+def fmt_value(value: float | None, spec: str) -> str:
+    """`value` formatted, or `-` when there is none."""
+    return "-" if value is None else format(value, spec)
+
+
+def floats(text: str, option: str) -> tuple[float, ...]:
+    """ "3.0,1e9" -> (3.0, 1e9), or a one-line error naming `option`."""
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"{option} takes numbers separated by commas, got {text!r}") from None
+
+
+def long_cell(entry: tuple[float, float, int] | None) -> str:
+    """`3.1234 (10x)` or `3.1234 (10x, 3 seeds)`: a trial's long-run loss where one exists."""
+    if entry is None:
+        return "-"
+    multiplier, loss, seeds = entry
+    return f"{loss:.4f} ({multiplier:g}x{f', {seeds} seeds' if seeds > 1 else ''})"
+
+
+def resolve_config(path: Path | None, preset_name: str | None) -> ArchConfig:
+    """The shape a command runs on: a config file or a preset, exactly one."""
+    if (path is None) == (preset_name is None):
+        raise ConfigError("give a CONFIG file or --preset NAME (exactly one)")
+    return load_config(path) if path is not None else preset(preset_name)  # type: ignore[arg-type]

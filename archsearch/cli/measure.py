@@ -1,0 +1,260 @@
+"""Measurement commands: train a proxy, profile a step, check GEMM alignment, the GPU catalogue."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from archsearch.cli.common import (
+    ConfigArg,
+    JsonFlag,
+    PresetOpt,
+    app,
+    fmt_value,
+    print_json,
+    resolve_config,
+    si,
+    stdout,
+)
+from archsearch.cli.progress import progress_bar
+from archsearch.errors import ConfigError
+
+
+@app.command()
+def train(
+    config: ConfigArg = None,
+    preset_name: PresetOpt = None,
+    tokens: Annotated[int | None, typer.Option(help="Budget: training tokens.")] = None,
+    flops: Annotated[float | None, typer.Option(help="Budget: training FLOPs.")] = None,
+    seconds: Annotated[float | None, typer.Option(help="Budget: seconds of training.")] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(help="Text file or folder (bytes), or .bin token file(s); default: bundled corpus."),
+    ] = None,
+    vocab_size: Annotated[int | None, typer.Option(help="Vocabulary of .bin token files.")] = None,
+    token_dtype: Annotated[str, typer.Option(help="dtype of .bin token files.")] = "uint16",
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.")] = "auto",
+    precision: Annotated[str, typer.Option(help="bf16, fp32 or auto.")] = "auto",
+    batch_size: Annotated[int, typer.Option(help="Sequences per step.")] = 16,
+    lr: Annotated[float, typer.Option(help="Peak learning rate at --base-width.")] = 3e-3,
+    base_width: Annotated[int, typer.Option(help="Width at which --lr applies unscaled.")] = 128,
+    schedule: Annotated[str, typer.Option(help="cosine or wsd.")] = "cosine",
+    seed: Annotated[int, typer.Option(help="Seed for init and batches.")] = 0,
+    compile_model: Annotated[bool, typer.Option("--compile", help="torch.compile the model.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Train a shape's proxy LM on a budget; report held-out loss, throughput and MFU.
+
+    Exit code 1 when the run fails (NaN loss, out of memory, too large), with the reason.
+    """
+    from archsearch.evaluators.data import load_dataset
+    from archsearch.evaluators.trainer import TrainSettings
+    from archsearch.evaluators.trainer import train as run_training
+
+    cfg = resolve_config(config, preset_name)
+    settings = TrainSettings(
+        tokens=tokens, flops=flops, seconds=seconds, batch_size=batch_size, lr=lr, base_width=base_width,
+        schedule=schedule, seed=seed, device=device, precision=precision, compile=compile_model,
+    )  # fmt: skip
+    dataset = load_dataset(data, vocab_size=vocab_size, dtype=token_dtype, seq_len=cfg.seq_len)
+    with progress_bar("training") as update:
+        result = run_training(cfg, dataset, settings, progress=update)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        console = stdout()
+        console.print(cfg.describe())
+        table = Table("result", "value")
+        rows = [
+            ("status", result.status + (f" ({result.reason})" if result.reason else "")),
+            ("val loss (nats/token)", fmt_value(result.val_loss, ".4f")),
+            ("bits per byte", fmt_value(result.bits_per_byte, ".4f")),
+            ("tokens", f"{result.tokens:,} in {result.steps:,} steps"),
+            ("tokens / s", f"{result.tokens_per_second:,.0f}"),
+            (
+                "step time",
+                fmt_value(result.step_time_s, ".4g")
+                + f" s, median of {result.step_time_steps} steady-state steps",
+            ),
+            ("achieved FLOP/s", si(result.achieved_flops_per_second, "FLOP/s")),
+            (
+                "MFU",
+                fmt_value(result.mfu, ".1%") + f" of {si(result.peak_flops_per_second or 0, 'FLOP/s')} peak",
+            ),
+            ("precision", result.precision),
+            ("device", result.device),
+            ("wall time", f"{result.wall_time_s:.1f} s"),
+            ("corpus", f"{dataset.name} ({result.corpus_fingerprint})"),
+        ]
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+    if result.status == "failed":
+        raise typer.Exit(1)
+
+
+@app.command()
+def profile(
+    config: ConfigArg = None,
+    preset_name: PresetOpt = None,
+    device: Annotated[
+        str, typer.Option(help="cpu, cuda, cuda:N (measured) or a catalogued GPU (modelled, see `devices`).")
+    ] = "cpu",
+    batch: Annotated[int, typer.Option(help="Sequences per micro-batch.", min=1)] = 8,
+    dtype: Annotated[
+        str,
+        typer.Option(
+            help="bf16, fp16, fp32 or auto: what training runs in here (fp32 on a CPU without native "
+            "bf16); bf16 on a modelled GPU."
+        ),
+    ] = "auto",
+    steps: Annotated[
+        int,
+        typer.Option(
+            help="Measured: real training steps timed (median, after 3 warm-up steps) so the kernels "
+            "read as its breakdown with a residual line; 0: kernels only.",
+            min=0,
+        ),
+    ] = 10,
+    cache: Annotated[Path | None, typer.Option(help="JSON file caching measurements across runs.")] = None,
+    storage: Annotated[
+        str | None,
+        typer.Option(
+            "--storage", help="Trial database whose kernel table caches measurements (shared with searches)."
+        ),
+    ] = None,
+    min_run_time: Annotated[float, typer.Option(help="Seconds of repeats per kernel.")] = 0.1,
+    top: Annotated[int, typer.Option(help="Kernels shown in the table (JSON has all).")] = 20,
+    as_json: JsonFlag = False,
+) -> None:
+    """Kernel-by-kernel time of one training step: measured here, or modelled for a GPU."""
+    cfg = resolve_config(config, preset_name)
+    from archsearch.evaluators.hardware import ACCELERATORS, device_model, predict_step
+    from archsearch.evaluators.kernels import step_kernels
+
+    if device not in ACCELERATORS and device.split(":")[0] not in ("cpu", "cuda"):
+        raise ConfigError(
+            f"unknown device {device!r}; measured: cpu, cuda, cuda:N; modelled: {', '.join(ACCELERATORS)}"
+        )
+    if device in ACCELERATORS:
+        dtype = "bf16" if dtype == "auto" else dtype  # what a GPU trains in
+        report = predict_step(device_model(device), step_kernels(cfg, batch, dtype), dtype)
+    else:
+        from archsearch.evaluators.profiler import InMemoryCache, JsonFileCache, profile_step
+        from archsearch.evaluators.trainer import measure_step
+
+        def measure(store: Any) -> Any:
+            kernels = profile_step(cfg, batch, device, dtype, store, min_run_time, progress=interactive)
+            if not steps:
+                return kernels
+            seconds, timed = measure_step(cfg, batch, device, kernels.dtype, steps, cache=store)
+            return kernels.with_measured_step(seconds, timed)
+
+        if cache is not None and storage is not None:
+            raise ConfigError("give --cache FILE or --storage URL, not both")
+        interactive = Console(stderr=True).is_terminal
+        if storage is not None:
+            from archsearch.storage import KernelCache, Storage
+
+            with Storage.open(storage) as db:
+                report = measure(KernelCache(db.measurements(), db))  # new times are written through
+        else:
+            report = measure(JsonFileCache(cache) if cache is not None else InMemoryCache())
+    if as_json:
+        print_json(report.to_dict())
+        return
+    console = stdout()
+    how = "modelled" if report.modelled else "measured"
+    console.print(
+        f"{cfg.describe()}\n{how} on {report.device['name']}, {report.dtype}, batch {batch} x {cfg.seq_len}"
+    )
+    table = Table("kernel", "m", "n", "k", "count", "time/call", "total", "TFLOP/s", "share")
+    rows = sorted(report.kernels, key=lambda r: r.total_s, reverse=True)
+    for r in rows[:top]:
+        table.add_row(
+            r.name, str(r.m), str(r.n), str(r.k), str(r.count), si(r.time_s, "s"), si(r.total_s, "s"),
+            f"{r.tflops:.3g}", f"{r.total_s / report.step_time_s:.1%}",
+        )  # fmt: skip
+    console.print(table)
+    mem = Table("memory-bound op", "bytes", "time", "share")
+    for op in sorted(report.memory_ops, key=lambda o: o.time_s, reverse=True):
+        mem.add_row(op.name, si(op.bytes, "B"), si(op.time_s, "s"), f"{op.time_s / report.step_time_s:.1%}")
+    console.print(mem)
+    console.print(_step_breakdown(report))
+
+
+def _step_breakdown(report: Any) -> str:
+    """The lines that add up to the step: matmuls and attention, memory-bound ops and, when the
+    real step was measured, the residual (what the kernels timed one by one leave out)."""
+    step = report.step_time_s
+    parts = [
+        f"  matmuls and attention   {si(report.kernel_time_s, 's'):>8} {report.kernel_time_s / step:7.1%}",
+        f"  memory-bound ops        {si(report.memory_time_s, 's'):>8} {report.memory_time_s / step:7.1%}",
+    ]
+    if report.residual_s is not None:
+        parts.append(
+            f"  residual                {si(report.residual_s, 's'):>8} {report.residual_s / step:7.1%}"
+            "  (launches, framework overhead, elementwise ops, optimizer)"
+        )
+        how = f"measured training step, median of {report.measured_steps}"
+    else:
+        how = "sum of the kernels" + ("" if report.modelled else "; real step not measured")
+    head = f"step {si(step, 's')} ({how}), {report.tokens_per_second:,.0f} tokens/s"
+    return "\n".join([head, *parts])
+
+
+@app.command()
+def align(
+    config: ConfigArg = None,
+    preset_name: PresetOpt = None,
+    device: Annotated[str, typer.Option(help="A catalogued GPU (see `devices`).")] = "h100-sxm",
+    batch: Annotated[int, typer.Option(help="Sequences per micro-batch.", min=1)] = 8,
+    dtype: Annotated[str, typer.Option(help="bf16, fp16, fp8, tf32 or fp32.")] = "bf16",
+    as_json: JsonFlag = False,
+) -> None:
+    """Is each GEMM width tile- and wave-friendly on the target, and which nearby sizes run better?"""
+    from archsearch.evaluators.hardware import alignment_report, device_model
+
+    cfg = resolve_config(config, preset_name)
+    report = alignment_report(device_model(device), cfg, batch, dtype)
+    if as_json:
+        print_json(report.to_dict())
+        return
+    console = stdout()
+    console.print(f"{cfg.describe()}\nmodelled on {report.device}, {dtype}, batch {batch} x {cfg.seq_len}")
+    table = Table(
+        "width", "value", "aligned", "tiles", "waves", "better sizes (step gain, GEMM efficiency gain)"
+    )
+    for d in report.dimensions:
+        better = ", ".join(
+            f"{o.value} ({o.step_gain_pct:+.1f}%, {o.gemm_gain_pct:+.1f}%)" for o in d.better_options
+        )
+        aligned = "yes" if d.well_aligned else ("8-aligned" if d.aligned else "NO")
+        table.add_row(
+            d.name, str(d.value), aligned, "ok" if d.tile_friendly else "partial",
+            f"{d.wave_efficiency:.0%}" + ("" if d.wave_friendly else " (low)"), better or "-",
+        )  # fmt: skip
+    console.print(table)
+
+
+@app.command()
+def devices(as_json: JsonFlag = False) -> None:
+    """The catalogue of GPUs that `profile` and `align` model, with their sources."""
+    from archsearch.evaluators.hardware import ACCELERATORS
+
+    if as_json:
+        print_json([{"key": key, **dataclasses.asdict(acc)} for key, acc in ACCELERATORS.items()])
+        return
+    table = Table("key", "name", "SMs", "dense TFLOP/s", "bandwidth", "source")
+    for key, acc in ACCELERATORS.items():
+        peaks = ", ".join(f"{d} {t:g}" for d, t in acc.peak_tflops)
+        table.add_row(key, acc.name, str(acc.units), peaks, si(acc.memory_bandwidth, "B/s"), acc.source)
+    stdout().print(table)
+
+
+# ------------------------------------------------------------------------------------------------

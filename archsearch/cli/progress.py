@@ -1,0 +1,126 @@
+"""Progress on stderr: rich bars on a terminal, plain lines otherwise. Measurement code reports
+through callbacks; only the CLI draws."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
+
+
+def search_text(p: Any) -> str:
+    """A search's state in one line: trials by state, the best loss, the front's size."""
+    c = p.counts
+    best = "-" if p.best_loss is None else f"{p.best_loss:.4f}"
+    return (
+        f"{p.finished}/{p.target} finished: {c.get('complete', 0)} complete, {c.get('pruned', 0)} pruned, "
+        f"{c.get('failed', 0)} failed, {c.get('rejected', 0)} rejected, {c.get('duplicate', 0)} duplicate; "
+        f"{c.get('running', 0)} running; best loss {best}; front {p.front_size}"
+    )
+
+
+def search_display(target: int) -> contextlib.AbstractContextManager[Callable[[Any], None]]:
+    """A search's progress (`SearchProgress` snapshots), counted in finished trials."""
+    return live_display("search", search_text, lambda p: (p.finished, target))
+
+
+def validate_display() -> contextlib.AbstractContextManager[Callable[[Any], None]]:
+    """A validation's progress (`ValidateProgress` snapshots), counted in stored long runs."""
+
+    def text(p: Any) -> str:
+        failed = f", {p.failed} failed" if p.failed else ""
+        return f"{p.done}/{p.total} long runs stored{failed}; {p.last}"
+
+    return live_display("validate", text, lambda p: (p.done, p.total))
+
+
+@contextlib.contextmanager
+def live_display(
+    label: str, describe: Callable[[Any], str], count: Callable[[Any], tuple[int, int | None]]
+) -> Iterator[Callable[[Any], None]]:
+    """Progress of a long job on stderr, fed snapshots by the library's `on_update` callback.
+
+    On a terminal: a bar with the elapsed time and an ETA, described by `describe(snapshot)`,
+    whose last description stays on screen when the job ends. Otherwise (a log, a pipe): one line
+    each time the count of finished work moves.
+
+    Args:
+        label: the job's name, e.g. "search".
+        describe: a snapshot -> one line of state.
+        count: a snapshot -> (work done, work in all or None while unknown).
+    """
+    console = Console(stderr=True)
+    last: dict[str, Any] = {"done": None, "text": ""}
+    if not console.is_terminal:
+
+        def log_line(p: Any) -> None:
+            done, _ = count(p)
+            if done != last["done"]:
+                last["done"] = done
+                typer.echo(f"[{p.elapsed_s:6.0f} s] {describe(p)}", err=True)
+
+        yield log_line
+        return
+    columns = (
+        TextColumn(f"{label} "), BarColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+        TextColumn("ETA"), TimeRemainingColumn(),
+    )  # fmt: skip
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("starting Ray", total=None)
+
+        def update(p: Any) -> None:
+            done, total = count(p)
+            last["text"] = describe(p)
+            bar.update(task, completed=done, total=total, description=last["text"])
+
+        yield update
+    if last["text"]:
+        console.print(f"{label}: {escape(last['text'])}")  # the final counts stay on screen
+
+
+class _TokensColumn(ProgressColumn):
+    """`done/total tokens`, with `?` for a total not known yet: the bar starts before the first
+    step reports one (rich's TextColumn would format None with `:,` and raise TypeError)."""
+
+    def render(self, task: Task) -> Text:
+        total = "?" if task.total is None else f"{int(task.total):,}"
+        return Text(f"{int(task.completed):,}/{total} tokens")
+
+
+@contextlib.contextmanager
+def progress_bar(label: str) -> Iterator[Callable[[int, int, float, float], None] | None]:
+    """A rich progress bar on stderr when it is a terminal; yields its update callback or None.
+
+    The ETA is rich's estimate from the recent rate of tokens; for a seconds budget the total is
+    itself the trainer's estimate, so the ETA is approximate there.
+    """
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield None
+        return
+    columns = (
+        TextColumn(f"{label} "), BarColumn(), _TokensColumn(),
+        TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[rate]:,.0f} tok/s"),
+        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+    )  # fmt: skip
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(label, total=None, loss=float("nan"), rate=0.0)
+
+        def update(done: int, total: int, loss: float, rate: float) -> None:
+            bar.update(task, completed=done, total=total, loss=loss, rate=rate)
+
+        yield update

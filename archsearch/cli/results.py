@@ -1,0 +1,223 @@
+"""Results commands: Pareto fronts, the studies of a database, trial queries."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from archsearch.cli.common import (
+    JsonFlag,
+    StorageOpt,
+    StudyOpt,
+    app,
+    floats,
+    fmt_value,
+    long_cell,
+    print_json,
+    si,
+    stdout,
+)
+from archsearch.errors import ArchsearchError
+
+
+@app.command()
+def pareto(
+    study: Annotated[list[str], typer.Option("--study", help="Study name; repeat to overlay studies.")],
+    objectives: Annotated[
+        str | None,
+        typer.Option(help="loss,flops | loss,step_time | loss,flops,step_time (default: the study's)."),
+    ] = None,
+    reference: Annotated[
+        str | None,
+        typer.Option(
+            help="Hypervolume reference point, one value per objective, e.g. 3.0,1e9 (default: the worst "
+            "value over all the studies' trials plus 10%, of a decade for FLOPs and time)."
+        ),
+    ] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write a plot: FILE.png or FILE.html.")] = None,
+    storage: StorageOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """The Pareto front of a study: non-dominated trials along the front, the knee, the hypervolume."""
+    from archsearch.search.pareto import parse_objectives, study_fronts
+    from archsearch.storage import Storage
+
+    names = parse_objectives(objectives) if objectives else None
+    ref = floats(reference, "--reference") if reference else None
+    with Storage.open(storage, create=False) as db:
+        fronts = study_fronts(db, study, names, ref)
+        long = {s: db.long_run_losses(s) for s in study}
+    if plot is not None:
+        from archsearch.search.plots import plot_fronts
+
+        plot_fronts(fronts, plot)
+    if as_json:
+        print_json([f.to_dict(long[f.study]) for f in fronts])
+    else:
+        for f in fronts:
+            print_study_front(f, long[f.study])
+    if plot is not None:
+        typer.echo(f"wrote {plot}", err=True)
+
+
+def print_study_front(f: Any, long: dict[int, tuple[float, float, int]] | None = None) -> None:
+    """The front as a table; with `long` (`Storage.long_run_losses`), a long-run loss column."""
+    console = stdout()
+    objectives = f.front.objectives
+    title = f"Pareto front of {f.study!r}: {len(f.front.numbers)} of {len(f.trial_numbers)} complete trials"
+    table = Table(title=title)
+    for column in ("", "trial", "shape", "params", "FLOPs/token", "loss", "bits/byte", "throughput"):
+        table.add_column(column, justify="left" if column in ("", "shape") else "right")
+    if "step_time" in objectives:
+        table.add_column("step time", justify="right")
+    if long:
+        table.add_column("long loss", justify="right")
+    for r in f.records:
+        tps = f.throughput.get(r.number)
+        speed = f"{si(tps[0])} tok/s {tps[1]}{' (model)' if tps[2] else ''}" if tps else "-"
+        row = [
+            "knee" if r.number == f.front.knee else "", str(r.number), escape(r.config.describe()),
+            si(r["params_total"]), si(r["flops_forward_per_token"]), f"{r['loss']:.4f}",
+            fmt_value(r["bits_per_byte"], ".3f"), speed,
+        ]  # fmt: skip
+        if "step_time" in objectives:
+            row.append(si(r["step_time_s"], "s"))
+        if long:
+            row.append(long_cell(long.get(r.number)))
+        table.add_row(*row)
+    console.print(table)
+    ref = ", ".join(f"{x:.4g}" for x in f.front.reference)
+    scale = " (log10 for " + ", ".join(o for o in objectives if o != "loss") + ")"
+    axes = ", ".join(objectives)
+    console.print(f"hypervolume {f.front.hypervolume:.4g} against reference ({ref}) in ({axes}){scale}")
+
+
+@app.command()
+def studies(storage: StorageOpt = None, as_json: JsonFlag = False) -> None:
+    """The studies in a trial database, with their trials by state."""
+    from archsearch.storage import STATES, Storage
+
+    with Storage.open(storage, create=False) as db:
+        records = db.studies()
+    if as_json:
+        print_json(
+            [
+                {
+                    "name": s.name,
+                    "objectives": list(s.objectives),
+                    "created_at": s.created_at,
+                    "trials": s.counts,
+                }
+                for s in records
+            ]
+        )
+        return
+    table = Table("study", "objectives", "created", *STATES)
+    for s in records:
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.created_at))
+        table.add_row(s.name, ",".join(s.objectives), created, *(str(s.counts.get(k, 0)) for k in STATES))
+    stdout().print(table if records else "no studies")
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+# ------------------------------------------------------------------------------------------------
+TABLE_ROWS = 100  # a terminal table of a 100,000-trial study is unreadable and slow to fetch and draw
+
+
+@app.command()
+def trials(
+    study: StudyOpt,
+    where: Annotated[
+        str | None,
+        typer.Option(help='Filter, e.g. "activation = swiglu and d_model >= 512 and status = complete".'),
+    ] = None,
+    sort: Annotated[
+        str | None, typer.Option(help="Column to sort by, -column for descending (default: trial number).")
+    ] = None,
+    limit: Annotated[int | None, typer.Option(help="At most N trials, after filtering and sorting.")] = None,
+    fmt: Annotated[
+        str, typer.Option("--format", help="table, csv, json (records) or parquet (needs --output).")
+    ] = "table",
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write here, not stdout.")] = None,
+    storage: StorageOpt = None,
+) -> None:
+    """A study's trials with their shape, costs, results, status and reason: filtered, sorted, exported.
+
+    The filter language and the columns are in README.md ("archsearch trials") and
+    `archsearch.storage.query`; user text is parsed, never evaluated.
+    """
+    from archsearch.fileio import write_atomic
+    from archsearch.storage import Storage
+    from archsearch.storage.query import FORMATS, QueryError, trials_frame
+
+    if fmt != "table" and fmt not in FORMATS:
+        raise QueryError(f"unknown format {fmt!r}; valid: table, {', '.join(FORMATS)}")
+    if fmt == "table" and output is not None:
+        raise QueryError("--output needs --format csv, json or parquet (the table is for the terminal)")
+    if fmt != "table" and FORMATS[fmt].binary and output is None:
+        raise QueryError(f"--format {fmt} is binary: give --output FILE")
+    # A table without --limit fetches one row more than it shows, to know whether more match.
+    fetch = TABLE_ROWS + 1 if fmt == "table" and limit is None else limit
+    with Storage.open(storage, create=False) as db:
+        frame = trials_frame(db, study, where=where, sort=sort, limit=fetch)
+        long = db.long_run_losses(study) if fmt == "table" else {}
+    if fmt == "table":
+        more = limit is None and len(frame) > TABLE_ROWS
+        _print_trials(frame.head(TABLE_ROWS) if more else frame, study, more=more, long=long)
+        return
+    data = FORMATS[fmt].encode(frame)
+    if output is None:
+        typer.echo(data.decode(), nl=False)
+    else:
+        try:
+            write_atomic(output, data)
+        except OSError as exc:
+            raise ArchsearchError(f"cannot write {output}: {exc.strerror or exc}") from None
+        typer.echo(f"wrote {len(frame):,} trials to {output}", err=True)
+
+
+def _print_trials(
+    frame: Any, study: str, more: bool, long: dict[int, tuple[float, float, int]] | None = None
+) -> None:
+    """A readable subset of the columns; csv, json and parquet carry all of them. With `long`
+    (`Storage.long_run_losses`), a long-run loss column beside the proxy loss."""
+    import pandas as pd
+
+    def cell(value: Any, render: Callable[[Any], str] = str) -> str:
+        return "-" if pd.isna(value) else escape(render(value))
+
+    columns: list[tuple[str, str, Callable[[Any], str]]] = [
+        ("trial", "number", str), ("status", "status", str), ("d_model", "d_model", str),
+        ("layers", "n_layers", str), ("heads", "n_heads", str), ("kv", "n_kv_heads", str),
+        ("head_dim", "head_dim", str), ("d_ff", "d_ff", str), ("activation", "activation", str),
+        ("params", "params_total", si), ("FLOPs/token", "flops_forward_per_token", si),
+        ("loss", "loss", lambda v: f"{v:.4f}"), ("step time", "step_time_s", lambda v: si(v, "s")),
+        ("reason", "reason", str),
+    ]  # fmt: skip
+    if frame.empty:
+        stdout().print(f"no trials of {escape(repr(study))} match")
+        return
+    table = Table(title=escape(f"{'first ' if more else ''}{len(frame):,} trials of {study!r}"))
+    for header, _, _ in columns:
+        table.add_column(header, justify="left" if header in ("status", "activation", "reason") else "right")
+    if long:
+        table.add_column("long loss", justify="right")
+    for row in frame[[name for _, name, _ in columns]].itertuples(index=False):
+        cells = [cell(v, render) for v, (_, _, render) in zip(row, columns, strict=True)]
+        if long:
+            cells.append(long_cell(long.get(row[0])) if not pd.isna(row[0]) else "-")
+        table.add_row(*cells)
+    stdout().print(table)
+    if more:
+        typer.echo("more trials match: use --limit N, --sort or --format csv", err=True)
+
+
+# ------------------------------------------------------------------------------------------------

@@ -1,0 +1,164 @@
+"""Search commands: check a space file, run a search."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from archsearch.cli.common import (
+    JsonFlag,
+    SpaceArg,
+    StorageOpt,
+    app,
+    print_json,
+    si,
+    space_app,
+    stdout,
+)
+from archsearch.cli.progress import search_display
+from archsearch.cli.results import print_study_front
+from archsearch.space import ArchConfig, param_counts
+
+
+@space_app.command("check")
+def space_check(
+    space: SpaceArg,
+    samples: Annotated[int, typer.Option(help="Sampled configs to show with their costs.", min=0)] = 5,
+    seed: Annotated[int, typer.Option(help="Seed of the sampled configs.")] = 0,
+    as_json: JsonFlag = False,
+) -> None:
+    """Validate a space file; print its knobs, size, feasible share and a few sampled configs."""
+    from archsearch.search.spec import load_spec
+    from archsearch.space.search_space import sample_configs
+
+    spec = load_spec(space)
+    feasibility = spec.space.feasibility()
+    configs = sample_configs(spec.space, samples, seed)
+    if as_json:
+        print_json(
+            {
+                "spec": spec.to_dict(),
+                "fingerprint": spec.fingerprint,
+                "size": spec.space.size(),
+                "feasibility": dataclasses.asdict(feasibility),
+                "samples": [{"config": c.to_dict(), **_costs(c)} for c in configs],
+            }
+        )
+    else:
+        console = stdout()
+        table = Table("knob", "values")
+        for domain in spec.space.domains:
+            table.add_row(domain.name, escape(domain.describe()))
+        for name, value in spec.space.fixed:
+            table.add_row(name, escape(f"{value!r} (fixed)"))
+        console.print(table)
+        size = spec.space.size()
+        how = "all" if feasibility.exhaustive else "random"
+        console.print(
+            f"size: {'continuous' if size is None else f'{size:,} points'}; "
+            f"budget: {spec.space.budget.describe()}\n"
+            f"feasible: {feasibility.feasible:,} of {feasibility.checked:,} checked ({how} points)"
+        )
+        for reason, count in feasibility.reasons:
+            console.print(f"  rejected {count:,}: {escape(reason)}")
+        console.print(
+            f"objectives: {', '.join(spec.objectives)}; proxy: {_budget_text(spec.proxy)}; "
+            f"sampler {spec.defaults.sampler}, {spec.defaults.trials} trials"
+        )
+        if configs:
+            sample = Table("sampled config", "params", "FLOPs/token")
+            for c in configs:
+                costs = _costs(c)
+                sample.add_row(c.describe(), si(costs["params_total"]), si(costs["flops_forward_per_token"]))
+            console.print(sample)
+    if feasibility.feasible == 0:
+        spec.space.check_feasible()  # raises with the reasons: exit 2
+
+
+def _costs(cfg: ArchConfig) -> dict[str, float]:
+    from archsearch.space.costs import flop_counts
+
+    return {"params_total": param_counts(cfg).total, "flops_forward_per_token": flop_counts(cfg).forward}
+
+
+def _budget_text(proxy: Any) -> str:
+    if proxy.tokens is not None:
+        return f"{proxy.tokens:,} tokens"
+    return f"{si(proxy.flops, 'FLOP')}" if proxy.flops is not None else f"{proxy.seconds:g} s"
+
+
+@app.command()
+def search(
+    space: Annotated[Path, typer.Option("--space", help="Search-space TOML file (see examples/).")],
+    study: Annotated[str | None, typer.Option(help="Study name (default: the space file's name).")] = None,
+    trials: Annotated[
+        int | None, typer.Option(help="Finished trials to reach (default: the file's).")
+    ] = None,
+    workers: Annotated[int, typer.Option(help="Trials run at once.", min=1)] = 1,
+    storage: StorageOpt = None,
+    sampler: Annotated[
+        str | None, typer.Option(help="tpe, nsga2, random or gp (default: the file's).")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Sampler seed (default: the file's).")] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the study (created if missing).")
+    ] = False,
+    prune: Annotated[
+        bool, typer.Option("--prune/--no-prune", help="Stop dominated trials at the rungs.")
+    ] = True,
+    address: Annotated[
+        str | None, typer.Option(help="Ray cluster to join (default: start one here).")
+    ] = None,
+    cpus_per_trial: Annotated[float, typer.Option(help="Ray CPUs per trial.")] = 1.0,
+    gpus_per_trial: Annotated[
+        float, typer.Option(help="Ray GPUs per trial (GPU trials queue for GPUs).")
+    ] = 0.0,
+    retries: Annotated[int, typer.Option(help="Re-runs of a trial whose worker died.", min=0)] = 1,
+    as_json: JsonFlag = False,
+) -> None:
+    """Search a space: sample shapes with Optuna, train and profile them on Ray, store every trial.
+
+    Ctrl-C or SIGTERM stops dispatching, cancels the running trials (recorded as interrupted and
+    re-queued) and exits 130 / 143; `--resume` then continues to the requested number.
+    """
+    from archsearch.search.driver import SearchOptions, run_search
+    from archsearch.search.spec import load_spec
+    from archsearch.storage import Storage
+
+    spec = load_spec(space)
+    options = SearchOptions(
+        study=spec.name if study is None else study,  # "" is refused, not replaced
+        trials=trials or spec.defaults.trials,
+        workers=workers,
+        sampler=sampler or spec.defaults.sampler,
+        seed=spec.defaults.seed if seed is None else seed,
+        resume=resume,
+        prune=prune and spec.defaults.prune,
+        address=address,
+        cpus_per_trial=cpus_per_trial,
+        gpus_per_trial=gpus_per_trial,
+        retries=retries,
+    )
+    spec.space.check_feasible()  # an impossible budget fails here, before anything is written
+    with Storage.open(storage) as db, search_display(options.trials) as update:
+        summary = run_search(spec, db, options, on_update=update)
+    front = summary.front
+    if as_json:
+        report = {"study": summary.study, "counts": summary.progress.counts, "interrupted_by": summary.signal}
+        print_json({**report, **(front.to_dict() if front else {"front": []})})
+    elif front is not None:
+        print_study_front(front)
+    else:
+        typer.echo(f"no complete trials in study {options.study!r}", err=True)
+    if summary.signal is not None:
+        typer.echo(
+            f"interrupted: {summary.progress.finished} of {options.trials} trials finished; continue with "
+            f"`archsearch search --space {space} --study {options.study} --resume`",
+            err=True,
+        )
+        raise typer.Exit(128 + summary.signal)

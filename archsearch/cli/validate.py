@@ -1,0 +1,112 @@
+"""`archsearch validate`: does the proxy rank shapes as longer training does?"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from archsearch.cli.common import JsonFlag, StorageOpt, StudyOpt, app, fmt_value, print_json, si, stdout
+from archsearch.cli.progress import validate_display
+
+
+@app.command()
+def validate(
+    study: StudyOpt,
+    storage: StorageOpt = None,
+    trials: Annotated[
+        int, typer.Option(help="Calibration-set size: the Pareto front plus a sample of the rest.")
+    ] = 12,
+    trial: Annotated[
+        list[int] | None, typer.Option("--trial", help="Retrain trial N (repeat); instead of --trials.")
+    ] = None,
+    multiplier: Annotated[float, typer.Option(help="Long runs train K x the proxy's tokens (> 1).")] = 10.0,
+    seeds: Annotated[int, typer.Option(help="Long runs per trial (seeds 0..R-1); > 1 measures noise.")] = 1,
+    workers: Annotated[int, typer.Option(help="Long runs at once.")] = 1,
+    seed: Annotated[int, typer.Option(help="Seed of the calibration sample.")] = 0,
+    address: Annotated[
+        str | None, typer.Option(help="Ray cluster to join (default: start one here).")
+    ] = None,
+    cpus_per_run: Annotated[float, typer.Option(help="Ray CPUs per long run.")] = 1.0,
+    gpus_per_run: Annotated[float, typer.Option(help="Ray GPUs per long run.")] = 0.0,
+    as_json: JsonFlag = False,
+) -> None:
+    """Rank fidelity of a study's proxy: retrain a calibration set for longer and compare rankings.
+
+    Long runs use the study's stored [proxy] settings and corpus at --multiplier x its tokens, with
+    the cosine schedule; each is stored as it finishes, so a rerun (or one after Ctrl-C, exit 130)
+    trains only what is missing. The report is stored with the study.
+    """
+    from archsearch.search.validate import ValidateOptions, run_validate
+    from archsearch.storage import Storage
+
+    options = ValidateOptions(
+        study=study, trials=trials, numbers=tuple(trial or ()), multiplier=multiplier, seeds=seeds,
+        workers=workers, sample_seed=seed, address=address, cpus_per_trial=cpus_per_run,
+        gpus_per_trial=gpus_per_run,
+    )  # fmt: skip
+    with Storage.open(storage, create=False) as db, validate_display() as update:
+        summary = run_validate(db, options, on_update=update)
+    for line in summary.failed:
+        typer.echo(f"failed: {line}", err=True)
+    if summary.report is None:
+        typer.echo(
+            f"interrupted: {summary.trained} long runs trained and stored; rerun the same command to "
+            "train the rest",
+            err=True,
+        )
+        raise typer.Exit(128 + (summary.signal or 2))
+    if as_json:
+        print_json({"study": summary.study, "trained": summary.trained, "skipped": summary.skipped,
+                     "failed": list(summary.failed), **summary.report})  # fmt: skip
+    else:
+        _print_validation(summary.study, summary.report)
+    typer.echo(f"{summary.trained} long runs trained, {summary.skipped} reused from earlier runs", err=True)
+
+
+def _print_validation(study: str, report: dict[str, Any]) -> None:
+    console = stdout()
+    seeds = report["seeds"]
+    fronts = report["fronts"]
+    proxy_front, long_front = set(fronts.get("proxy", ())), set(fronts.get("long", ()))
+    table = Table(
+        title=f"Proxy fidelity of {study!r}: {len(report['rows'])} trials retrained at "
+        f"{report['multiplier']:g}x the proxy's tokens, {seeds} seed{'s' if seeds > 1 else ''}"
+    )
+    for column in ("trial", "shape", "params", "FLOPs/token", "proxy loss", "long loss", "fronts"):
+        table.add_column(column, justify="left" if column in ("shape", "fronts") else "right")
+    for r in report["rows"]:
+        marks = "/".join(m for m, s in (("proxy", proxy_front), ("long", long_front)) if r["number"] in s)
+        table.add_row(
+            str(r["number"]), escape(r["shape"]), si(r["params_total"]), si(r["flops"]),
+            f"{r['proxy_loss']:.4f}", fmt_value(r["long_loss"], ".4f"), marks,
+        )  # fmt: skip
+    console.print(table)
+    ranks = Table(title="Ranking the long-run loss (seed mean)")
+    for column in ("predictor", "Spearman", "Kendall", "iso-params pairs"):
+        ranks.add_column(column, justify="left" if column == "predictor" else "right")
+    names = {"proxy": "proxy loss", "params": "-params", "flops": "-FLOPs"}
+    for key, label in names.items():
+        c = report["correlations"][key]
+        iso = report["iso_pairs"].get(key)
+        ranks.add_row(
+            label,
+            fmt_value(c["spearman"], ".3f"),
+            fmt_value(c["kendall"], ".3f"),
+            f"{iso[0]}/{iso[1]}" if iso else "-",
+        )
+    console.print(ranks)
+    floor = report["noise_floor"]
+    console.print(
+        "seed noise floor (pooled sd): " + (f"{floor:.4f}" if floor is not None else "- (one seed)")
+    )
+    if "shared" in fronts:
+        console.print(
+            f"fronts (loss vs FLOPs): proxy {len(proxy_front)}, long run {len(long_front)}, shared "
+            f"{fronts['shared']}; long-run hypervolume: proxy front {fronts['proxy_long_hypervolume']:.4g}, "
+            f"long-run front {fronts['long_long_hypervolume']:.4g} (reference "
+            + ", ".join(f"{x:.4g}" for x in fronts["reference"])
+            + ", log10 FLOPs)"
+        )

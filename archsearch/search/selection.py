@@ -1,0 +1,243 @@
+"""Which trials of a study to export, and the file tree that exports them.
+
+The formats are pure (`space.export`: an ArchConfig and a provenance dict in, files out); this
+module chooses trials the way `pareto` ranks them and lays out what `export` writes:
+
+- a selector picks the trials: one by number, the knee of the Pareto front, the lowest loss under
+  a FLOPs limit, or the whole front;
+- `exportable=True` first drops the trials the format cannot represent, so "the knee" means the
+  knee of the front of the trials that export, the best a user can actually train;
+- `export_plan` turns the chosen trials into files (one folder per member for a front, with an
+  `index.json`) and the refusals; `fileio.write_tree` writes it all or nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from archsearch.errors import ArchsearchError
+from archsearch.search.pareto import OBJECTIVE_COLUMNS, pareto_front
+from archsearch.space.export import EXPORT_FORMATS, parse_flops
+
+if TYPE_CHECKING:
+    from archsearch.storage import Storage, StudyRecord, TrialRecord
+
+# The trial columns that are its measured (or exactly counted) results, copied into provenance.
+RESULT_COLUMNS = (
+    "loss", "bits_per_byte", "params_total", "params_non_embedding", "flops_forward_per_token",
+    "flops_train_per_token", "kv_cache_bytes_per_token", "tokens_trained", "steps", "train_seconds",
+    "tokens_per_second", "mfu", "precision", "step_time_s", "step_time_device",
+)  # fmt: skip
+
+
+def trial_provenance(
+    study: StudyRecord, trial: TrialRecord, device: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Where an exported shape comes from, as plain JSON-ready data.
+
+    Args:
+        study: the study record (name, spec fingerprint, objectives).
+        trial: the trial record (number, results columns, corpus and device fingerprints).
+        device: the device the trial trained on (`Storage.devices()` entry), if known.
+    """
+    from archsearch import __version__
+
+    values = trial.values
+    fingerprint = values.get("device_fingerprint")
+    return {
+        "study": study.name,
+        "trial": trial.number,
+        "spec_fingerprint": study.spec_fingerprint,
+        "objectives": list(study.objectives),
+        "corpus_fingerprint": values.get("corpus_fingerprint"),
+        "device": dict(device) if device else ({"fingerprint": fingerprint} if fingerprint else None),
+        "archsearch_version": __version__,
+        "results": {column: values.get(column) for column in RESULT_COLUMNS},
+    }
+
+
+SELECTORS = ("--trial N", "--knee", "--best-under-flops F", "--front")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What to export: exactly one selector, the format, and whether to skip what it refuses."""
+
+    fmt: str
+    trial: int | None = None
+    knee: bool = False
+    best_under_flops: str | None = None  # "1e9", "2G": parsed by `space.export.parse_flops`
+    front: bool = False
+    exportable: bool = False
+
+    def __post_init__(self) -> None:
+        EXPORT_FORMATS[self.fmt]  # an unknown format fails before the database is opened
+        given = (self.trial is not None, self.knee, self.best_under_flops is not None, self.front)
+        chosen = [flag for flag, on in zip(SELECTORS, given, strict=True) if on]
+        if len(chosen) != 1:
+            got = f" (got {', '.join(chosen)})" if chosen else ""
+            raise ArchsearchError(f"give exactly one of {', '.join(SELECTORS)}{got}")
+        if self.exportable and self.trial is not None:
+            raise ArchsearchError("--exportable chooses among trials; it does not apply to --trial N")
+        if self.best_under_flops is not None:
+            parse_flops(self.best_under_flops)
+
+    @property
+    def flops_limit(self) -> float | None:
+        return None if self.best_under_flops is None else parse_flops(self.best_under_flops)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The chosen trials with what their provenance needs."""
+
+    study: StudyRecord
+    members: tuple[TrialRecord, ...]  # in front order for a front
+    knee: int | None  # the knee's number when a front was ranked
+    devices: dict[Any, dict[str, Any]]  # device fingerprint -> device row
+
+
+def select(db: Storage, study: str, choice: Choice) -> Selection:
+    """The trials of `study` that `choice` names.
+
+    Raises:
+        ArchsearchError: an unknown study or trial, a trial that is not complete, nothing within
+            the FLOPs limit, no trial with every objective, none the format represents.
+    """
+    record = db.require_study(study)
+    knee = None
+    if choice.trial is not None:
+        members = [_numbered(db.trials(study), study, choice.trial)]
+    else:
+        complete = db.trials(study, status="complete")
+        if choice.exportable:
+            complete = _exportable(complete, study, choice.fmt)
+        if choice.flops_limit is not None:
+            members = [_best_under(complete, study, choice.flops_limit)]
+        else:
+            members, knee = _front(complete, record)
+            if choice.knee:
+                members = [m for m in members if m.number == knee]
+    devices = {d.get("fingerprint"): d for d in db.devices()}
+    return Selection(record, tuple(members), knee, devices)
+
+
+def _exportable(complete: list[Any], study: str, fmt: str) -> list[Any]:
+    fits = [t for t in complete if EXPORT_FORMATS[fmt].refusal(t.config) is None]
+    if not fits:
+        raise ArchsearchError(f"no complete trial of {study!r} can be exported as {fmt}")
+    return fits
+
+
+def _numbered(trials: list[Any], study: str, number: int) -> Any:
+    found = [t for t in trials if t.number == number]
+    if not found:
+        numbers = sorted(t.number for t in trials if t.number is not None)
+        span = f"trials {numbers[0]} to {numbers[-1]}" if numbers else "no trials"
+        raise ArchsearchError(f"study {study!r} has no trial {number} ({span})")
+    t = found[0]
+    if t.status != "complete" or t.config is None:
+        why = f" ({t.reason})" if t.reason else ""
+        raise ArchsearchError(f"trial {number} of {study!r} is {t.status}{why}: only complete trials export")
+    return t
+
+
+def _best_under(complete: list[Any], study: str, limit: float) -> Any:
+    """The lowest-loss complete trial within the FLOPs limit; ties go to the lower trial number."""
+    costed = [t for t in complete if t["loss"] is not None and t["flops_forward_per_token"] is not None]
+    within = [t for t in costed if t["flops_forward_per_token"] <= limit]
+    if not within:
+        cheapest = min((t["flops_forward_per_token"] for t in costed), default=None)
+        hint = f"; the cheapest has {cheapest:.4g}" if cheapest is not None else ""
+        raise ArchsearchError(f"no complete trial of {study!r} has forward FLOPs/token <= {limit:.4g}{hint}")
+    return min(within, key=lambda t: (t["loss"], t.number))
+
+
+def _front(complete: Sequence[Any], record: Any) -> tuple[list[Any], int]:
+    """The Pareto front of `complete` over the study's objectives, in front order, and its knee."""
+    unknown = [o for o in record.objectives if o not in OBJECTIVE_COLUMNS]
+    if unknown or not record.objectives:
+        raise ArchsearchError(f"study {record.name!r} has objectives {record.objectives!r}: no front to rank")
+    columns = [OBJECTIVE_COLUMNS[o] for o in record.objectives]
+    values = np.array(
+        [[np.nan if t[c] is None else t[c] for c in columns] for t in complete], dtype=float
+    ).reshape(len(complete), len(columns))
+    result = pareto_front([t.number for t in complete], values, record.objectives)
+    if result is None:
+        objectives = ", ".join(record.objectives)
+        raise ArchsearchError(f"no complete trial of {record.name!r} has every objective ({objectives})")
+    by_number = {t.number: t for t in complete}
+    return [by_number[n] for n in result.numbers], result.knee
+
+
+@dataclass(frozen=True)
+class ExportPlan:
+    """The files to write (relative path -> bytes) and one index entry per chosen trial."""
+
+    tree: dict[str, bytes]
+    index: tuple[dict[str, Any], ...]  # number, folder (None when refused), refused, notes, ...
+
+
+def export_plan(selection: Selection, choice: Choice) -> ExportPlan:
+    """The files that export `selection` as `choice.fmt`.
+
+    A single trial the format refuses is an error; a front keeps the members it can write and
+    lists the refusals in its `index.json`.
+
+    Raises:
+        ArchsearchError: the refusal, or every front member refused.
+    """
+    export_format = EXPORT_FORMATS[choice.fmt]
+    study = selection.study.name
+    tree: dict[str, bytes] = {}
+    index = []
+    for member in selection.members:
+        cfg = member.config
+        reason = export_format.refusal(cfg)
+        if reason is not None and not choice.front:
+            hint = (
+                ""
+                if choice.trial is not None
+                else "; add --exportable to choose among the trials that export"
+            )
+            raise ArchsearchError(f"trial {member.number} cannot be exported as {choice.fmt}: {reason}{hint}")
+        folder = f"trial-{member.number}" if choice.front else ""
+        if reason is None:
+            device = selection.devices.get(member["device_fingerprint"])
+            provenance = trial_provenance(selection.study, member, device)
+            for name, data in export_format.files(cfg, provenance).items():
+                tree[f"{folder}/{name}" if folder else name] = data
+        index.append(
+            {
+                "number": member.number,
+                "knee": member.number == selection.knee,
+                "loss": member["loss"],
+                "flops_forward_per_token": member["flops_forward_per_token"],
+                "params_total": member["params_total"],
+                "step_time_s": member["step_time_s"],
+                "format": choice.fmt,
+                "target": export_format.target(cfg) if reason is None else None,
+                "folder": folder if reason is None else None,
+                "refused": reason,
+                "notes": list(export_format.notes(cfg)) if reason is None else [],
+            }
+        )
+    if not tree:
+        refusals = "; ".join(f"trial {e['number']}: {e['refused']}" for e in index)
+        raise ArchsearchError(f"no front member of {study!r} can be exported as {choice.fmt}: {refusals}")
+    if choice.front:
+        document = {
+            "study": study,
+            "format": choice.fmt,
+            "objectives": list(selection.study.objectives),
+            "knee": selection.knee,
+            "exportable_only": choice.exportable,
+            "trials": index,
+        }
+        tree["index.json"] = (json.dumps(document, indent=2) + "\n").encode("utf-8")
+    return ExportPlan(tree, tuple(index))
