@@ -28,12 +28,14 @@ import logging
 import math
 import os
 import signal
+import tempfile
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,6 +43,7 @@ import numpy as np
 from archsearch.errors import ArchsearchError
 from archsearch.search.pareto import OBJECTIVE_COLUMNS, StudyFront, pareto_mask, study_front
 from archsearch.search.pruning import DEFAULT_REDUCTION_FACTOR, MultiObjectiveHalving
+from archsearch.search.reaper import ray_reaped
 from archsearch.search.samplers import SAMPLERS, SEED_MAX
 from archsearch.search.spec import SearchSpec
 from archsearch.space.config import ArchConfig
@@ -58,6 +61,8 @@ DEFAULT_LEASE_S = 120.0  # a running trial whose driver went silent this long is
 WAIT_S = 0.5  # how long the loop blocks on Ray: also how fast a Ctrl-C is noticed
 MAX_REJECTIONS = 500  # rejected samples in a row before the search gives up on the sampler
 RAY_RESOURCE_UNIT = 1e-4  # the smallest fraction of a CPU or GPU Ray schedules
+# Where Ray's own log records go (appended), so a local search prints only archsearch's lines.
+RAY_LOG = Path(tempfile.gettempdir()) / "archsearch" / "ray.log"
 REASON_ATTR = "archsearch_reason"  # Optuna user attribute carrying a failed or pruned trial's reason
 
 
@@ -165,25 +170,42 @@ def _signals(stop: _Stop) -> Iterator[None]:
 
 
 class _RayPool:
-    """Ray tasks for trials: started (or joined) on enter, shut down on exit if started here."""
+    """Ray tasks for trials: started (or joined) on enter, shut down on exit if started here.
+
+    Ray's own messages (its token-authentication notice, worker warnings) go to `RAY_LOG`, not to
+    the user's terminal; a Ray that fails to start says where to look. A local Ray started here
+    is stopped when the driver ends, even by SIGKILL (`reaper`).
+    """
 
     def __init__(self, options: SearchOptions, evaluate_fn: Callable[..., dict]) -> None:
         self.options = options
         self.evaluate_fn = evaluate_fn
         self.owned = False
+        self._stack = ExitStack()
 
     def __enter__(self) -> _RayPool:
         import ray
 
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         if not ray.is_initialized():
+            self._stack.enter_context(_ray_logs_to(RAY_LOG))
             kwargs: dict[str, Any] = dict(log_to_driver=False, configure_logging=False)
-            if self.options.address:
-                ray.init(address=self.options.address, **kwargs)
-            else:
-                cpus = max(os.cpu_count() or 1, math.ceil(self.options.workers * self.options.cpus_per_trial))
-                # "local" always starts a new cluster; no address would join one `ray start` left.
-                ray.init(address="local", num_cpus=cpus, include_dashboard=False, **kwargs)
+            try:
+                if self.options.address:
+                    ray.init(address=self.options.address, **kwargs)
+                else:
+                    self._stack.enter_context(ray_reaped())
+                    cpus = max(
+                        os.cpu_count() or 1, math.ceil(self.options.workers * self.options.cpus_per_trial)
+                    )
+                    # "local" always starts a new cluster; no address would join one `ray start` left.
+                    ray.init(address="local", num_cpus=cpus, include_dashboard=False, **kwargs)
+            except Exception as exc:
+                self._stack.close()
+                where = f"join Ray at {self.options.address}" if self.options.address else "start a local Ray"
+                raise SearchError(
+                    f"cannot {where}: {type(exc).__name__}: {_first_line(exc)} (Ray's messages: {RAY_LOG})"
+                ) from None
             self.owned = True
         self.ray = ray
         self.task = ray.remote(self.evaluate_fn).options(
@@ -195,8 +217,11 @@ class _RayPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.owned:
-            self.ray.shutdown()
+        try:
+            if self.owned:
+                self.ray.shutdown()
+        finally:
+            self._stack.close()
 
     def board(self, pruner: MultiObjectiveHalving) -> Any:
         return self.ray.remote(num_cpus=0)(_Board).remote(pruner)
@@ -243,6 +268,45 @@ class _Board:
 
     def record(self, number: int, rung: int, loss: float, flops: float) -> None:
         self.pruner.record(number, rung, loss, flops)
+
+
+class _RayRecordsToFile(logging.Handler):
+    """Python's last-resort log handler, but with the `ray` loggers' records sent to a file.
+
+    `ray.init(configure_logging=False)` clears the `ray` logger's handlers, so Ray's warnings (its
+    token-authentication notice, worker warnings) reach stderr through `logging.lastResort`; this
+    stands in for it, leaving every other logger's records where they went.
+    """
+
+    def __init__(self, path: Path, fallback: logging.Handler | None) -> None:
+        super().__init__(logging.WARNING)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = logging.FileHandler(path, delay=True)  # the file appears once Ray says something
+        self.file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        self.fallback = fallback
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.name == "ray" or record.name.startswith("ray."):
+            self.file.handle(record)
+        elif self.fallback is not None:
+            self.fallback.handle(record)
+
+    def close(self) -> None:
+        self.file.close()
+        super().close()
+
+
+@contextmanager
+def _ray_logs_to(path: Path) -> Iterator[None]:
+    """Ray's log records go to `path` (appended) instead of stderr while inside."""
+    fallback = logging.lastResort
+    handler = _RayRecordsToFile(path, fallback)
+    logging.lastResort = handler
+    try:
+        yield
+    finally:
+        logging.lastResort = fallback
+        handler.close()
 
 
 def _first_line(exc: BaseException) -> str:

@@ -274,6 +274,32 @@ def test_a_worker_killed_with_sigkill_is_retried_and_the_search_completes(tmp_pa
     _no_running(url)
 
 
+def _alive(pids: set[int]) -> set[int]:
+    """Those of `pids` still running (a zombie, dead but not yet reaped by its parent, is not)."""
+    alive = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if state not in ("Z", "X"):
+            alive.add(pid)
+    return alive
+
+
+def test_a_local_ray_does_not_outlive_a_sigkilled_driver(tmp_path):
+    # Ray's agents used to live on for 60-90 s after the driver died by SIGKILL.
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    space = _space(tmp_path, trials=2, seconds=30.0)
+    proc = _start("search", "--space", str(space), "--study", "s", "--storage", url, cwd=tmp_path)
+    _wait_for(lambda: _counts(url).get("running") and _evaluating_worker(proc.pid), 180, "a running trial")
+    ray_processes = _descendants(proc.pid)  # GCS, raylet, agents, workers: the whole local cluster
+    assert len(ray_processes) >= 3, ray_processes
+    proc.kill()
+    proc.communicate(timeout=60)
+    _wait_for(lambda: not _alive(ray_processes), 30, f"Ray's processes {sorted(ray_processes)} to end")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
