@@ -213,6 +213,7 @@ def test_the_search_bar_counts_running_trials_shows_an_eta_and_keeps_the_final_c
     assert code == 0, text[-2000:]
     assert json.loads(stdout)["counts"]["complete"] == 2
     assert "Traceback" not in text, text[-2000:]
+    assert "RAY_AUTH_MODE" not in text  # Ray's token notice goes to its log file, not the terminal
     assert re.search(r"search .*0/2 finished: .*; 1 running; .* ETA", text), text[-2000:]
     last = [line for line in text.splitlines() if line.strip()][-1]
     assert last.startswith("search: 2/2 finished: 2 complete") and "0 running" in last, text[-2000:]
