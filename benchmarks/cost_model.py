@@ -66,7 +66,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", type=int, default=2000, help="random configs for the cost model")
     parser.add_argument("--module-configs", type=int, default=20, help="configs built as modules")
+    parser.add_argument("--smoke", action="store_true", help="a tiny run that checks the script works")
     args = parser.parse_args()
+    if args.smoke:
+        args.configs, args.module_configs = 50, 1
     torch.set_num_threads(2)
     rng = random.Random(0)
     configs = [random_config(rng, 2048) for _ in range(args.configs)]
@@ -79,7 +82,7 @@ def main() -> None:
     t_cost_small = per_call(cost_model, small)
     t_meta = per_call(lambda c: module_count(c, "meta"), small, repeats=3)
     t_cpu = per_call(lambda c: module_count(c, "cpu"), small, repeats=3)
-    presets = [p.config for _, p in PRESETS.items()]
+    presets = [p.config for _, p in PRESETS.items()][: 1 if args.smoke else None]
     t_preset_cost = per_call(cost_model, presets)
     t_preset_meta = per_call(lambda c: module_count(c, "meta"), presets, repeats=1)
 

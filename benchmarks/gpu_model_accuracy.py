@@ -25,6 +25,7 @@ import json
 import statistics
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 from archsearch.evaluators import hardware
@@ -377,7 +378,10 @@ def main() -> None:
     parser.add_argument("--load", help="analyse measurements saved by --save instead of measuring")
     parser.add_argument("--no-train-steps", action="store_true", help="skip timing real training steps")
     parser.add_argument("--no-calibrate", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="analyse the recorded H100 run: no GPU needed")
     args = parser.parse_args()
+    if args.smoke:
+        args.load = str(Path(__file__).with_name("gpu_model_accuracy_h100_2026-11-22.json"))
     if args.load:
         with open(args.load, encoding="utf-8") as f:
             raw = json.load(f)

@@ -75,7 +75,10 @@ def main() -> None:
     parser.add_argument("--dtype", help="default fp32 on CPU (the local model's dtype), bf16 on CUDA")
     parser.add_argument("--model", help="catalogued device model to calibrate (CUDA; default from the name)")
     parser.add_argument("--min-run-time", type=float, default=0.1)
+    parser.add_argument("--smoke", action="store_true", help="a tiny run that checks the script works")
     args = parser.parse_args()
+    if args.smoke:
+        args.min_run_time = 0.002
     info = detect_device(args.device)
     if args.dtype is None:
         args.dtype = "fp32" if info.type == "cpu" else "bf16"

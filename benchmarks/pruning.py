@@ -39,7 +39,10 @@ def _run(url: str, text: str, trials: int, prune: bool, sampler: str) -> dict:
         wall=wall,
         compute=compute,
         counts=summary.progress.counts,
-        front={r.number: (r["loss"], r["flops_forward_per_token"]) for r in summary.front},
+        front={
+            r.number: (r["loss"], r["flops_forward_per_token"])
+            for r in (summary.front.records if summary.front else ())
+        },
         status={r.number: r.status for r in records},
         rung={r.number: r["pruned_rung"] for r in records},
     )
@@ -53,14 +56,20 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=60_000, help="proxy tokens per trial")
     parser.add_argument("--sampler", default="random", help="random keeps both runs on the same shapes")
     parser.add_argument("--min-trials", type=int, default=4, help="trials at a rung before it prunes")
+    parser.add_argument("--smoke", action="store_true", help="a tiny run that checks the script works")
     args = parser.parse_args()
+    if args.smoke:
+        args.trials, args.tokens, args.min_trials = 2, 4096, 1
 
     text = EXAMPLE.read_text()
     text = re.sub(r"(?m)^tokens = .*$", f"tokens = {args.tokens}", text)
     text = re.sub(r"(?m)^prune_min_trials = .*$", f"prune_min_trials = {args.min_trials}", text)
     # One precision for both runs: "auto" measures bf16 against fp32 per process, and a busy
     # machine could tip that choice between the runs.
-    text = re.sub(r"(?m)^device = .*$", 'device = "cpu"\nprecision = "bf16"', text, count=1)
+    precision = "fp32" if args.smoke else "bf16"  # the smoke run on any CPU, bf16-native or not
+    text = re.sub(r"(?m)^device = .*$", f'device = "cpu"\nprecision = "{precision}"', text, count=1)
+    if args.smoke:  # no kernel profiling: the smoke run checks the script, not the times
+        text = re.sub(r"(?m)^local = .*$", "local = false", text)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     with tempfile.TemporaryDirectory() as tmp:
         runs = {

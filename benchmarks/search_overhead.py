@@ -33,13 +33,15 @@ def no_work(request, known=None, board=None):
     return {"status": "complete", "train": {"val_loss": 1.0 + request["number"] % 7 / 10}}
 
 
-def _spec(tokens: int, sampler: str = "random", budget: bool = True):
+def _spec(tokens: int, sampler: str = "random", budget: bool = True, profile: bool = True):
     text = EXAMPLE.read_text()
     if not budget:  # every sampled point valid: no rejected samples in the overhead
         text = re.sub(r"(?m)^params = .*$", "", text)
     text = re.sub(r"(?m)^tokens = .*$", f"tokens = {tokens}", text)
     text = re.sub(r"(?m)^sampler = .*$", f'sampler = "{sampler}"', text)
     text = re.sub(r"(?m)^prune = .*$", "prune = false", text)
+    if profile is False:
+        text = re.sub(r"(?m)^local = .*$", "local = false", text)
     return parse_spec(text, "tiny.toml", base_dir=EXAMPLE.parent)
 
 
@@ -101,7 +103,10 @@ def main() -> None:
     parser.add_argument("--real-trials", type=int, default=6, help="trials for the speed-up")
     parser.add_argument("--tokens", type=int, default=30_000, help="proxy tokens per real trial")
     parser.add_argument("--storage", default=None, help="database URL (default: a temporary SQLite file)")
+    parser.add_argument("--smoke", action="store_true", help="a tiny run that checks the script works")
     args = parser.parse_args()
+    if args.smoke:
+        args.trials, args.real_trials, args.tokens = 3, 1, 2048
 
     import ray
 
@@ -125,7 +130,7 @@ def main() -> None:
             print(f"   {name:<24} {seconds * 1e3:7.1f} ms per trial")
         print(f"   {'sum of the parts':<24} {sum(parts.values()) * 1e3:7.1f} ms per trial")
 
-        spec = _spec(args.tokens)  # the example as it is, budget and all
+        spec = _spec(args.tokens, profile=not args.smoke)  # the example as it is, budget and all
         print(f"\n2. speed-up: {args.real_trials} real trials ({args.tokens:,} tokens each, random sampler)")
         times = {w: _search(url(f"real{w}"), spec, args.real_trials, w) for w in (1, 2)}
         for w, t in times.items():

@@ -86,7 +86,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each loop per shape (median)")
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--batch", type=int, default=BATCH, help="sequences of 256 tokens per step")
+    parser.add_argument("--smoke", action="store_true", help="a tiny run that checks the script works")
     args = parser.parse_args()
+    if args.smoke:
+        args.steps, args.repeats, args.batch = 2, 1, 2
     info = resolve_device(args.device)
     device = info.torch_device
     precision = choose_precision(info, args.precision)
@@ -99,7 +102,7 @@ def main() -> None:
     print(
         f"{'shape':<34} {'params':>10} {'trainer tok/s':>14} {'MFU':>6} {'reference tok/s':>16} {'ratio':>6}"
     )
-    for cfg in shapes():
+    for cfg in shapes()[:1] if args.smoke else shapes():
         settings = TrainSettings(
             tokens=args.steps * args.batch * SEQ_LEN, batch_size=args.batch, precision=precision,
             device=str(device), evals=1, eval_batches=1,

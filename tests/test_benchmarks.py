@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -41,3 +43,32 @@ def test_step_time_accuracy_smoke():
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "stored/trainer" in done.stdout, done.stdout
+
+
+# benchmark -> lines its smoke run must print (the numbers vary; the report's shape does not)
+SMOKES = {
+    "cost_model": ["cost model, 50 random configs:", "build + FlopCounterMode on meta"],
+    "lr_transfer": ["2,048 tokens per run", "per-width        64", "one rate         64"],
+    "trainer_throughput": ["GEMM peak (fp32)", "d128 L4"],
+    "profiler_accuracy": ["fitting set: 8 GEMMs", "held-out:", "median relative error"],
+    "gpu_model_accuracy": ["measured on NVIDIA H100 80GB HBM3"],
+    "pruning": ["2 trials of examples/tiny.toml", "front, pruning"],
+    "search_overhead": ["1. overhead: 3 no-work trials", "speed-up of 2 workers over 1"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(SMOKES))
+def test_every_benchmark_runs_in_smoke_mode(name):
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--smoke"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    for line in SMOKES[name]:
+        assert line in done.stdout, done.stdout[-3000:]
+
+
+def test_every_benchmark_has_a_smoke_test():
+    scripts = {p.stem for p in (ROOT / "benchmarks").glob("*.py")}
+    tested = set(SMOKES) | {"query_speed", "proxy_fidelity", "step_time_accuracy"}
+    assert scripts == tested
