@@ -12,12 +12,18 @@ count and forward FLOPs, on the same set):
 - how many members its front (loss vs forward FLOPs) shares with the 10x front;
 - its compute: training tokens per shape as a multiple of the original proxy's, and of a 10x run.
 
+A second table puts four predictors side by side per variant, all against the 10x runs: the proxy
+loss, parameter count, the size-adjusted proxy loss (`loss - beta ln(params / 1M)` with the
+equal-weight beta over the 14 shapes, `archsearch.search.fidelity.size_adjusted_losses`) and the
+rank sum (proxy-loss rank + parameter-count rank). Neither combination is fitted to the long runs.
+
     python benchmarks/proxy_fidelity.py [--variants reference,batch8] [--out results.json]
     python benchmarks/proxy_fidelity.py --out benchmarks/data/proxy_fidelity_cpu_2026-11-23.json \
-        --variants reference,tokens2x-constant     # the recorded runs of README's tables
+        --variants reference,tokens2x-constant     # the recorded runs of README's tables: no training
     python benchmarks/proxy_fidelity.py --smoke      # 3 shapes, a few thousand tokens: seconds
 
-Results are kept in `--out` as they come, so an interrupted run resumes where it stopped.
+Results are kept in `--out` as they come, so an interrupted run resumes where it stopped; a variant
+whose every shape is recorded there is scored without training (or importing torch).
 """
 
 from __future__ import annotations
@@ -32,7 +38,13 @@ from typing import Any
 import numpy as np
 
 from archsearch.fileio import write_atomic
-from archsearch.search.fidelity import iso_pair_agreement, kendall, spearman
+from archsearch.search.fidelity import (
+    average_ranks,
+    iso_pair_agreement,
+    kendall,
+    size_adjusted_losses,
+    spearman,
+)
 from archsearch.search.pareto import pareto_mask
 
 CALIBRATION = Path(__file__).resolve().parent / "data" / "fidelity_tiny_2026-11-23.json"
@@ -66,6 +78,8 @@ BASE = dict(tokens=PROXY_TOKENS, batch_size=16, evals=4, device="cpu", precision
 
 def train_variant(trials: list[dict], overrides: dict[str, Any], done: dict[str, Any], save) -> None:
     """Train every calibration shape not yet in `done` (trial number -> result), saving after each."""
+    if all(str(trial["trial"]) in done for trial in trials):
+        return  # all recorded: scoring needs no torch
     import torch
 
     from archsearch.evaluators.data import load_dataset
@@ -110,6 +124,18 @@ def scores(predicted: np.ndarray, trials: list[dict]) -> dict[str, float]:
     )
 
 
+def size_rows(predicted: np.ndarray, trials: list[dict]) -> tuple[float, dict[str, dict[str, float]]]:
+    """The proxy `predicted`, parameter count, the size-adjusted proxy and the rank sum, each
+    scored by `scores`; and the adjusted loss's beta. Failed shapes (inf) stay worst in all."""
+    params = np.array([t["params_total"] for t in trials], dtype=float)
+    ok = np.isfinite(predicted)
+    adjusted = np.full_like(predicted, np.inf)
+    adjusted[ok], beta = size_adjusted_losses(predicted[ok], params[ok])
+    rank_sum = average_ranks(predicted) + average_ranks(-params)  # equal weight, in ranks
+    predictors = {"proxy": predicted, "params": -params, "adjusted": adjusted, "rank sum": rank_sum}
+    return beta, {name: scores(p, trials) for name, p in predictors.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -145,6 +171,7 @@ def main() -> None:
             scores(-np.array([t["flops_forward_per_token"] for t in trials]), trials), 0.0, 0.0,
         ),
     }  # fmt: skip
+    combined = {}
     for name in names:
         runs = results[name]["runs"]
         losses = [runs[str(t["trial"])]["val_loss"] for t in trials]
@@ -155,6 +182,7 @@ def main() -> None:
         tokens = np.mean([runs[str(t["trial"])]["tokens"] for t in trials])
         wall = sum(runs[str(t["trial"])]["wall_s"] for t in trials)
         rows[name] = (scores(predicted, trials), tokens / PROXY_TOKENS, wall)
+        combined[name] = size_rows(predicted, trials)
 
     print(f"{len(trials)} shapes; long-run reference: recorded 10x runs ({CALIBRATION.name})")
     print(
@@ -168,6 +196,22 @@ def main() -> None:
             f"{s['kendall_10x']:7.3f} {s['spearman_5x']:6.3f} {s['iso_agree']:>4d} of {s['iso_pairs']:<3d}"
             f" {s['front_shared']:>4d} of {s['front']}/{s['front_10x']}"
         )
+    # The four predictors side by side: Spearman and Kendall for each, iso pairs and the shared
+    # front for the two losses (params' are in the table above).
+    print()
+    print("with size: proxy loss, -params, size-adjusted loss (loss - beta ln(params / 1M), beta =")
+    print("sd(loss) / sd(ln params) over the shapes) and rank sum (loss rank + params rank), against 10x")
+    four = " ".join(f"{k:>8s}" for k in ("proxy", "params", "adjusted", "rank sum"))
+    two = f"{'proxy':>8s} {'adjusted':>8s}"
+    groups = [("Spearman vs 10x", 35), ("Kendall vs 10x", 35), ("iso pairs", 17), ("front shared", 17)]
+    print(f"{'':33s} " + "  ".join(f"{title:^{width}s}" for title, width in groups))
+    print(f"{'variant':26s} {'beta':>6s} {four}  {four}  {two}  {two}")
+    for name, (beta, s) in combined.items():
+        sp = " ".join(f"{x['spearman_10x']:8.3f}" for x in s.values())
+        kt = " ".join(f"{x['kendall_10x']:8.3f}" for x in s.values())
+        iso = " ".join(f"{s[k]['iso_agree']:>2d} of {s[k]['iso_pairs']:<2d}" for k in ("proxy", "adjusted"))
+        front = " ".join(f"{s[k]['front_shared']:>2d} of {s[k]['front']:>2d}" for k in ("proxy", "adjusted"))
+        print(f"{name:26s} {beta:6.3f} {sp}  {kt}  {iso}  {front}")
     if not args.smoke:
         print(f"results in {os.path.abspath(out)}")
 

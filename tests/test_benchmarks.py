@@ -29,11 +29,19 @@ def test_proxy_fidelity_smoke():
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.splitlines()
+    table, with_size = done.stdout.split("\n\n")
+    lines = table.splitlines()
     assert lines[0].startswith("3 shapes; long-run reference: recorded 10x runs"), done.stdout
     rows = {line.split()[0]: line.split() for line in lines[2:]}
     assert set(rows) == {"params", "forward", "reference", "tokens2x-constant"}, done.stdout
     assert rows["tokens2x-constant"][1] == "0.07x", done.stdout  # 2 x 4,096 smoke tokens of 120k
+    # The proxy beside params, the size-adjusted loss and the rank sum: a beta, 8 correlations,
+    # two iso-pair and two shared-front counts per variant.
+    lines = with_size.splitlines()
+    assert lines[3].split()[:5] == ["variant", "beta", "proxy", "params", "adjusted"], done.stdout
+    rows = {line.split()[0]: line.split() for line in lines[4:]}
+    assert set(rows) == {"reference", "tokens2x-constant"}, done.stdout
+    assert all(len(row) == 1 + 1 + 8 + 4 * 3 for row in rows.values()), done.stdout
 
 
 def test_step_time_accuracy_smoke():

@@ -40,6 +40,14 @@ def pareto(
             "value over all the studies' trials plus 10%, of a decade for FLOPs and time)."
         ),
     ] = None,
+    loss: Annotated[
+        str,
+        typer.Option(
+            help="proxy: rank the proxy loss as stored; adjusted: the proxy loss credited for size, "
+            "loss - beta ln(params / 1M), beta over the complete trials (README: it ranked 10x-longer "
+            "training better on the tiny calibration set)."
+        ),
+    ] = "proxy",
     plot: Annotated[Path | None, typer.Option(help="Write a plot: FILE.png or FILE.html.")] = None,
     storage: StorageOpt = None,
     as_json: JsonFlag = False,
@@ -51,7 +59,7 @@ def pareto(
     names = parse_objectives(objectives) if objectives else None
     ref = floats(reference, "--reference") if reference else None
     with Storage.open(storage, create=False) as db:
-        fronts = study_fronts(db, study, names, ref)
+        fronts = study_fronts(db, study, names, ref, loss)
         long = {s: db.long_run_losses(s) for s in study}
     if plot is not None:
         from archsearch.search.plots import plot_fronts
@@ -72,19 +80,21 @@ def print_study_front(f: Any, long: dict[int, tuple[float, float, int]] | None =
     objectives = f.front.objectives
     title = f"Pareto front of {f.study!r}: {len(f.front.numbers)} of {len(f.trial_numbers)} complete trials"
     table = Table(title=title)
-    for column in ("", "trial", "shape", "params", "FLOPs/token", "loss", "bits/byte", "throughput"):
+    adjusted = f.size_beta is not None  # the front ranks the size-adjusted loss: show it beside the loss
+    columns = ("", "trial", "shape", "params", "FLOPs/token", "loss", *(("adjusted",) if adjusted else ()))
+    for column in (*columns, "bits/byte", "throughput"):
         table.add_column(column, justify="left" if column in ("", "shape") else "right")
     if "step_time" in objectives:
         table.add_column("step time", justify="right")
     if long:
         table.add_column("long loss", justify="right")
-    for r in f.records:
+    for r, values in zip(f.records, f.front.values, strict=True):
         tps = f.throughput.get(r.number)
         speed = f"{si(tps[0])} tok/s {tps[1]}{' (model)' if tps[2] else ''}" if tps else "-"
         row = [
             "knee" if r.number == f.front.knee else "", str(r.number), escape(r.config.describe()),
             si(r["params_total"]), si(r["flops_forward_per_token"]), f"{r['loss']:.4f}",
-            fmt_value(r["bits_per_byte"], ".3f"), speed,
+            *((f"{values[0]:.4f}",) if adjusted else ()), fmt_value(r["bits_per_byte"], ".3f"), speed,
         ]  # fmt: skip
         if "step_time" in objectives:
             row.append(si(r["step_time_s"], "s"))
@@ -94,8 +104,13 @@ def print_study_front(f: Any, long: dict[int, tuple[float, float, int]] | None =
     console.print(table)
     ref = ", ".join(f"{x:.4g}" for x in f.front.reference)
     scale = " (log10 for " + ", ".join(o for o in objectives if o != "loss") + ")"
-    axes = ", ".join(objectives)
+    axes = ", ".join(("adjusted loss" if adjusted and o == "loss" else o) for o in objectives)
     console.print(f"hypervolume {f.front.hypervolume:.4g} against reference ({ref}) in ({axes}){scale}")
+    if adjusted:
+        console.print(
+            f"adjusted loss = loss - {f.size_beta:.4f} ln(params / 1M), beta = sd(loss) / sd(ln params) "
+            "over the complete trials of the studies shown"
+        )
 
 
 @app.command()

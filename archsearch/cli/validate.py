@@ -71,6 +71,7 @@ def _print_validation(study: str, report: dict[str, Any]) -> None:
     seeds = report["seeds"]
     fronts = report["fronts"]
     proxy_front, long_front = set(fronts.get("proxy", ())), set(fronts.get("long", ()))
+    adjusted_front = set(fronts.get("adjusted", ()))
     table = Table(
         title=f"Proxy fidelity of {study!r}: {len(report['rows'])} trials retrained at "
         f"{report['multiplier']:g}x the proxy's tokens, {seeds} seed{'s' if seeds > 1 else ''}"
@@ -78,7 +79,8 @@ def _print_validation(study: str, report: dict[str, Any]) -> None:
     for column in ("trial", "shape", "params", "FLOPs/token", "proxy loss", "long loss", "fronts"):
         table.add_column(column, justify="left" if column in ("shape", "fronts") else "right")
     for r in report["rows"]:
-        marks = "/".join(m for m, s in (("proxy", proxy_front), ("long", long_front)) if r["number"] in s)
+        members = (("proxy", proxy_front), ("adjusted", adjusted_front), ("long", long_front))
+        marks = "/".join(m for m, s in members if r["number"] in s)
         table.add_row(
             str(r["number"]), escape(r["shape"]), si(r["params_total"]), si(r["flops"]),
             f"{r['proxy_loss']:.4f}", fmt_value(r["long_loss"], ".4f"), marks,
@@ -88,6 +90,8 @@ def _print_validation(study: str, report: dict[str, Any]) -> None:
     for column in ("predictor", "Spearman", "Kendall", "iso-params pairs"):
         ranks.add_column(column, justify="left" if column == "predictor" else "right")
     names = {"proxy": "proxy loss", "params": "-params", "flops": "-FLOPs"}
+    if "adjusted" in report["correlations"]:  # reports stored before it lack this predictor
+        names["adjusted"] = f"size-adjusted proxy (beta {report['size_beta']:.3f})"
     for key, label in names.items():
         c = report["correlations"][key]
         iso = report["iso_pairs"].get(key)
@@ -109,4 +113,9 @@ def _print_validation(study: str, report: dict[str, Any]) -> None:
             f"long-run front {fronts['long_long_hypervolume']:.4g} (reference "
             + ", ".join(f"{x:.4g}" for x in fronts["reference"])
             + ", log10 FLOPs)"
+        )
+    if "adjusted_shared" in fronts:
+        console.print(
+            f"size-adjusted front: {len(fronts['adjusted'])}, shared with the long-run front "
+            f"{fronts['adjusted_shared']}; long-run hypervolume {fronts['adjusted_long_hypervolume']:.4g}"
         )

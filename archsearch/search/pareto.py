@@ -11,6 +11,11 @@ step times span orders of magnitude, so the knee and the hypervolume see them on
 - The hypervolume: the volume the front dominates up to a reference point, in the scaled space
   `(log10 value)` for log objectives. Two searches compare by it only with the same reference
   point, so the reference is always stated with the number.
+
+A study's front ranks the proxy loss as stored, or (`loss="adjusted"`) the proxy loss credited
+for size, `fidelity.size_adjusted_losses` with its beta over the trials ranked: on the tiny
+calibration set that ranks 10x-longer training better than the proxy loss alone (README, "The
+proxy: chosen by measured fidelity").
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from archsearch.errors import ArchsearchError
+from archsearch.search.fidelity import size_adjusted_losses
 
 if TYPE_CHECKING:
     from archsearch.storage import Storage
@@ -29,6 +35,8 @@ if TYPE_CHECKING:
 # Objective -> the trial column that holds it.
 OBJECTIVE_COLUMNS = {"loss": "loss", "flops": "flops_forward_per_token", "step_time": "step_time_s"}
 LOG_OBJECTIVES = frozenset({"flops", "step_time"})
+# The loss a study's front ranks: the proxy loss as stored, or credited for size.
+LOSS_MEASURES = ("proxy", "adjusted")
 
 
 def pareto_mask(values: np.ndarray) -> np.ndarray:
@@ -143,8 +151,9 @@ def reference_point(values: np.ndarray, objectives: Sequence[str], margin: float
     """A default reference point: each objective's worst value among `values`, plus a margin
     (10% of the loss, 10% on the log scale for FLOPs and step time)."""
     worst = np.nanmax(np.asarray(values, dtype=float), axis=0)
+    # w + |w| margin, not w (1 + margin): a size-adjusted loss can be negative (a huge shape).
     return tuple(
-        float(w * 10**margin) if name in LOG_OBJECTIVES else float(w * (1 + margin))
+        float(w * 10**margin) if name in LOG_OBJECTIVES else float(w + abs(w) * margin)
         for w, name in zip(worst, objectives, strict=True)
     )
 
@@ -197,9 +206,16 @@ class StudyFront:
     trial_numbers: tuple[int, ...]  # every complete trial with all objectives (faded plot points)
     trial_values: np.ndarray  # and their objective values
     throughput: dict[int, tuple[float, str, bool]]  # number -> (tokens/s, device, modelled)
+    # Set when the loss column of the values is the size-adjusted loss, its beta (nats per e-fold
+    # of parameters); None when it is the proxy loss as stored.
+    size_beta: float | None = None
 
     def to_dict(self, long: dict[int, tuple[float, float, int]] | None = None) -> dict[str, Any]:
-        """JSON-ready; `long` (`Storage.long_run_losses`) adds each member's long-run loss."""
+        """JSON-ready; `long` (`Storage.long_run_losses`) adds each member's long-run loss.
+
+        "loss" is always the proxy loss as stored; a front of the size-adjusted loss adds
+        "adjusted_loss" to each member and states its beta ("size_beta").
+        """
         rows = []
         for r, values in zip(self.records, self.front.values, strict=True):
             tps = self.throughput.get(r.number)
@@ -207,11 +223,14 @@ class StudyFront:
             if long:
                 multiplier, loss, seeds = long.get(r.number, (None, None, 0))
                 extra = {"long_loss": loss, "long_multiplier": multiplier, "long_seeds": seeds}
+            objectives = dict(zip(self.front.objectives, map(float, values), strict=True))
+            if self.size_beta is not None:  # the values hold the adjusted loss; "loss" stays the proxy's
+                objectives = {"loss": float(r["loss"]), "adjusted_loss": objectives.pop("loss"), **objectives}
             rows.append(
                 {
                     "number": r.number,
                     "knee": r.number == self.front.knee,
-                    **dict(zip(self.front.objectives, map(float, values), strict=True)),
+                    **objectives,
                     "params_total": r["params_total"],
                     "tokens_per_second": tps[0] if tps else None,
                     "throughput_device": tps[1] if tps else None,
@@ -223,6 +242,8 @@ class StudyFront:
         return {
             "study": self.study,
             "objectives": list(self.front.objectives),
+            "loss": "proxy" if self.size_beta is None else "adjusted",
+            "size_beta": self.size_beta,
             "trials": len(self.trial_numbers),
             "hypervolume": self.front.hypervolume,
             "reference": list(self.front.reference),
@@ -243,11 +264,34 @@ def parse_objectives(text: str | Sequence[str]) -> tuple[str, ...]:
     return names
 
 
+def _ranked(
+    storage: Storage, study: str, objectives: Sequence[str] | None, loss: str
+) -> tuple[tuple[str, ...], list[int], np.ndarray, np.ndarray]:
+    """The trials a front of `study` ranks: (objectives, numbers, raw values, params_total).
+
+    Complete trials with every objective, and with a parameter count when `loss` is "adjusted".
+    """
+    if loss not in LOSS_MEASURES:
+        raise ArchsearchError(f"--loss must be one of {', '.join(LOSS_MEASURES)}, got {loss!r}")
+    record = storage.require_study(study)
+    names = parse_objectives(objectives or record.objectives)
+    numbers, rows = storage.complete_values(study, [*(OBJECTIVE_COLUMNS[o] for o in names), "params_total"])
+    table = np.array([[np.nan if x is None else x for x in row] for row in rows], dtype=float)
+    table = table.reshape(len(numbers), len(names) + 1)
+    values, params = table[:, :-1], table[:, -1]
+    keep = ~np.isnan(values).any(axis=1)
+    if loss == "adjusted":
+        keep &= np.isfinite(values[:, 0]) & (params > 0)
+    return names, [n for n, k in zip(numbers, keep, strict=True) if k], values[keep], params[keep]
+
+
 def study_front(
     storage: Storage,
     study: str,
     objectives: Sequence[str] | None = None,
     reference: Sequence[float] | None = None,
+    loss: str = "proxy",
+    size_beta: float | None = None,
 ) -> StudyFront | None:
     """The Pareto front of `study`'s complete trials (None when none has every objective).
 
@@ -255,20 +299,23 @@ def study_front(
         storage: the trial database.
         study: the study name.
         objectives: default: the study's own objectives.
-        reference: the hypervolume reference point in raw units (default: see `reference_point`).
+        reference: the hypervolume reference point in raw units (default: see `reference_point`);
+            its loss is the adjusted loss when `loss` is "adjusted".
+        loss: "proxy": rank the proxy loss as stored; "adjusted": the proxy loss credited for
+            size, `loss - beta ln(params / 1M)` (`fidelity.size_adjusted_losses`).
+        size_beta: the adjusted loss's beta; default: the equal-weight beta over the trials ranked
+            (the complete trials with every objective).
 
     Raises:
-        ArchsearchError: an unknown study, or a reference point of the wrong length.
+        ArchsearchError: an unknown study or `loss`, or a reference point of the wrong length.
     """
-    record = storage.require_study(study)
-    objectives = parse_objectives(objectives or record.objectives)
+    objectives, numbers, values, params = _ranked(storage, study, objectives, loss)
     if reference is not None and len(reference) != len(objectives):
         raise ArchsearchError(f"the reference point needs {len(objectives)} values, one per objective")
-    numbers, rows = storage.complete_values(study, [OBJECTIVE_COLUMNS[o] for o in objectives])
-    values = np.array([[np.nan if x is None else x for x in row] for row in rows], dtype=float)
-    values = values.reshape(len(numbers), len(objectives))
-    keep = ~np.isnan(values).any(axis=1)
-    numbers, values = [n for n, k in zip(numbers, keep, strict=True) if k], values[keep]
+    beta = None
+    if loss == "adjusted":
+        values = values.copy()
+        values[:, 0], beta = size_adjusted_losses(values[:, 0], params, size_beta)
     front = pareto_front(numbers, values, objectives, reference) if numbers else None
     if front is None:
         return None
@@ -281,7 +328,7 @@ def study_front(
                 p = profiles[name]
                 throughput[r.number] = (p["tokens_per_second"], name, p["modelled"])
                 break
-    return StudyFront(study, front, records, tuple(numbers), values, throughput)
+    return StudyFront(study, front, records, tuple(numbers), values, throughput, beta)
 
 
 def study_fronts(
@@ -289,16 +336,24 @@ def study_fronts(
     studies: Sequence[str],
     objectives: Sequence[str] | None = None,
     reference: Sequence[float] | None = None,
+    loss: str = "proxy",
 ) -> list[StudyFront]:
     """The fronts of several studies against one reference point, so their hypervolumes compare.
 
-    Without `reference`, the default point is taken over every study's trials pooled.
+    Without `reference`, the default point is taken over every study's trials pooled. With `loss`
+    "adjusted", one beta is taken over every study's ranked trials pooled, for the same reason:
+    the studies' adjusted losses then share one axis.
 
     Raises:
         ArchsearchError: as `study_front`; studies with different objectives and none given; a
             study with no complete trial that has every objective.
     """
-    fronts = [study_front(storage, s, objectives, reference) for s in studies]
+    beta = None
+    if loss == "adjusted" and len(studies) > 1:
+        ranked = [_ranked(storage, s, objectives, loss) for s in studies]
+        losses = np.concatenate([values[:, 0] for _, _, values, _ in ranked])
+        beta = size_adjusted_losses(losses, np.concatenate([params for *_, params in ranked]))[1]
+    fronts = [study_front(storage, s, objectives, reference, loss, beta) for s in studies]
     missing = [s for s, f in zip(studies, fronts, strict=True) if f is None]
     if missing:
         raise ArchsearchError(f"no complete trial with every objective in {', '.join(map(repr, missing))}")
@@ -308,5 +363,7 @@ def study_fronts(
             raise ArchsearchError("studies with different objectives: pass --objectives")
         names = found[0].front.objectives
         pooled = reference_point(np.concatenate([f.trial_values for f in found]), names)
-        found = [f for f in (study_front(storage, s, names, pooled) for s in studies) if f is not None]
+        found = [
+            f for f in (study_front(storage, s, names, pooled, loss, beta) for s in studies) if f is not None
+        ]
     return found

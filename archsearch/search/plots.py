@@ -24,6 +24,14 @@ def _x_objective(front: StudyFront) -> str:
     return "flops" if "flops" in objectives else objectives[1]
 
 
+def _y_label(fronts: Sequence[StudyFront]) -> str:
+    # Several studies share one beta (`study_fronts`), so the first front's states it for all.
+    beta = fronts[0].size_beta
+    if beta is None:
+        return "held-out loss (nats / token)"
+    return f"size-adjusted loss: loss - {beta:.3f} ln(params / 1M) (nats / token)"
+
+
 def plot_fronts(fronts: Sequence[StudyFront], path: str | Path) -> Path:
     """Write the plot of `fronts` to `path` (.png or .html); returns the path.
 
@@ -82,7 +90,7 @@ def _png(fronts: Sequence[StudyFront]) -> bytes:
     ax.set_xscale("log")
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # decades only: no overlapping labels
     ax.set_xlabel(AXIS_LABELS[_x_objective(fronts[0])])
-    ax.set_ylabel("held-out loss (nats / token)")
+    ax.set_ylabel(_y_label(fronts))
     ax.set_title("Pareto front: loss against cost (lower left is better)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
@@ -138,7 +146,7 @@ def _html(fronts: Sequence[StudyFront]) -> bytes:
             )
         )
     fig.update_xaxes(type="log", title=AXIS_LABELS[_x_objective(fronts[0])])
-    fig.update_yaxes(title="held-out loss (nats / token)")
+    fig.update_yaxes(title=_y_label(fronts))
     fig.update_layout(title="Pareto front: loss against cost (lower left is better)", template="plotly_white")
     # The plotly library is embedded so the file opens offline.
     return fig.to_html(include_plotlyjs=True, full_html=True).encode("utf-8")

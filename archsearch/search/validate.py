@@ -13,11 +13,14 @@ trials for `multiplier` x the proxy's token budget and compares rankings:
    0..seeds-1. Runs are Ray tasks as in `search`: the driver owns the database, tasks take and
    return plain data. Every finished run is stored at once (`Storage.add_long_run`); a rerun
    skips the (trial, multiplier, seed) runs already stored, and Ctrl-C keeps what finished.
-3. The report: Spearman and Kendall of the proxy loss, of -params and of -FLOPs against the
-   long-run loss (seed mean); iso-parameter pair agreement of the proxy and of -params; the seed
-   noise floor; how many members the proxy front and the long-run front (loss vs forward FLOPs,
-   over the calibration set) share; and the long-run hypervolume of each front with one
-   reference point. It is stored with the study (`Storage.add_validation`).
+3. The report: Spearman and Kendall of the proxy loss, of -params, of -FLOPs and of the
+   size-adjusted proxy loss (`fidelity.size_adjusted_losses`, its beta over the calibration set)
+   against the long-run loss (seed mean); iso-parameter pair agreement of the proxy, of -params
+   and of the adjusted loss; the seed noise floor; how many members the proxy front, the
+   adjusted front and the long-run front (loss vs forward FLOPs, over the calibration set)
+   share; and the long-run hypervolume of each front with one reference point. It is stored
+   with the study (`Storage.add_validation`) as JSON; reports stored before the size-adjusted
+   predictor lack its keys (`adjusted`, `size_beta`).
 """
 
 from __future__ import annotations
@@ -32,7 +35,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from archsearch.errors import ArchsearchError
-from archsearch.search.fidelity import iso_pair_agreement, kendall, noise_floor, spearman
+from archsearch.search.fidelity import (
+    iso_pair_agreement,
+    kendall,
+    noise_floor,
+    size_adjusted_losses,
+    spearman,
+)
 from archsearch.search.pareto import hypervolume, pareto_mask, reference_point, scaled, study_front
 from archsearch.storage.schema import COMPLETE
 
@@ -250,19 +259,25 @@ def fidelity_report(rows: Sequence[dict[str, Any]], multiplier: float, seeds: in
     def finite(x: float) -> float | None:
         return float(x) if math.isfinite(x) else None
 
-    predictors = {"proxy": proxy, "params": -params, "flops": -flops}  # lower predicted = better
+    adjusted, beta = size_adjusted_losses(proxy, params)  # beta over the ranked set, no long runs
+    # Lower predicted = better.
+    predictors = {"proxy": proxy, "params": -params, "flops": -flops, "adjusted": adjusted}
     correlations = {
         name: {"spearman": finite(spearman(p, long)), "kendall": finite(kendall(p, long))}
         for name, p in predictors.items()
     } if len(used) >= 2 else {name: {"spearman": None, "kendall": None} for name in predictors}  # fmt: skip
-    iso = {name: list(iso_pair_agreement(predictors[name], long, params)) for name in ("proxy", "params")}
+    iso = {n: list(iso_pair_agreement(predictors[n], long, params)) for n in ("proxy", "params", "adjusted")}
 
-    # Fronts over the calibration set in (loss, forward FLOPs): ranked by the proxy loss and by
-    # the long-run loss; both then scored by their long-run hypervolume, one reference point.
-    proxy_pts = np.column_stack([proxy, flops])
+    # Fronts over the calibration set in (loss, forward FLOPs): ranked by the proxy loss, by the
+    # adjusted loss and by the long-run loss; all scored by their long-run hypervolume, one
+    # reference point.
     long_pts = np.column_stack([long, flops])
-    proxy_front = [numbers[i] for i in np.flatnonzero(pareto_mask(scaled(proxy_pts, FRONT_OBJECTIVES)))]
-    long_front = [numbers[i] for i in np.flatnonzero(pareto_mask(scaled(long_pts, FRONT_OBJECTIVES)))]
+
+    def front_of(losses: np.ndarray) -> list[int]:
+        mask = pareto_mask(scaled(np.column_stack([losses, flops]), FRONT_OBJECTIVES))
+        return [numbers[i] for i in np.flatnonzero(mask)]
+
+    proxy_front, adjusted_front, long_front = front_of(proxy), front_of(adjusted), front_of(long)
     fronts: dict[str, Any] = {"objectives": list(FRONT_OBJECTIVES)}
     if used:
         ref = reference_point(long_pts, FRONT_OBJECTIVES)
@@ -274,9 +289,12 @@ def fidelity_report(rows: Sequence[dict[str, Any]], multiplier: float, seeds: in
 
         fronts.update(
             proxy=proxy_front,
+            adjusted=adjusted_front,
             long=long_front,
             shared=len(set(proxy_front) & set(long_front)),
+            adjusted_shared=len(set(adjusted_front) & set(long_front)),
             proxy_long_hypervolume=long_hv(proxy_front),
+            adjusted_long_hypervolume=long_hv(adjusted_front),
             long_long_hypervolume=long_hv(long_front),
             reference=list(ref),
         )
@@ -287,6 +305,7 @@ def fidelity_report(rows: Sequence[dict[str, Any]], multiplier: float, seeds: in
         "trials": numbers,
         "correlations": correlations,
         "iso_pairs": iso,
+        "size_beta": beta,  # the adjusted loss: proxy_loss - size_beta * ln(params_total / 1M)
         "noise_floor": floor,
         "fronts": fronts,
         "rows": [

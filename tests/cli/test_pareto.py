@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import statistics
 
 import pytest
 from typer.testing import CliRunner
@@ -61,6 +63,48 @@ def test_json_lists_the_front_along_the_loss_axis(url):
     assert sum(r["knee"] for r in front["front"]) == 1 and front["hypervolume"] > 0
 
 
+def test_the_size_adjusted_front_credits_size_and_keeps_the_proxy_loss(url):
+    result = _run("--study", "a", "--storage", url, "--loss", "adjusted", "--json")
+    assert result.exit_code == 0, result.output
+    [front] = json.loads(result.stdout)
+    rows = {r["number"]: r for r in front["front"]}
+    # Every shape is on it: crediting size moves the big shapes 3 and 4 ahead of the small ones,
+    # so loss now falls with FLOPs all along.
+    assert list(rows) == [4, 3, 2, 1, 0] and front["loss"] == "adjusted"
+    assert [rows[n]["loss"] for n in range(5)] == [loss for _, _, loss in SHAPES]  # as stored
+    # beta = sd(loss) / sd(ln params) over the study's 5 complete trials (the failed one is out).
+    sizes = [math.log(rows[n]["params_total"]) for n in range(5)]
+    beta = statistics.pstdev(r["loss"] for r in rows.values()) / statistics.pstdev(sizes)
+    assert front["size_beta"] == pytest.approx(beta)
+    for n, size in enumerate(sizes):
+        assert rows[n]["adjusted_loss"] == pytest.approx(rows[n]["loss"] - beta * (size - math.log(1e6)))
+    table = _run("--study", "a", "--storage", url, "--loss", "adjusted").stdout
+    assert "adjusted" in table and "2.2500" in table and f"{rows[4]['adjusted_loss']:.4f}" in table
+    assert f"adjusted loss = loss - {beta:.4f} ln(params / 1M)" in table
+    assert "in (adjusted loss, flops)" in table
+
+
+def test_the_proxy_loss_is_the_default(url):
+    [front] = json.loads(_run("--study", "a", "--storage", url, "--json").stdout)
+    assert front["loss"] == "proxy" and front["size_beta"] is None
+    assert all("adjusted_loss" not in r for r in front["front"])
+    assert "adjusted" not in _run("--study", "a", "--storage", url).stdout
+
+
+def test_studies_overlaid_share_one_beta(url, tmp_path):
+    [alone] = json.loads(_run("--study", "a", "--storage", url, "--loss", "adjusted", "--json").stdout)
+    result = _run(
+        "--study", "a", "--study", "b", "--storage", url, "--loss", "adjusted", "--json",
+        "--plot", str(tmp_path / "f.html"),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    a, b = json.loads(result.stdout)
+    # Pooled over both: b's losses are a's minus 0.1, which widens the losses' spread, not the sizes'.
+    assert a["size_beta"] == b["size_beta"] > alone["size_beta"]
+    assert a["reference"] == b["reference"] and b["hypervolume"] > a["hypervolume"]
+    assert b"size-adjusted loss: loss - " in (tmp_path / "f.html").read_bytes()
+
+
 def test_two_studies_share_one_reference_so_their_hypervolumes_compare(url, tmp_path):
     result = _run(
         "--study", "a", "--study", "b", "--storage", url, "--json", "--plot", str(tmp_path / "f.png")
@@ -88,9 +132,10 @@ def test_png_and_html_plots_are_written(url, tmp_path):
         (["--study", "a", "--reference", "3.0"], "needs 2 values"),
         (["--study", "a", "--reference", "3.0,abc"], "numbers separated by commas"),
         (["--study", "a", "--plot", "front.svg"], "use a .png or .html file"),
+        (["--study", "a", "--loss", "long"], "--loss must be one of proxy, adjusted, got 'long'"),
     ],
     ids=["unknown-study", "loss-not-first", "unknown-objective", "no-step-times", "short-reference",
-         "bad-reference", "bad-plot-suffix"],
+         "bad-reference", "bad-plot-suffix", "unknown-loss"],
 )  # fmt: skip
 def test_bad_input_exits_2_and_leaves_the_database_alone(url, tmp_path, args, message):
     path = tmp_path / "t.db"

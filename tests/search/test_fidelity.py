@@ -12,11 +12,14 @@ from archsearch.search.fidelity import (
     iso_pair_agreement,
     kendall,
     noise_floor,
+    size_adjusted_losses,
     spearman,
 )
 
 # The measured calibration set the proxy-fidelity benchmark scores against, shipped in the repo.
 CALIBRATION = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "fidelity_tiny_2026-11-23.json"
+# The proxy variants' recorded runs on those shapes (benchmarks/proxy_fidelity.py --out ...).
+PROXY_RUNS = CALIBRATION.with_name("proxy_fidelity_cpu_2026-11-23.json")
 
 
 def test_average_ranks_share_ties():
@@ -87,3 +90,75 @@ def test_the_tiny_calibration_set():
     assert round(spearman(-params, long), 2) == 0.75
     assert round(spearman(-flops, long), 2) == 0.76
     assert iso_pair_agreement(proxy, long, params) == (11, 14)
+
+
+def test_size_adjusted_losses_by_hand():
+    # Sizes 1M, e M, e^2 M: ln(params / 1M) = 0, 1, 2 (sd sqrt(2/3)); losses 3.0, 2.8, 2.9 (sd
+    # sqrt(0.02/3)): the equal-weight beta is 0.1 nats per e-fold.
+    params = [1e6, math.e * 1e6, math.e**2 * 1e6]
+    adjusted, beta = size_adjusted_losses([3.0, 2.8, 2.9], params)
+    assert beta == pytest.approx(0.1)
+    assert adjusted.tolist() == pytest.approx([3.0, 2.7, 2.7])
+    adjusted, beta = size_adjusted_losses([3.0, 2.8, 2.9], params, beta=0.5)
+    assert beta == 0.5 and adjusted.tolist() == pytest.approx([3.0, 2.3, 1.9])
+    # A 1M-parameter shape keeps its loss; beta 0 is the proxy loss itself.
+    assert size_adjusted_losses([2.5, 2.0], [1e6, 4e6], beta=0.0)[0].tolist() == [2.5, 2.0]
+
+
+def test_the_default_beta_weighs_loss_and_size_equally():
+    rng = np.random.default_rng(0)
+    losses = rng.normal(2.5, 0.2, 30)
+    params = np.exp(rng.uniform(11, 16, 30))
+    adjusted, _ = size_adjusted_losses(losses, params)
+    size = np.log(params)
+    equal = (losses - losses.mean()) / losses.std() - (size - size.mean()) / size.std()
+    assert average_ranks(adjusted).tolist() == average_ranks(equal).tolist()
+
+
+def test_size_adjustment_without_spread_keeps_the_losses():
+    adjusted, beta = size_adjusted_losses([2.0, 3.0], [5e5, 5e5])  # one size: nothing to credit
+    assert beta == 0.0 and adjusted.tolist() == [2.0, 3.0]
+    adjusted, beta = size_adjusted_losses([2.0], [2e6])
+    assert beta == 0.0 and adjusted.tolist() == [2.0]
+    adjusted, beta = size_adjusted_losses([], [])
+    assert beta == 0.0 and adjusted.tolist() == []
+
+
+@pytest.mark.parametrize(
+    ("losses", "params", "beta", "match"),
+    [
+        ([1.0, 2.0], [1, 2, 3], None, "lengths differ"),
+        ([1.0, float("nan")], [1, 2], None, "NaN"),
+        ([1.0, float("inf")], [1, 2], None, "finite"),
+        ([1.0, 2.0], [0, 2], None, "> 0"),
+        ([1.0, 2.0], [1, 2], -0.1, ">= 0"),
+        ([1.0, 2.0], [1, 2], float("nan"), ">= 0"),
+    ],
+    ids=["lengths", "nan-loss", "inf-loss", "zero-params", "negative-beta", "nan-beta"],
+)
+def test_size_adjustment_rejects_bad_input(losses, params, beta, match):
+    with pytest.raises(ValueError, match=match):
+        size_adjusted_losses(losses, params, beta)
+
+
+@pytest.mark.parametrize(
+    ("variant", "rho", "beta"),
+    [
+        ("tokens2x-constant", 0.921, 0.130),
+        ("tokens2x-constant-seed1", 0.837, 0.166),
+        ("tokens2x-constant-seed2", 0.824, 0.138),
+        ("reference", 0.776, 0.136),
+        ("reference-seed1", 0.807, 0.135),
+    ],
+)
+def test_size_adjusted_proxy_on_the_tiny_calibration_set(variant, rho, beta):
+    """The recorded proxy runs: the numbers the docstring and README state."""
+    trials = json.loads(CALIBRATION.read_text())["trials"]
+    runs = json.loads(PROXY_RUNS.read_text())[variant]["runs"]
+    proxy = [runs[str(t["trial"])]["val_loss"] for t in trials]
+    long = [t["x10"]["val_loss"] for t in trials]
+    params = [t["params_total"] for t in trials]
+    adjusted, used = size_adjusted_losses(proxy, params)
+    assert round(used, 3) == beta
+    assert round(spearman(adjusted, long), 3) == rho
+    assert round(spearman(proxy, long), 3) < rho  # the adjustment helps on every recorded seed

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from optuna._hypervolume import compute_hypervolume  # the reference implementation (WFG)
 
-from archsearch.search.pareto import hypervolume, knee_index, pareto_front, pareto_mask
+from archsearch.search.pareto import hypervolume, knee_index, pareto_front, pareto_mask, reference_point
 
 
 def _brute_mask(v: np.ndarray) -> np.ndarray:
@@ -54,3 +54,10 @@ def test_pareto_front_sorts_by_loss_and_states_its_reference():
     fixed = pareto_front(numbers, values, ("loss", "flops"), reference=(4.0, 1e10))
     assert fixed.hypervolume > front.hypervolume > 0
     assert pareto_front([1], np.array([[np.nan, 1.0]]), ("loss", "flops")) is None
+
+
+def test_the_reference_point_lies_beyond_a_negative_loss():
+    # A size-adjusted loss can be negative: the margin still moves the reference away from the front.
+    values = np.array([[-2.0, 1e6], [-3.0, 1e8]])
+    assert reference_point(values, ("loss", "flops")) == pytest.approx((-1.8, 1e8 * 10**0.1))
+    assert reference_point(values[:, :1] * -1, ("loss",)) == pytest.approx((3.3,))

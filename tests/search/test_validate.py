@@ -7,11 +7,13 @@ import json
 import math
 import os
 import signal
+import statistics
 
 import pytest
 from typer.testing import CliRunner
 
 from archsearch.cli import app
+from archsearch.cli.validate import _print_validation
 from archsearch.search.validate import (
     ValidateError,
     ValidateOptions,
@@ -29,8 +31,9 @@ SHAPES = [(64, 1, 2.9), (64, 2, 2.8), (128, 1, 2.85), (128, 2, 2.7), (128, 4, 2.
 ARGS = ("--study", "tiny", "--trials", "4", "--multiplier", "2")  # 4 runs of 4,096 tokens
 JSON_KEYS = {
     "study", "trained", "skipped", "failed", "multiplier", "seeds", "trials", "correlations", "iso_pairs",
-    "noise_floor", "fronts", "rows",
+    "size_beta", "noise_floor", "fronts", "rows",
 }  # fmt: skip
+PREDICTORS = {"proxy", "params", "flops", "adjusted"}
 
 
 def _study(url: str, shapes=SHAPES, failed: int = 0) -> str:
@@ -141,11 +144,38 @@ def test_the_report_of_a_perfect_proxy():
     report = fidelity_report(rows, 10, 2)
     assert report["correlations"]["proxy"] == {"spearman": pytest.approx(1.0), "kendall": pytest.approx(1.0)}
     assert report["correlations"]["params"]["spearman"] == pytest.approx(0.8)
-    assert report["iso_pairs"] == {"proxy": [1, 1], "params": [1, 1]}
+    assert report["iso_pairs"] == {"proxy": [1, 1], "params": [1, 1], "adjusted": [1, 1]}
     assert report["noise_floor"] == pytest.approx(math.sqrt(0.005))  # each pair differs by 0.1
     fronts = report["fronts"]
     assert sorted(fronts["proxy"]) == sorted(fronts["long"]) == [0, 1, 2] and fronts["shared"] == 3
     assert fronts["proxy_long_hypervolume"] == fronts["long_long_hypervolume"] > 0
+    # The size-adjusted proxy, beta = sd(proxy) / sd(ln params) over the four: crediting size
+    # costs a perfect proxy a pair (trial 3, 10x trial 2's size, overtakes it), so it ranks as
+    # -params does; its front gains trial 3, which adds nothing to the long-run hypervolume.
+    losses, sizes = [3.0, 2.9, 2.5, 2.6], [math.log(p) for p in (100, 110, 300, 1000)]
+    assert report["size_beta"] == pytest.approx(statistics.pstdev(losses) / statistics.pstdev(sizes))
+    adjusted = report["correlations"]["adjusted"]
+    assert adjusted == {"spearman": pytest.approx(0.8), "kendall": pytest.approx(2 / 3)}
+    assert fronts["adjusted"] == [0, 1, 2, 3] and fronts["adjusted_shared"] == 3
+    assert fronts["adjusted_long_hypervolume"] == fronts["long_long_hypervolume"]
+
+
+def test_a_report_stored_before_the_size_adjusted_predictor_still_loads_and_prints(url, capsys):
+    rows = [
+        dict(number=n, params_total=p, flops=2.0 * p, proxy_loss=loss, long_losses=[loss - 1], shape="s")
+        for n, (p, loss) in enumerate([(100, 3.0), (110, 2.9), (300, 2.5), (1000, 2.6)])
+    ]
+    old = fidelity_report(rows, 10, 1)
+    del old["size_beta"], old["correlations"]["adjusted"], old["iso_pairs"]["adjusted"]
+    for key in ("adjusted", "adjusted_shared", "adjusted_long_hypervolume"):
+        del old["fronts"][key]
+    with Storage.open(url) as db:
+        db.add_validation("tiny", multiplier=10, seeds=1, report=old)
+        [stored] = db.validations("tiny")
+    assert stored.report == json.loads(json.dumps(old))
+    _print_validation("tiny", stored.report)
+    out = capsys.readouterr().out
+    assert "-FLOPs" in out and "hypervolume" in out and "size-adjusted" not in out
 
 
 def test_json_output_has_the_report_keys(validated):
@@ -154,7 +184,8 @@ def test_json_output_has_the_report_keys(validated):
     assert report["trained"] == 4 and report["skipped"] == 0 and report["seeds"] == 1
     assert report["failed"] == []
     assert report["noise_floor"] is None  # one seed
-    assert set(report["correlations"]) == {"proxy", "params", "flops"}
+    assert set(report["correlations"]) == PREDICTORS and set(report["iso_pairs"]) == PREDICTORS - {"flops"}
+    assert report["size_beta"] > 0
     assert all(r["long_loss"] is not None and len(r["long_losses"]) == 1 for r in report["rows"])
     assert {"proxy", "long", "shared", "proxy_long_hypervolume", "long_long_hypervolume"} <= set(
         report["fronts"]
@@ -179,13 +210,14 @@ def test_a_rerun_trains_nothing_and_reports_the_same(validated):
 
 
 def test_the_table_states_the_measures(validated):
-    url, _ = validated
+    url, report = validated
     result = _run(*ARGS, "--storage", url)
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert "4 trials retrained at 2x the proxy's tokens, 1 seed" in out
     for text in ("proxy loss", "-params", "-FLOPs", "Spearman", "Kendall", "seed noise floor", "hypervolume"):
         assert text in out
+    assert f"size-adjusted proxy (beta {report['size_beta']:.3f})" in out and "size-adjusted front:" in out
 
 
 def test_an_interrupted_validation_keeps_its_runs_and_a_rerun_trains_the_rest(
