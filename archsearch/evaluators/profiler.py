@@ -840,6 +840,33 @@ def profile_step(
     )
 
 
+def measured_profile(
+    cfg: ArchConfig,
+    batch: int,
+    device: str,
+    dtype: str,
+    cache: MeasurementCache,
+    *,
+    steps: int,
+    min_run_time: float = DEFAULT_MIN_RUN_TIME,
+    progress: bool = True,
+) -> ProfileReport:
+    """`profile_step`, and with `steps`, the real training step timed as well (the median of
+    `steps` steady-state steps, `trainer.measure_step`): the kernels become its breakdown, with
+    the residual line that makes them add up (what `archsearch profile` shows for cpu or cuda).
+
+    Raises:
+        ProfilerError: as `profile_step`, or the timed training run failed.
+    """
+    from archsearch.evaluators.trainer import measure_step  # the trainer imports this module
+
+    report = profile_step(cfg, batch, device, dtype, cache, min_run_time, progress=progress)
+    if not steps:
+        return report
+    seconds, timed = measure_step(cfg, batch, device, report.dtype, steps, cache=cache)
+    return report.with_measured_step(seconds, timed)
+
+
 def _check_memory(
     jobs: Iterable[_Job], bandwidth_cached: bool, info: DeviceInfo, max_bytes: int | None
 ) -> None:

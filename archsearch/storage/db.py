@@ -657,8 +657,10 @@ class Storage:
 
     def trials_by_number(self, study: str, numbers: Sequence[int]) -> list[TrialRecord]:
         """The records of `study`'s trials `numbers`, in that order (missing ones left out)."""
+        # A number beyond a signed 64-bit integer names no row, and SQLite's driver cannot bind it.
+        storable = [n for n in numbers if -(2**63) <= n < 2**63]
         with self._session(read_only=True) as s:
-            wanted = schema.Trial.number.in_(list(numbers))
+            wanted = schema.Trial.number.in_(storable)
             rows = s.scalars(select(schema.Trial).where(schema.Trial.study == study, wanted)).all()
             by_number = {r.number: _trial_record(r) for r in rows}
         return [by_number[n] for n in numbers if n in by_number]
