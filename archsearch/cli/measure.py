@@ -59,7 +59,7 @@ def train(
     """Train a shape's proxy LM on a budget; report held-out loss, throughput and MFU.
 
     --study S --trial N takes that trial's shape only: it trains with this command's options,
-    not the study's [proxy] settings.
+    not the study's [proxy] settings. --json records the settings with the result.
     Exit code 1 when the run fails (NaN loss, out of memory, too large), with the reason.
     """
     from archsearch.evaluators.data import load_dataset
@@ -75,7 +75,7 @@ def train(
     with progress_bar("training") as update:
         result = run_training(cfg, dataset, settings, progress=update)
     if as_json:
-        print_json(result.to_dict())
+        print_json({**result.to_dict(), "settings": dataclasses.asdict(settings)})
     else:
         console = stdout()
         console.print(cfg.describe())

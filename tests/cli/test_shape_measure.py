@@ -165,6 +165,19 @@ def test_train_shows_progress_with_an_eta_on_a_terminal(tiny_config):
     assert re.search(r"training .*[1-9][\d,]*/4,096 tokens loss \d.* ETA", text), text[-2000:]
 
 
+def test_train_json_records_the_settings_that_made_the_result(tiny_config):
+    args = ("--seed", "3", "--lr", "2e-3", "--base-width", "64", "--schedule", "wsd", "--device", "cpu")
+    result = run("train", str(tiny_config), *TINY_TRAIN, *args, "--json")
+    assert result.exit_code == 0, result.output
+    settings = json.loads(result.stdout)["settings"]
+    asked = {
+        "seed": 3, "lr": 2e-3, "base_width": 64, "schedule": "wsd", "device": "cpu", "precision": "fp32",
+        "batch_size": 4, "tokens": 4096, "flops": None, "seconds": None, "compile": False,
+    }  # fmt: skip
+    assert {k: settings[k] for k in asked} == asked
+    assert {"warmup", "min_lr", "weight_decay", "evals"} <= set(settings)  # the defaults too
+
+
 def test_train_refuses_an_endless_budget(tiny_config):
     result = run("train", str(tiny_config), "--seconds", "inf")
     assert result.exit_code == 2, result.output
