@@ -324,6 +324,10 @@ class JsonFileCache:
             raise ProfilerError(
                 f"measurement cache {self.path} is not valid JSON ({exc}); delete it to start afresh"
             ) from exc
+        except RecursionError:  # json's decoder recurses per nesting level: `[` * 100_000
+            raise ProfilerError(
+                f"measurement cache {self.path} is nested too deeply to be a cache; delete it to start afresh"
+            ) from None
         entries = data.get("entries") if isinstance(data, dict) else None
         valid = (
             isinstance(data, dict)

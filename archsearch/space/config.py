@@ -322,6 +322,9 @@ def _parse_json(text: str, source: str) -> Any:
         raise ConfigError(
             f"{source}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
         ) from None
+    except RecursionError:
+        # json's decoder recurses once per nesting level: `[` * 100_000 exhausts the stack.
+        raise ConfigError(f"{source}: invalid JSON: nested too deeply to be a config") from None
 
 
 # The document `archsearch export --format json` writes (`space.export.JsonFormat`): the config

@@ -94,7 +94,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, monkeypatc
     assert sorted(p.name for p in tmp_path.iterdir()) == ["space.toml"]
 
 
-PROXY = 'batch_size = 4\nevals = 4\neval_batches = 1'
+PROXY = "batch_size = 4\nevals = 4\neval_batches = 1"
 
 
 def _bad(name: str, table: str, body: str, message: str):
@@ -115,6 +115,18 @@ BAD_VALUES = [
     _bad("seed-too-large", "search", "trials = 3\nprune = false\nseed = 4294967296",
          r"\[search\].seed: must be in 0\.\.4294967295"),
 ]  # fmt: skip
+
+
+@pytest.mark.parametrize("command", ["space-check", "search"])
+def test_a_space_file_nested_too_deeply_is_one_error_line(tmp_path, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)
+    space = tmp_path / "space.toml"
+    space.write_text("[model]\nd_model = " + "[" * 100_000)  # was a RecursionError traceback
+    args = ["space", "check", str(space)] if command == "space-check" else ["search", "--space", str(space)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr == f"error: {space}: invalid TOML: nested too deeply to be a search spec\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["space.toml"]
 
 
 @pytest.mark.parametrize("command", ["space-check", "search"])

@@ -240,6 +240,17 @@ def test_profile_caches_kernel_times_in_the_trial_database(tiny_config, tmp_path
     assert both.exit_code == 2 and "not both" in both.stderr
 
 
+def test_a_measurement_cache_nested_too_deeply_is_one_error_line(tmp_path):
+    cache = tmp_path / "cache.json"
+    cache.write_text("[" * 100_000)  # json's decoder raised RecursionError
+    result = run("profile", "--preset", "byte-1m", "--cache", str(cache))
+    assert result.exit_code == 2, result.output
+    assert (
+        result.stderr
+        == f"error: measurement cache {cache} is nested too deeply to be a cache; delete it to start afresh\n"
+    )
+
+
 def test_profile_modelled_gpu_and_table():
     result = run("profile", "--preset", "llama3-8b", "--device", "h100-sxm", "--batch", "1", "--json")
     report = json.loads(result.stdout)
@@ -410,8 +421,11 @@ def test_a_bad_trial_reference_is_one_error_line(trial_db, command, args, messag
         ('{"config": [], "results": {}}', "{path} (its 'config'): an ArchConfig must be a JSON object"),
         ('{"config": {}, "study": "s"}', "{path}: unknown key(s) beside 'config': 'study'; an export"),
         ('{"architectures": ["LlamaForCausalLM"]}', "{path}: unknown ArchConfig key(s): architectures"),
+        ("[" * 100_000, "{path}: invalid JSON: nested too deeply to be a config"),
+        ('{"d_model": ' + "[" * 100_000, "{path}: invalid JSON: nested too deeply to be a config"),
     ],
-    ids=["export-with-a-bad-config", "export-config-not-an-object", "export-extra-key", "hf-config"],
+    ids=["export-with-a-bad-config", "export-config-not-an-object", "export-extra-key", "hf-config",
+         "deep-array", "deep-value"],
 )  # fmt: skip
 @pytest.mark.parametrize("command", [["cost"], ["config", "check"]], ids=["cost", "config-check"])
 def test_a_file_that_is_neither_config_nor_export_is_one_error_line(tmp_path, command, text, message):

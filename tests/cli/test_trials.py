@@ -79,6 +79,7 @@ HOSTILE = [
     ("huge", "d_model = 1 or " * 200 + "d_model = 1", "filter is 3,011 characters long"),
     ("deep-parens", "(" * 100 + "d_model = 1" + ")" * 100, "nested deeper than 32 levels"),
     ("deep-not", "not " * 100 + "d_model = 1", "nested deeper than 32 levels"),
+    ("100k-parens", "(" * 100_000, "filter is 100,000 characters long; the limit is 2,000"),
     ("unicode-column", "d_modèl = 1", "unexpected character 'è' at position 5"),
     ("homoglyph", "d_m\u043edel = 1", "unexpected character '\u043e' at position 3"),
     ("fullwidth-digit", "d_model = \uff11", "unexpected character '\uff11'"),

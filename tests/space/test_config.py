@@ -185,3 +185,10 @@ def test_load_refuses_a_document_that_is_not_an_export(tmp_path, document, match
     path.write_text(json.dumps(document))
     with pytest.raises(ConfigError, match=match):
         load_config(path)
+
+
+def test_load_refuses_json_nested_too_deeply_for_the_parser(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text("[" * 100_000)  # json's decoder recursed until RecursionError
+    with pytest.raises(ConfigError, match=r"x.json: invalid JSON: nested too deeply to be a config"):
+        load_config(path)
