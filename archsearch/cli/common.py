@@ -70,7 +70,10 @@ app.add_typer(space_app, name="space")
 
 # Options shared by several commands, defined once.
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")]
-ConfigArg = Annotated[Path | None, typer.Argument(help="ArchConfig JSON file.")]
+ConfigArg = Annotated[
+    Path | None,
+    typer.Argument(help="ArchConfig JSON file, or the archsearch.json of `export --format json`."),
+]
 PresetOpt = Annotated[str | None, typer.Option("--preset", help="A built-in shape (see `presets`).")]
 SpaceArg = Annotated[Path, typer.Argument(help="Search-space TOML file (see examples/).")]
 StorageOpt = Annotated[
@@ -80,6 +83,11 @@ StorageOpt = Annotated[
     ),
 ]
 StudyOpt = Annotated[str, typer.Option(help="Study name (see `studies`).")]
+# A complete trial's shape instead of CONFIG or --preset (`resolve_shape`).
+FromStudyOpt = Annotated[
+    str | None, typer.Option("--study", help="Take the shape of --trial N of this study (see `trials`).")
+]
+FromTrialOpt = Annotated[int | None, typer.Option("--trial", help="Trial number in --study.", min=0)]
 
 
 def stdout() -> Console:
@@ -136,3 +144,23 @@ def resolve_config(path: Path | None, preset_name: str | None) -> ArchConfig:
     if (path is None) == (preset_name is None):
         raise ConfigError("give a CONFIG file or --preset NAME (exactly one)")
     return load_config(path) if path is not None else preset(preset_name)  # type: ignore[arg-type]
+
+
+def resolve_shape(
+    path: Path | None, preset_name: str | None, study: str | None, trial: int | None, storage: str | None
+) -> ArchConfig:
+    """`resolve_config` for the commands that also take a complete trial's shape (`--study S
+    --trial N`, read from `--storage`): exactly one of the three."""
+    if (study is None) != (trial is None):
+        raise ConfigError("--study S and --trial N go together")
+    if storage is not None and study is None:
+        raise ConfigError("--storage is where --study S --trial N is read from: give those too")
+    if sum(x is not None for x in (path, preset_name, study)) != 1:
+        raise ConfigError("give a CONFIG file, --preset NAME or --study S --trial N (exactly one)")
+    if study is None:
+        return resolve_config(path, preset_name)
+    from archsearch.search.selection import trial_config
+    from archsearch.storage import Storage
+
+    with Storage.open(storage, create=False) as db:
+        return trial_config(db, study, trial)  # type: ignore[arg-type]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,12 +13,16 @@ from rich.table import Table
 
 from archsearch.cli.common import (
     ConfigArg,
+    FromStudyOpt,
+    FromTrialOpt,
     JsonFlag,
     PresetOpt,
+    StorageOpt,
     app,
     fmt_value,
     print_json,
     resolve_config,
+    resolve_shape,
     si,
     stdout,
 )
@@ -29,6 +34,9 @@ from archsearch.errors import ConfigError
 def train(
     config: ConfigArg = None,
     preset_name: PresetOpt = None,
+    study: FromStudyOpt = None,
+    trial: FromTrialOpt = None,
+    storage: StorageOpt = None,
     tokens: Annotated[int | None, typer.Option(help="Budget: training tokens.")] = None,
     flops: Annotated[float | None, typer.Option(help="Budget: training FLOPs.")] = None,
     seconds: Annotated[float | None, typer.Option(help="Budget: seconds of training.")] = None,
@@ -50,13 +58,15 @@ def train(
 ) -> None:
     """Train a shape's proxy LM on a budget; report held-out loss, throughput and MFU.
 
+    --study S --trial N takes that trial's shape only: it trains with this command's options,
+    not the study's [proxy] settings. --json records the settings with the result.
     Exit code 1 when the run fails (NaN loss, out of memory, too large), with the reason.
     """
     from archsearch.evaluators.data import load_dataset
     from archsearch.evaluators.trainer import TrainSettings
     from archsearch.evaluators.trainer import train as run_training
 
-    cfg = resolve_config(config, preset_name)
+    cfg = resolve_shape(config, preset_name, study, trial, storage)
     settings = TrainSettings(
         tokens=tokens, flops=flops, seconds=seconds, batch_size=batch_size, lr=lr, base_width=base_width,
         schedule=schedule, seed=seed, device=device, precision=precision, compile=compile_model,
@@ -65,7 +75,7 @@ def train(
     with progress_bar("training") as update:
         result = run_training(cfg, dataset, settings, progress=update)
     if as_json:
-        print_json(result.to_dict())
+        print_json({**result.to_dict(), "settings": dataclasses.asdict(settings)})
     else:
         console = stdout()
         console.print(cfg.describe())
@@ -133,31 +143,20 @@ def profile(
     as_json: JsonFlag = False,
 ) -> None:
     """Kernel-by-kernel time of one training step: measured here, or modelled for a GPU."""
+    from archsearch.evaluators.hardware import modelled_profile
+
     cfg = resolve_config(config, preset_name)
-    from archsearch.evaluators.hardware import ACCELERATORS, device_model, predict_step
-    from archsearch.evaluators.kernels import step_kernels
-
-    if device not in ACCELERATORS and device.split(":")[0] not in ("cpu", "cuda"):
-        raise ConfigError(
-            f"unknown device {device!r}; measured: cpu, cuda, cuda:N; modelled: {', '.join(ACCELERATORS)}"
-        )
-    if device in ACCELERATORS:
-        dtype = "bf16" if dtype == "auto" else dtype  # what a GPU trains in
-        report = predict_step(device_model(device), step_kernels(cfg, batch, dtype), dtype)
-    else:
-        from archsearch.evaluators.profiler import InMemoryCache, JsonFileCache, profile_step
-        from archsearch.evaluators.trainer import measure_step
-
-        def measure(store: Any) -> Any:
-            kernels = profile_step(cfg, batch, device, dtype, store, min_run_time, progress=interactive)
-            if not steps:
-                return kernels
-            seconds, timed = measure_step(cfg, batch, device, kernels.dtype, steps, cache=store)
-            return kernels.with_measured_step(seconds, timed)
+    report = modelled_profile(cfg, device, batch, dtype)
+    if report is None:  # a device measured here
+        from archsearch.evaluators.profiler import InMemoryCache, JsonFileCache, measured_profile
 
         if cache is not None and storage is not None:
             raise ConfigError("give --cache FILE or --storage URL, not both")
         interactive = Console(stderr=True).is_terminal
+        measure = functools.partial(
+            measured_profile, cfg, batch, device, dtype, steps=steps, min_run_time=min_run_time,
+            progress=interactive,
+        )  # fmt: skip
         if storage is not None:
             from archsearch.storage import KernelCache, Storage
 
@@ -189,23 +188,13 @@ def profile(
 
 
 def _step_breakdown(report: Any) -> str:
-    """The lines that add up to the step: matmuls and attention, memory-bound ops and, when the
-    real step was measured, the residual (what the kernels timed one by one leave out)."""
+    """The lines that add up to the step (`ProfileReport.breakdown`), under the step time."""
     step = report.step_time_s
-    parts = [
-        f"  matmuls and attention   {si(report.kernel_time_s, 's'):>8} {report.kernel_time_s / step:7.1%}",
-        f"  memory-bound ops        {si(report.memory_time_s, 's'):>8} {report.memory_time_s / step:7.1%}",
-    ]
-    if report.residual_s is not None:
-        parts.append(
-            f"  residual                {si(report.residual_s, 's'):>8} {report.residual_s / step:7.1%}"
-            "  (launches, framework overhead, elementwise ops, optimizer)"
-        )
-        how = f"measured training step, median of {report.measured_steps}"
-    else:
-        how = "sum of the kernels" + ("" if report.modelled else "; real step not measured")
-    head = f"step {si(step, 's')} ({how}), {report.tokens_per_second:,.0f} tokens/s"
-    return "\n".join([head, *parts])
+    lines = [f"step {si(step, 's')} ({report.step_source}), {report.tokens_per_second:,.0f} tokens/s"]
+    for what, seconds, holds in report.breakdown():
+        note = f"  ({holds})" if holds else ""
+        lines.append(f"  {what:<24}{si(seconds, 's'):>8} {seconds / step:7.1%}{note}")
+    return "\n".join(lines)
 
 
 @app.command()

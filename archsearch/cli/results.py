@@ -203,32 +203,48 @@ def _print_trials(
     frame: Any, study: str, more: bool, long: dict[int, tuple[float, float, int]] | None = None
 ) -> None:
     """A readable subset of the columns; csv, json and parquet carry all of them. With `long`
-    (`Storage.long_run_losses`), a long-run loss column beside the proxy loss."""
+    (`Storage.long_run_losses`), a long-run loss column beside the proxy loss.
+
+    The searched knobs each get a column: `heads` is n_heads x head_dim, `attention` the
+    attention_layout knob as a space file writes it (mha, gqa:G, mqa), `norm` its placement.
+    """
     import pandas as pd
 
-    def cell(value: Any, render: Callable[[Any], str] = str) -> str:
-        return "-" if pd.isna(value) else escape(render(value))
+    from archsearch.space.search_space import layout_knob
 
-    columns: list[tuple[str, str, Callable[[Any], str]]] = [
-        ("trial", "number", str), ("status", "status", str), ("d_model", "d_model", str),
-        ("layers", "n_layers", str), ("heads", "n_heads", str), ("kv", "n_kv_heads", str),
-        ("head_dim", "head_dim", str), ("d_ff", "d_ff", str), ("activation", "activation", str),
-        ("params", "params_total", si), ("FLOPs/token", "flops_forward_per_token", si),
-        ("loss", "loss", lambda v: f"{v:.4f}"), ("step time", "step_time_s", lambda v: si(v, "s")),
-        ("reason", "reason", str),
-    ]  # fmt: skip
+    def cell(*values: Any, render: Callable[..., str] = str) -> str:
+        return "-" if any(pd.isna(v) for v in values) else escape(render(*values))
+
+    def nats(v: float) -> str:
+        return f"{v:.4f}"
+
+    # header -> the cell of a row (a namedtuple of the frame's columns)
+    columns: dict[str, Callable[[Any], str]] = {
+        "trial": lambda r: cell(r.number), "status": lambda r: cell(r.status),
+        "d_model": lambda r: cell(r.d_model), "layers": lambda r: cell(r.n_layers),
+        "heads": lambda r: cell(r.n_heads, r.head_dim, render=lambda h, d: f"{h}x{d}"),
+        "attention": lambda r: cell(r.n_heads, r.n_kv_heads, render=layout_knob),
+        "d_ff": lambda r: cell(r.d_ff), "activation": lambda r: cell(r.activation),
+        "norm": lambda r: cell(r.norm_placement),
+        "params": lambda r: cell(r.params_total, render=si),
+        "FLOPs/token": lambda r: cell(r.flops_forward_per_token, render=si),
+        "loss": lambda r: cell(r.loss, render=nats),
+        "step time": lambda r: cell(r.step_time_s, render=lambda v: si(v, "s")),
+        "reason": lambda r: cell(r.reason),
+    }  # fmt: skip
     if frame.empty:
         stdout().print(f"no trials of {escape(repr(study))} match")
         return
     table = Table(title=escape(f"{'first ' if more else ''}{len(frame):,} trials of {study!r}"))
-    for header, _, _ in columns:
-        table.add_column(header, justify="left" if header in ("status", "activation", "reason") else "right")
+    left = ("status", "attention", "activation", "norm", "reason")
+    for header in columns:
+        table.add_column(header, justify="left" if header in left else "right")
     if long:
         table.add_column("long loss", justify="right")
-    for row in frame[[name for _, name, _ in columns]].itertuples(index=False):
-        cells = [cell(v, render) for v, (_, _, render) in zip(row, columns, strict=True)]
+    for row in frame.itertuples(index=False):
+        cells = [render(row) for render in columns.values()]
         if long:
-            cells.append(long_cell(long.get(row[0])) if not pd.isna(row[0]) else "-")
+            cells.append(long_cell(long.get(row.number)) if not pd.isna(row.number) else "-")
         table.add_row(*cells)
     stdout().print(table)
     if more:

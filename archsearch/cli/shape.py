@@ -10,12 +10,15 @@ from rich.table import Table
 
 from archsearch.cli.common import (
     ConfigArg,
+    FromStudyOpt,
+    FromTrialOpt,
     JsonFlag,
     PresetOpt,
+    StorageOpt,
     app,
     config_app,
     print_json,
-    resolve_config,
+    resolve_shape,
     si,
     stdout,
 )
@@ -38,11 +41,14 @@ from archsearch.space.width import gated_d_ff
 def cost(
     config: ConfigArg = None,
     preset_name: PresetOpt = None,
+    study: FromStudyOpt = None,
+    trial: FromTrialOpt = None,
+    storage: StorageOpt = None,
     dtype: Annotated[str, typer.Option(help="Dtype for weight and KV-cache bytes.")] = "bf16",
     as_json: JsonFlag = False,
 ) -> None:
     """Exact parameters, FLOPs per token and memory of one shape."""
-    cfg = resolve_config(config, preset_name)
+    cfg = resolve_shape(config, preset_name, study, trial, storage)
     report = cost_report(cfg, dtype)
     if as_json:
         print_json({"config": cfg.to_dict(), **report})
@@ -186,7 +192,9 @@ def config_new(
 
 
 @config_app.command("check")
-def config_check(config: Annotated[Path, typer.Argument(help="ArchConfig JSON file.")]) -> None:
+def config_check(
+    config: Annotated[Path, typer.Argument(help="ArchConfig JSON file (or an `export --format json` file).")],
+) -> None:
     """Validate a config file and summarise it."""
     cfg = load_config(config)
     typer.echo(f"ok: {cfg.describe()}; {param_counts(cfg).total:,} params")

@@ -320,6 +320,29 @@ def device_model(name: str, **assumptions: Any) -> DeviceModel:
     return DeviceModel(device=ACCELERATORS[name], **assumptions)
 
 
+LOCAL_DEVICES = ("cpu", "cuda")  # measured here by the profiler (cuda:N too), not modelled
+
+
+def modelled_profile(cfg: ArchConfig, device: str, batch: int, dtype: str) -> ProfileReport | None:
+    """One training step of `cfg` on `batch` sequences, modelled on the catalogued GPU `device`;
+    None when `device` is one to measure here instead (cpu, cuda, cuda:N: `profiler.measured_profile`).
+
+    `dtype` "auto" is bf16 on a modelled GPU: what training runs in on every catalogued one.
+
+    Raises:
+        ConfigError: `device` is neither catalogued nor local.
+        UnknownNameError: the device has no peak for `dtype`.
+    """
+    if device not in ACCELERATORS:
+        if device.split(":")[0] in LOCAL_DEVICES:
+            return None
+        raise ConfigError(
+            f"unknown device {device!r}; measured: cpu, cuda, cuda:N; modelled: {', '.join(ACCELERATORS)}"
+        )
+    dtype = "bf16" if dtype == "auto" else dtype
+    return predict_step(device_model(device), step_kernels(cfg, batch, dtype), dtype)
+
+
 def local_cpu(
     cores: int | None = None,
     gflops_per_core: float = 50.0,

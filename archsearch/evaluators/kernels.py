@@ -303,6 +303,25 @@ class ProfileReport:
     def tokens_per_second(self) -> float:
         return self.tokens / self.step_time_s
 
+    @property
+    def step_source(self) -> str:
+        """Where `step_time_s` comes from, in words."""
+        if self.measured_step_s is not None:
+            return f"measured training step, median of {self.measured_steps}"
+        return "sum of the kernels" + ("" if self.modelled else "; real step not measured")
+
+    def breakdown(self) -> tuple[tuple[str, float, str | None], ...]:
+        """The parts that add up to `step_time_s`: (what, seconds, what else it holds or None).
+        The residual is a part only when the real step was measured."""
+        parts: list[tuple[str, float, str | None]] = [
+            ("matmuls and attention", self.kernel_time_s, None),
+            ("memory-bound ops", self.memory_time_s, None),
+        ]
+        if self.residual_s is not None:
+            holds = "launches, framework overhead, elementwise ops, optimizer"
+            parts.append(("residual", self.residual_s, holds))
+        return tuple(parts)
+
     def to_dict(self) -> dict[str, Any]:
         """The report as a JSON-ready object."""
         return {

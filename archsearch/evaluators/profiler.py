@@ -324,6 +324,10 @@ class JsonFileCache:
             raise ProfilerError(
                 f"measurement cache {self.path} is not valid JSON ({exc}); delete it to start afresh"
             ) from exc
+        except RecursionError:  # json's decoder recurses per nesting level: `[` * 100_000
+            raise ProfilerError(
+                f"measurement cache {self.path} is nested too deeply to be a cache; delete it to start afresh"
+            ) from None
         entries = data.get("entries") if isinstance(data, dict) else None
         valid = (
             isinstance(data, dict)
@@ -838,6 +842,33 @@ def profile_step(
         bandwidth_bytes_per_s=bandwidth,
         min_run_time=min_run_time,
     )
+
+
+def measured_profile(
+    cfg: ArchConfig,
+    batch: int,
+    device: str,
+    dtype: str,
+    cache: MeasurementCache,
+    *,
+    steps: int,
+    min_run_time: float = DEFAULT_MIN_RUN_TIME,
+    progress: bool = True,
+) -> ProfileReport:
+    """`profile_step`, and with `steps`, the real training step timed as well (the median of
+    `steps` steady-state steps, `trainer.measure_step`): the kernels become its breakdown, with
+    the residual line that makes them add up (what `archsearch profile` shows for cpu or cuda).
+
+    Raises:
+        ProfilerError: as `profile_step`, or the timed training run failed.
+    """
+    from archsearch.evaluators.trainer import measure_step  # the trainer imports this module
+
+    report = profile_step(cfg, batch, device, dtype, cache, min_run_time, progress=progress)
+    if not steps:
+        return report
+    seconds, timed = measure_step(cfg, batch, device, report.dtype, steps, cache=cache)
+    return report.with_measured_step(seconds, timed)
 
 
 def _check_memory(

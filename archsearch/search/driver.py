@@ -665,9 +665,11 @@ def run_search(
     Raises:
         SearchError: the study exists without `resume`, was made from another space, or the
             sampler cannot find valid configs.
+        ReadOnlyStorageError: the database cannot be written here.
     """
     from archsearch.search import worker
 
+    storage.require_writable()  # a read-only database fails here, before anything is written
     driver = _Driver(spec, storage, options, on_update)
     driver.open_study()
     driver.sweep()

@@ -1,4 +1,4 @@
-"""Which trials of a study to export, and the file tree that exports them.
+"""Which trials of a study to export, and the file tree that exports them; one trial's shape.
 
 The formats are pure (`space.export`: an ArchConfig and a provenance dict in, files out); this
 module chooses trials the way `pareto` ranks them and lays out what `export` writes:
@@ -25,6 +25,7 @@ from archsearch.search.pareto import OBJECTIVE_COLUMNS, pareto_front
 from archsearch.space.export import EXPORT_FORMATS, parse_flops
 
 if TYPE_CHECKING:
+    from archsearch.space.config import ArchConfig
     from archsearch.storage import Storage, StudyRecord, TrialRecord
 
 # The trial columns that are its measured (or exactly counted) results, copied into provenance.
@@ -134,7 +135,20 @@ def _exportable(complete: list[Any], study: str, fmt: str) -> list[Any]:
     return fits
 
 
-def _numbered(trials: list[Any], study: str, number: int) -> Any:
+def trial_config(db: Storage, study: str, number: int) -> ArchConfig:
+    """The shape of trial `number` of `study`, for commands that take a trial's shape (`cost`, `train`).
+
+    Raises:
+        ArchsearchError: an unknown study or trial, or a trial that is not complete.
+    """
+    db.require_study(study)
+    found = db.trials_by_number(study, [number])
+    # Only a missing trial needs them all: the error names the study's span of trial numbers.
+    trial = _numbered(found or db.trials(study), study, number, use="give their shape")
+    return trial.config  # type: ignore[no-any-return]
+
+
+def _numbered(trials: list[Any], study: str, number: int, use: str = "export") -> Any:
     found = [t for t in trials if t.number == number]
     if not found:
         numbers = sorted(t.number for t in trials if t.number is not None)
@@ -143,7 +157,7 @@ def _numbered(trials: list[Any], study: str, number: int) -> Any:
     t = found[0]
     if t.status != "complete" or t.config is None:
         why = f" ({t.reason})" if t.reason else ""
-        raise ArchsearchError(f"trial {number} of {study!r} is {t.status}{why}: only complete trials export")
+        raise ArchsearchError(f"trial {number} of {study!r} is {t.status}{why}: only complete trials {use}")
     return t
 
 

@@ -394,6 +394,8 @@ def _parse(text: str, source: str, base_dir: Path) -> SearchSpec:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"invalid TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses per nested array or inline table: `[` * 100_000
+        raise SpecError("invalid TOML: nested too deeply to be a search spec") from None
     for key, value in doc.items():
         if key not in _TABLES:
             raise SpecError(f"unknown table [{key}]; valid: {', '.join(_TABLES)}")

@@ -343,10 +343,12 @@ def run_validate(
 
     Raises:
         ValidateError: too few complete trials, unknown trial numbers or study.
+        ReadOnlyStorageError: the database cannot be written here.
     """
     from archsearch.search.driver import _RayPool, _signals, _Stop
 
     record = storage.require_study(options.study)
+    storage.require_writable()  # before training runs whose results could not be stored
     chosen = calibration_set(storage, options.study, options.trials, options.numbers, options.sample_seed)
     proxy = record.spec.get("proxy")
     if not proxy:

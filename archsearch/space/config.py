@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from archsearch.errors import ConfigError
+from archsearch.errors import ConfigError, quoted
 from archsearch.fileio import read_text, write_atomic
 from archsearch.registry import Registry
 
@@ -282,12 +282,7 @@ class ArchConfig:
     @classmethod
     def from_json(cls, text: str, source: str = "config") -> ArchConfig:
         """Parse JSON text; `source` names it in errors (a file path, say)."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(
-                f"{source}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-            ) from None
+        data = _parse_json(text, source)
         try:
             return cls.from_dict(data)
         except ConfigError as exc:
@@ -319,15 +314,47 @@ def _derived_head_dim(d_model: Any, n_heads: Any) -> Any:
     return d_model // n_heads
 
 
+def _parse_json(text: str, source: str) -> Any:
+    """JSON text as Python data, or a one-line `ConfigError` naming `source`."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{source}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
+    except RecursionError:
+        # json's decoder recurses once per nesting level: `[` * 100_000 exhausts the stack.
+        raise ConfigError(f"{source}: invalid JSON: nested too deeply to be a config") from None
+
+
+# The document `archsearch export --format json` writes (`space.export.JsonFormat`): the config
+# under "config", beside the trial's results and provenance.
+EXPORT_KEYS = ("config", "results", "provenance")
+
+
 def load_config(path: str | Path) -> ArchConfig:
-    """Read an ArchConfig JSON file.
+    """Read an ArchConfig JSON file, or the `archsearch.json` that `export --format json` writes
+    (its `config` object is the shape; results and provenance are not read).
 
     Raises:
-        ConfigError: the file is missing or unreadable, not JSON, or not a valid config.
+        ConfigError: the file is missing or unreadable, not JSON, or neither a valid config nor
+            an export document holding one.
     """
     path = Path(path)
-    text = read_text(path, "config file", ConfigError)
-    return ArchConfig.from_json(text, source=str(path))
+    source = str(path)
+    data = _parse_json(read_text(path, "config file", ConfigError), source)
+    if isinstance(data, Mapping) and "config" in data:  # "config" is no ArchConfig field
+        unknown = sorted(set(data) - set(EXPORT_KEYS))
+        if unknown:
+            raise ConfigError(
+                f"{source}: unknown key(s) beside 'config': {', '.join(map(quoted, unknown))}; an export "
+                f"document (`archsearch export --format json`) has only {', '.join(EXPORT_KEYS)}"
+            )
+        data, source = data["config"], f"{source} (its 'config')"
+    try:
+        return ArchConfig.from_dict(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def save_config(cfg: ArchConfig, path: str | Path) -> None:

@@ -84,6 +84,14 @@ def _gqa_group(layout: str) -> int | None:
     return int(group) if prefix == "gqa" and group.isdecimal() else None
 
 
+def layout_knob(n_heads: int, n_kv_heads: int) -> str:
+    """The `attention_layout` knob value that gives these head counts: "mha", "mqa" or "gqa:G"
+    (G query heads per KV head). A single head is "mha", as in `ArchConfig.attention_layout`."""
+    if n_kv_heads == n_heads:
+        return "mha"
+    return "mqa" if n_kv_heads == 1 else f"gqa:{n_heads // n_kv_heads}"
+
+
 def _layout(v: Any) -> str | None:
     if not isinstance(v, str):
         return f"expected a string, got {v!r}"

@@ -56,6 +56,10 @@ class SchemaVersionError(StorageError):
     """The database was written by a different version of archsearch's schema."""
 
 
+class ReadOnlyStorageError(StorageError):
+    """The database can be read but not written here: a read-only file, folder, mount or role."""
+
+
 def storage_url(url: str | None = None) -> str:
     """The URL to use: `url`, else `$ARCHSEARCH_STORAGE`, else `sqlite:///archsearch.db`."""
     return url or os.environ.get(STORAGE_ENV) or DEFAULT_STORAGE_URL
@@ -227,6 +231,29 @@ def _masked(url: URL) -> str:
     return url.render_as_string(hide_password=True)
 
 
+# SQLite's primary result codes (sqlite3 exposes them on its errors since Python 3.11) for a
+# database this process may read but not write: READONLY (a 0444 or immutable file, a read-only
+# mount: SQLite then opens it read-only) and PERM (access denied). CANTOPEN is not one: a file
+# that cannot be opened at all cannot be read either.
+_SQLITE_READ_ONLY = {3, 8}  # SQLITE_PERM, SQLITE_READONLY
+# ...but READONLY_DIRECTORY stops readers too: a WAL database needs its -wal and -shm files, and
+# SQLite cannot create them in a read-only folder.
+_SQLITE_READONLY_DIRECTORY = 1544
+# PostgreSQL's SQLSTATE for a write in a read-only transaction (a hot standby, a database or
+# role with default_transaction_read_only). A missing privilege (42501) is not one: it refuses
+# reads too, and its own message says which.
+_PG_READ_ONLY = {"25006"}
+
+
+def _read_only(exc: DBAPIError) -> bool:
+    """Whether a database error says this process may not write the database."""
+    orig = exc.orig
+    code = getattr(orig, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in _SQLITE_READ_ONLY  # extended codes keep the primary in the low byte
+    return getattr(orig, "sqlstate", None) in _PG_READ_ONLY
+
+
 # ------------------------------------------------------------------------------------------------
 # Storage
 # ------------------------------------------------------------------------------------------------
@@ -306,6 +333,8 @@ class Storage:
                         )
                         return
             except DBAPIError as exc:
+                if _read_only(exc):
+                    raise self._read_only_error(exc) from None
                 raise StorageError(f"cannot use the database {self.display_url}: {_one_line(exc)}") from None
         if found != SCHEMA_VERSION:
             newer = "a newer" if found > SCHEMA_VERSION else "an older"
@@ -342,6 +371,49 @@ class Storage:
                     conn.commit()
         except DBAPIError as exc:
             raise StorageError(f"cannot reach the database {self.display_url}: {_one_line(exc)}") from None
+
+    def require_writable(self) -> None:
+        """Check, before any work that will need it, that this process can write the database.
+
+        One transaction rewrites the schema-version row with its own value and rolls back: it
+        takes the write lock and dirties a page, which a read-only file, folder, mount or role
+        refuses, and it leaves the database as it was. Readers (`trials`, `pareto`, `studies`,
+        `export`) never call it: they work on a read-only database.
+
+        Raises:
+            ReadOnlyStorageError: the database cannot be written here (one line naming it).
+            StorageError: another database error.
+        """
+        meta = schema.Meta.__table__
+        probe = update(meta).where(meta.c.key == "schema_version").values(value=meta.c.value)
+        try:
+            with self._engine.connect() as conn:
+                transaction = conn.begin()
+                try:
+                    conn.execute(probe)
+                finally:
+                    transaction.rollback()
+        except DBAPIError as exc:
+            if _read_only(exc):
+                raise self._read_only_error(exc) from None
+            raise StorageError(f"database error on {self.display_url}: {_one_line(exc)}") from None
+
+    def _read_only_error(self, exc: DBAPIError) -> ReadOnlyStorageError:
+        if getattr(exc.orig, "sqlite_errorcode", None) == _SQLITE_READONLY_DIRECTORY:
+            return ReadOnlyStorageError(
+                f"cannot use the database {self.display_url}: its folder is read-only, and SQLite must "
+                "create the database's -wal and -shm files there, even to read it; make the folder "
+                "writable or copy the database to one"
+            )
+        check = (
+            "the permissions of the file and its folder"
+            if self.is_sqlite
+            else "whether the server is a standby or sets default_transaction_read_only"
+        )
+        return ReadOnlyStorageError(
+            f"cannot write the database {self.display_url}: {_one_line(exc)}; check {check}, "
+            "or give another --storage"
+        )
 
     @property
     def is_sqlite(self) -> bool:
@@ -390,13 +462,16 @@ class Storage:
     def _session(self, read_only: bool = False) -> Iterator[Session]:
         """One transaction: commits on success, rolls back on any error, always closes.
 
-        Database errors become `StorageError` with one line; the transaction leaves nothing.
+        Database errors become `StorageError` with one line (`ReadOnlyStorageError` for a write
+        that the database refuses as read-only); the transaction leaves nothing.
         """
         try:
             bind = self._engine.execution_options(**{READ_ONLY: True}) if read_only else self._engine
             with Session(bind, expire_on_commit=False) as session, session.begin():
                 yield session
         except DBAPIError as exc:
+            if not read_only and _read_only(exc):
+                raise self._read_only_error(exc) from None
             raise StorageError(f"database error on {self.display_url}: {_one_line(exc)}") from None
 
     # --- studies ---------------------------------------------------------------------------------
@@ -657,8 +732,10 @@ class Storage:
 
     def trials_by_number(self, study: str, numbers: Sequence[int]) -> list[TrialRecord]:
         """The records of `study`'s trials `numbers`, in that order (missing ones left out)."""
+        # A number beyond a signed 64-bit integer names no row, and SQLite's driver cannot bind it.
+        storable = [n for n in numbers if -(2**63) <= n < 2**63]
         with self._session(read_only=True) as s:
-            wanted = schema.Trial.number.in_(list(numbers))
+            wanted = schema.Trial.number.in_(storable)
             rows = s.scalars(select(schema.Trial).where(schema.Trial.study == study, wanted)).all()
             by_number = {r.number: _trial_record(r) for r in rows}
         return [by_number[n] for n in numbers if n in by_number]

@@ -94,7 +94,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, monkeypatc
     assert sorted(p.name for p in tmp_path.iterdir()) == ["space.toml"]
 
 
-PROXY = 'batch_size = 4\nevals = 4\neval_batches = 1'
+PROXY = "batch_size = 4\nevals = 4\neval_batches = 1"
 
 
 def _bad(name: str, table: str, body: str, message: str):
@@ -115,6 +115,114 @@ BAD_VALUES = [
     _bad("seed-too-large", "search", "trials = 3\nprune = false\nseed = 4294967296",
          r"\[search\].seed: must be in 0\.\.4294967295"),
 ]  # fmt: skip
+
+
+def _study_to_resume(space: Path, url: str) -> None:
+    """The study a search of `space` made: archsearch's record, Optuna's study, complete trials."""
+    from archsearch.search.spec import load_spec
+    from tests.storage.test_query import TRIALS
+
+    spec = load_spec(space)
+    with Storage.open(url) as db:
+        db.create_study(
+            "s", spec_fingerprint=spec.fingerprint, spec_source=spec.source, spec=spec.to_dict(),
+            objectives=spec.objectives,
+        )  # fmt: skip
+        rows = [dict(number=n, status="complete", config=TRIALS[n][0], loss=TRIALS[n][2]) for n in (0, 1, 2)]
+        db.add_trials("s", rows)
+        optuna.create_study(study_name="s", storage=db.optuna_storage(), directions=["minimize"] * 2)
+
+
+@pytest.mark.parametrize("what", ["file", "folder"])
+def test_a_read_only_database_is_one_error_line_for_search_and_is_still_read(tmp_path, monkeypatch, what):
+    import hashlib
+
+    from tests.readonly import read_only
+
+    monkeypatch.chdir(tmp_path)
+    space = _space(tmp_path)
+    folder = tmp_path / "db"
+    folder.mkdir()
+    path = folder / "ro.db"
+    url = f"sqlite:///{path}"
+    _study_to_resume(space, url)
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    with read_only(path if what == "file" else folder):
+        result = CliRunner().invoke(app, ["search", "--space", str(space), "--resume", "--study", "s",
+                                          "--storage", url])  # fmt: skip
+        # was a 406-line traceback from Optuna ending in "attempt to write a readonly database"
+        assert result.exit_code == 2, result.output
+        assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+        if what == "file":
+            assert result.stderr.startswith(
+                f"error: cannot write the database {url}: attempt to write a readonly database; check the "
+                "permissions of the file and its folder, or give another --storage"
+            ), result.stderr
+            for reader in (["trials", "--study", "s"], ["pareto", "--study", "s"], ["studies"]):
+                read = CliRunner().invoke(app, [*reader, "--storage", url])
+                assert read.exit_code == 0, (reader, read.output)
+            # validate writes its long runs: refused before any is trained
+            validate = CliRunner().invoke(app, ["validate", "--study", "s", "--storage", url])
+            assert validate.exit_code == 2 and validate.stderr == result.stderr, validate.output
+        else:
+            # SQLite cannot create a WAL database's -wal and -shm files there, even to read. Its
+            # reason depends on how the folder is read-only: READONLY_DIRECTORY for permission
+            # bits ("its folder is read-only", our line), CANTOPEN for an immutable folder.
+            assert result.stderr.startswith(f"error: cannot use the database {url}: "), result.stderr
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+    with Storage.open(url, create=False) as db:
+        assert db.counts("s") == {"complete": 3}
+
+
+@pytest.mark.parametrize("what", ["file", "folder"])
+def test_a_database_made_read_only_by_chmod_is_one_error_line_in_a_real_process(tmp_path, what):
+    # The user's case exactly: permission bits, which root's capabilities would ignore.
+    from tests.readonly import as_an_ordinary_user
+
+    prefix = as_an_ordinary_user()
+    space = _space(tmp_path)
+    folder = tmp_path / "db"
+    folder.mkdir()
+    url = f"sqlite:///{folder / 'ro.db'}"
+    _study_to_resume(space, url)
+    target = folder / "ro.db" if what == "file" else folder
+    target.chmod(0o444 if what == "file" else 0o555)
+    try:
+
+        def archsearch(*args: str) -> subprocess.CompletedProcess:
+            command = [*prefix, sys.executable, "-m", "archsearch", *args, "--storage", url]
+            return subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=_env())
+
+        done = archsearch("search", "--space", str(space), "--resume", "--study", "s")
+        read = archsearch("studies")
+    finally:
+        target.chmod(0o644 if what == "file" else 0o755)
+    assert done.returncode == 2, done.stderr[-3000:]
+    if what == "file":
+        assert done.stderr == (
+            f"error: cannot write the database {url}: attempt to write a readonly database; check the "
+            "permissions of the file and its folder, or give another --storage\n"
+        )
+        assert read.returncode == 0 and read.stdout.startswith("┏"), read.stderr
+    else:
+        message = (
+            f"error: cannot use the database {url}: its folder is read-only, and SQLite must create the "
+            "database's -wal and -shm files there, even to read it; make the folder writable or copy the "
+            "database to one\n"
+        )
+        assert done.stderr == read.stderr == message
+
+
+@pytest.mark.parametrize("command", ["space-check", "search"])
+def test_a_space_file_nested_too_deeply_is_one_error_line(tmp_path, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)
+    space = tmp_path / "space.toml"
+    space.write_text("[model]\nd_model = " + "[" * 100_000)  # was a RecursionError traceback
+    args = ["space", "check", str(space)] if command == "space-check" else ["search", "--space", str(space)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr == f"error: {space}: invalid TOML: nested too deeply to be a search spec\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["space.toml"]
 
 
 @pytest.mark.parametrize("command", ["space-check", "search"])

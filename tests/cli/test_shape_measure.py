@@ -86,7 +86,7 @@ def test_config_check(tmp_path):
             "error: cfg.json: n_kv_heads=3 must divide n_heads=4",
         ),
         (["cost", "--preset", "gpt5"], {}, "error: unknown preset 'gpt5'; valid: gpt2-small"),
-        (["cost"], {}, "error: give a CONFIG file or --preset NAME (exactly one)"),
+        (["cost"], {}, "error: give a CONFIG file, --preset NAME or --study S --trial N (exactly one)"),
         (["cost", "--preset", "gpt2-small", "--dtype", "int4"], {}, "error: unknown dtype 'int4'"),
         (["config", "new", "--d-model", "100", "--n-layers", "2"], {}, "error: head_dim=64 must divide"),
         (
@@ -165,6 +165,19 @@ def test_train_shows_progress_with_an_eta_on_a_terminal(tiny_config):
     assert re.search(r"training .*[1-9][\d,]*/4,096 tokens loss \d.* ETA", text), text[-2000:]
 
 
+def test_train_json_records_the_settings_that_made_the_result(tiny_config):
+    args = ("--seed", "3", "--lr", "2e-3", "--base-width", "64", "--schedule", "wsd", "--device", "cpu")
+    result = run("train", str(tiny_config), *TINY_TRAIN, *args, "--json")
+    assert result.exit_code == 0, result.output
+    settings = json.loads(result.stdout)["settings"]
+    asked = {
+        "seed": 3, "lr": 2e-3, "base_width": 64, "schedule": "wsd", "device": "cpu", "precision": "fp32",
+        "batch_size": 4, "tokens": 4096, "flops": None, "seconds": None, "compile": False,
+    }  # fmt: skip
+    assert {k: settings[k] for k in asked} == asked
+    assert {"warmup", "min_lr", "weight_decay", "evals"} <= set(settings)  # the defaults too
+
+
 def test_train_refuses_an_endless_budget(tiny_config):
     result = run("train", str(tiny_config), "--seconds", "inf")
     assert result.exit_code == 2, result.output
@@ -225,6 +238,17 @@ def test_profile_caches_kernel_times_in_the_trial_database(tiny_config, tmp_path
     assert [k["time_s"] for k in second["kernels"]] == [k["time_s"] for k in first["kernels"]]
     both = run(*args, "--storage", url, "--cache", str(tmp_path / "c.json"))
     assert both.exit_code == 2 and "not both" in both.stderr
+
+
+def test_a_measurement_cache_nested_too_deeply_is_one_error_line(tmp_path):
+    cache = tmp_path / "cache.json"
+    cache.write_text("[" * 100_000)  # json's decoder raised RecursionError
+    result = run("profile", "--preset", "byte-1m", "--cache", str(cache))
+    assert result.exit_code == 2, result.output
+    assert (
+        result.stderr
+        == f"error: measurement cache {cache} is nested too deeply to be a cache; delete it to start afresh\n"
+    )
 
 
 def test_profile_modelled_gpu_and_table():
@@ -316,3 +340,98 @@ def test_usage_errors_are_one_line_not_a_usage_box(tmp_path, monkeypatch, args, 
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith(message) and result.stderr.count("\n") == 1, result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+# --- a trial's shape: an exported archsearch.json, or --study S --trial N ---------------------------
+@pytest.fixture(scope="module")
+def trial_db(tmp_path_factory):
+    """A SQLite trial database with study "s" (tests.storage.test_query.TRIALS) and its URL."""
+    from archsearch.storage import Storage
+    from tests.storage.test_query import fill_study
+
+    path = tmp_path_factory.mktemp("trials") / "trials.db"
+    with Storage.open(f"sqlite:///{path}") as storage:
+        fill_study(storage)
+    return f"sqlite:///{path}"
+
+
+def test_an_exported_trial_file_is_a_config_for_cost_config_check_and_train(trial_db, tmp_path):
+    from tests.storage.test_query import TRIALS
+
+    out = tmp_path / "t0"
+    exported = run(
+        "export", "--study", "s", "--trial", "0", "--format", "json", "-o", str(out), "--storage", trial_db
+    )
+    assert exported.exit_code == 0, exported.output
+    path = str(out / "archsearch.json")
+    cfg = TRIALS[0][0]
+    report = run("cost", path, "--json")
+    assert report.exit_code == 0, report.output
+    assert json.loads(report.stdout)["config"] == cfg.to_dict()
+    check = run("config", "check", path)
+    assert (
+        check.exit_code == 0 and check.stdout == f"ok: {cfg.describe()}; {param_counts(cfg).total:,} params\n"
+    )
+    trained = run("train", path, *TINY_TRAIN, "--json")
+    assert trained.exit_code == 0, trained.output
+    assert json.loads(trained.stdout)["config"] == cfg.to_dict()
+
+
+def test_cost_and_train_take_the_shape_of_a_complete_trial(trial_db):
+    from tests.storage.test_query import TRIALS
+
+    cfg = TRIALS[2][0]
+    report = run("cost", "--study", "s", "--trial", "2", "--storage", trial_db, "--json")
+    assert report.exit_code == 0, report.output
+    assert json.loads(report.stdout)["config"] == cfg.to_dict()
+    trained = run("train", "--study", "s", "--trial", "0", "--storage", trial_db, *TINY_TRAIN, "--json")
+    assert trained.exit_code == 0, trained.output
+    assert json.loads(trained.stdout)["config"] == TRIALS[0][0].to_dict()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--study", "s", "--trial", "3"],
+         "trial 3 of 's' is pruned (dominated at rung 0.25): only complete trials give their shape"),
+        (["--study", "s", "--trial", "99"], "study 's' has no trial 99 (trials 0 to 6)"),
+        (["--study", "s", "--trial", str(10**30)], f"study 's' has no trial {10**30} (trials 0 to 6)"),
+        (["--study", "nope", "--trial", "0"], "unknown study 'nope'"),
+        (["--study", "s"], "--study S and --trial N go together"),
+        (["--trial", "0"], "--study S and --trial N go together"),
+        (["--preset", "byte-1m", "--study", "s", "--trial", "0"],
+         "give a CONFIG file, --preset NAME or --study S --trial N (exactly one)"),
+        (["--preset", "byte-1m"], "--storage is where --study S --trial N is read from: give those too"),
+    ],
+    ids=["pruned", "missing-trial", "huge-trial", "unknown-study", "study-alone", "trial-alone",
+         "two-sources", "storage-alone"],
+)  # fmt: skip
+@pytest.mark.parametrize("command", ["cost", "train"])
+def test_a_bad_trial_reference_is_one_error_line(trial_db, command, args, message):
+    extra = ["--tokens", "64"] if command == "train" else []
+    result = run(command, *args, "--storage", trial_db, *extra)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"error: {message}") and result.stderr.count("\n") == 1, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"config": {"d_model": 64}}', "{path} (its 'config'): missing ArchConfig key(s)"),
+        ('{"config": [], "results": {}}', "{path} (its 'config'): an ArchConfig must be a JSON object"),
+        ('{"config": {}, "study": "s"}', "{path}: unknown key(s) beside 'config': 'study'; an export"),
+        ('{"architectures": ["LlamaForCausalLM"]}', "{path}: unknown ArchConfig key(s): architectures"),
+        ("[" * 100_000, "{path}: invalid JSON: nested too deeply to be a config"),
+        ('{"d_model": ' + "[" * 100_000, "{path}: invalid JSON: nested too deeply to be a config"),
+    ],
+    ids=["export-with-a-bad-config", "export-config-not-an-object", "export-extra-key", "hf-config",
+         "deep-array", "deep-value"],
+)  # fmt: skip
+@pytest.mark.parametrize("command", [["cost"], ["config", "check"]], ids=["cost", "config-check"])
+def test_a_file_that_is_neither_config_nor_export_is_one_error_line(tmp_path, command, text, message):
+    path = tmp_path / "x.json"
+    path.write_text(text)
+    result = run(*command, str(path))
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: " + message.format(path=path)), result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr

@@ -79,6 +79,7 @@ HOSTILE = [
     ("huge", "d_model = 1 or " * 200 + "d_model = 1", "filter is 3,011 characters long"),
     ("deep-parens", "(" * 100 + "d_model = 1" + ")" * 100, "nested deeper than 32 levels"),
     ("deep-not", "not " * 100 + "d_model = 1", "nested deeper than 32 levels"),
+    ("100k-parens", "(" * 100_000, "filter is 100,000 characters long; the limit is 2,000"),
     ("unicode-column", "d_modèl = 1", "unexpected character 'è' at position 5"),
     ("homoglyph", "d_m\u043edel = 1", "unexpected character '\u043e' at position 3"),
     ("fullwidth-digit", "d_model = \uff11", "unexpected character '\uff11'"),
@@ -235,3 +236,40 @@ def test_the_console_script_reports_a_bad_filter_in_one_line(db):
         [*exe, "--format", "csv", "--limit", "1"], capture_output=True, text=True, check=True
     )
     assert good.stdout.startswith("number,status,reason,attempts,vocab_size,")
+
+
+def test_the_table_shows_every_searched_knob_head_layout_and_norm_placement_included(tmp_path):
+    from archsearch.space import ArchConfig
+    from tests.storage.test_query import SPEC
+
+    def shape(n_kv_heads: int, norm_placement: str) -> ArchConfig:
+        return ArchConfig(
+            vocab_size=256, seq_len=64, d_model=128, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads,
+            head_dim=32, d_ff=256, norm_placement=norm_placement,
+        )  # fmt: skip
+
+    path = tmp_path / "knobs.db"
+    with Storage.open(f"sqlite:///{path}") as storage:
+        storage.create_study("s", **SPEC)
+        storage.add_trials(
+            "s",
+            [
+                {"number": 0, "status": "complete", "config": shape(4, "pre"), "loss": 2.0},
+                {"number": 1, "status": "complete", "config": shape(2, "post"), "loss": 2.1},
+                {"number": 2, "status": "complete", "config": shape(1, "sandwich"), "loss": 2.2},
+                {"number": 3, "status": "rejected", "reason": "params above the budget"},
+            ],
+        )
+    result = trials(path)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("┃"))
+    assert [c.strip() for c in header.strip("┃").split("┃")] == [
+        "trial", "status", "d_model", "layers", "heads", "attention", "d_ff", "activation", "norm",
+        "params", "FLOPs/token", "loss", "step time", "reason",
+    ]  # fmt: skip
+    rows = [[c.strip() for c in line.strip("│").split("│")] for line in lines if line.startswith("│")]
+    assert [(r[0], r[4], r[5], r[8]) for r in rows] == [
+        ("0", "4x32", "mha", "pre"), ("1", "4x32", "gqa:2", "post"), ("2", "4x32", "mqa", "sandwich"),
+        ("3", "-", "-", "-"),
+    ]  # fmt: skip

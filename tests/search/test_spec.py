@@ -211,6 +211,9 @@ BAD = [
          r"\[model\].vocab_size: the bundled corpus is bytes: must be 256, got 32000"),
     case("table-not-table", "model = 3\n", r"\[model\] must be a table, got 3"),
     case("toml-syntax", spec_text("[search]\ntrials = = 3\n"), r"invalid TOML: .*\(at line 11, column 10\)"),
+    # tomllib recurses per level: these raised RecursionError (issue 9)
+    case("deep-array", "[model]\nd_model = " + "[" * 100_000, r"invalid TOML: nested too deeply"),
+    case("deep-inline-table", "[model]\nd_model = " + "{a = " * 100_000, r"invalid TOML: nested too deeply"),
 ]  # fmt: skip
 
 

@@ -159,3 +159,36 @@ def test_load_binary_file(tmp_path):
     path.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(ConfigError, match=r"cannot read config file"):
         load_config(path)
+
+
+def test_load_reads_the_config_of_an_export_document(tmp_path):
+    # `archsearch export --format json` wraps the config with the trial's results and provenance.
+    from archsearch.space.export import EXPORT_FORMATS
+
+    files = EXPORT_FORMATS["json"].files(make(), {"study": "s", "trial": 3, "results": {"loss": 2.5}})
+    path = tmp_path / "archsearch.json"
+    path.write_bytes(files["archsearch.json"])
+    assert load_config(path) == make()
+
+
+@pytest.mark.parametrize(
+    ("document", "match"),
+    [
+        ({"config": None}, r"x.json \(its 'config'\): an ArchConfig must be a JSON object, got NoneType"),
+        ({"config": {}, "results": {}, "trial": 3}, r"x.json: unknown key\(s\) beside 'config': 'trial'"),
+        ({"results": {}, "provenance": {}}, r"x.json: unknown ArchConfig key\(s\): provenance, results"),
+    ],
+    ids=["config-not-an-object", "a-key-beside-config", "no-config"],
+)
+def test_load_refuses_a_document_that_is_not_an_export(tmp_path, document, match):
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(ConfigError, match=match):
+        load_config(path)
+
+
+def test_load_refuses_json_nested_too_deeply_for_the_parser(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text("[" * 100_000)  # json's decoder recursed until RecursionError
+    with pytest.raises(ConfigError, match=r"x.json: invalid JSON: nested too deeply to be a config"):
+        load_config(path)

@@ -15,6 +15,7 @@ from archsearch.space.search_space import (
     Rejected,
     SearchSpace,
     SpaceError,
+    layout_knob,
     sample_configs,
 )
 
@@ -290,3 +291,4 @@ def test_every_drawn_point_is_a_consistent_config_or_a_rejection(seed):
         assert cfg.d_ff % 64 == 0 and param_counts(cfg).total <= 3_000_000
         assert cfg.n_layers == max(1, round(cfg.d_model / point["aspect_ratio"]))
         assert cfg.attention_layout == point["attention_layout"].split(":")[0]
+        assert layout_knob(cfg.n_heads, cfg.n_kv_heads) == point["attention_layout"]  # the exact inverse

@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import multiprocessing
+import re
 import time
+from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, make_url, text
 
 from archsearch.space import preset
 from archsearch.storage import (
     SCHEMA_VERSION,
     KernelCache,
+    ReadOnlyStorageError,
     SchemaVersionError,
     Storage,
     StorageError,
     TrialOutcome,
     storage_url,
 )
+from tests.readonly import read_only
 
 CFG = preset("byte-1m")
 SPEC = dict(spec_fingerprint="f" * 64, spec_source="[model]\n", spec={"a": 1}, objectives=("loss", "flops"))
@@ -280,3 +286,51 @@ def test_an_older_database_gains_the_new_tables(db_url):
     with engine.connect() as conn:
         assert conn.execute(text("SELECT value FROM archsearch_meta")).scalar_one() == str(SCHEMA_VERSION)
     engine.dispose()
+
+
+@contextlib.contextmanager
+def _read_only_database(url: str):
+    """The database at `url` read-only for new connections: a read-only SQLite file (see
+    tests.readonly for root), or a PostgreSQL database whose transactions are read-only."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        with read_only(Path(parsed.database)):
+            yield
+        return
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
+    alter = f'ALTER DATABASE "{parsed.database}" SET default_transaction_read_only = '
+    try:
+        with engine.connect() as conn:
+            conn.execute(text(alter + "on"))
+        yield
+    finally:
+        with engine.connect() as conn:
+            conn.execute(text(alter + "off"))
+        engine.dispose()
+
+
+def test_a_read_only_database_reads_and_refuses_writes_in_one_line(db_url):
+    with Storage.open(db_url) as storage:
+        storage.create_study("s", **SPEC)
+        storage.finish_trial(_assigned(storage), OUTCOME)
+    path = Path(make_url(db_url).database) if db_url.startswith("sqlite") else None
+    before = hashlib.sha256(path.read_bytes()).hexdigest() if path else None
+    # Opening a database whose schema is current writes nothing, so it opens read-only too.
+    with _read_only_database(db_url), Storage.open(db_url) as storage:
+        assert [s.name for s in storage.studies()] == ["s"]
+        assert [t.status for t in storage.trials("s")] == ["complete"]
+        message = re.escape(f"cannot write the database {storage.display_url}: ")
+        with pytest.raises(ReadOnlyStorageError, match=f"^{message}"):
+            storage.require_writable()
+        with pytest.raises(ReadOnlyStorageError, match=f"^{message}"):
+            storage.create_study("t", **SPEC)
+    if path is not None:
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+    with Storage.open(db_url, create=False) as storage:
+        assert [s.name for s in storage.studies()] == ["s"]
+
+
+def test_require_writable_leaves_a_writable_database_as_it_was(storage):
+    storage.create_study("s", **SPEC)
+    storage.require_writable()
+    assert storage.counts("s") == {} and [s.name for s in storage.studies()] == ["s"]
