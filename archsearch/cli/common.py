@@ -16,6 +16,7 @@ from typer.core import TyperGroup
 
 from archsearch.errors import ArchsearchError, ConfigError
 from archsearch.space import ArchConfig, load_config, preset
+from archsearch.units import format_si
 
 EXIT_USAGE = 2  # Click's code for bad usage; archsearch uses it for every bad input
 # Click's usage error class, from the Click that Typer runs: recent Typers vendor a copy whose
@@ -101,21 +102,8 @@ def print_json(obj: Any) -> None:
 
 
 def si(value: float, unit: str = "") -> str:
-    """`124439808` -> `124.4M`, `0.00034` -> `340u`: short magnitudes for tables (JSON is exact)."""
-    prefixes = (
-        (1e15, "P"),
-        (1e12, "T"),
-        (1e9, "G"),
-        (1e6, "M"),
-        (1e3, "k"),
-        (1, ""),
-        (1e-3, "m"),
-        (1e-6, "u"),
-    )
-    for factor, prefix in prefixes:
-        if abs(value) >= factor:
-            return f"{value / factor:.4g}{prefix}{unit}"
-    return f"{value:.4g}{unit}"
+    """`124439808` -> `124.4M`: short magnitudes for tables (JSON is exact)."""
+    return format_si(value, unit)
 
 
 def fmt_value(value: float | None, spec: str) -> str:

@@ -28,6 +28,7 @@ from archsearch.errors import ArchsearchError
 from archsearch.registry import Registry
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts, param_counts
+from archsearch.units import SI_SUFFIXES, si_suffixes, si_value
 
 # The proxy's fixed choices. They live in evaluators/model.py, which imports torch; a test pins
 # these copies to the originals.
@@ -690,8 +691,7 @@ def _title(provenance: Mapping[str, Any]) -> str:
 # ------------------------------------------------------------------------------------------------
 # FLOPs on the command line
 # ------------------------------------------------------------------------------------------------
-_SI = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
-_FLOPS = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([kKMGTP]?)\s*(?:FLOPs?)?\s*")
+_FLOPS = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]?)\s*(?:FLOPs?)?\s*")
 
 
 def parse_flops(text: str) -> float:
@@ -701,9 +701,10 @@ def parse_flops(text: str) -> float:
         ArchsearchError: not a positive number with an optional k/M/G/T/P suffix.
     """
     match = _FLOPS.fullmatch(text)
-    value = float(match.group(1)) * _SI[match.group(2)] if match else math.nan
+    known = match is not None and (not match.group(2) or match.group(2) in SI_SUFFIXES)
+    value = float(si_value(match.group(1), match.group(2))) if known else math.nan  # type: ignore[union-attr]
     if not math.isfinite(value) or value <= 0:
         raise ArchsearchError(
-            f"FLOPs {text!r} must be a positive number, optionally with k, M, G, T or P (e.g. 1e9 or 2G)"
+            f"FLOPs {text!r} must be a positive number, optionally with {si_suffixes()} (e.g. 1e9 or 2G)"
         )
     return value

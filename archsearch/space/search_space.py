@@ -34,6 +34,7 @@ from archsearch.space.knobs import (
     DEFAULT_MULTIPLE_OF,
     config_from_knobs,
 )
+from archsearch.units import format_si
 
 
 class SpaceError(ConfigError):
@@ -254,10 +255,7 @@ class Domain:
 
 def _short(x: float) -> str:
     """`3100000` -> `3.1M`: magnitudes for messages."""
-    for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= factor:
-            return f"{x / factor:.3g}{prefix}"
-    return f"{x:.3g}"
+    return format_si(x, digits=3)
 
 
 @dataclass(frozen=True)

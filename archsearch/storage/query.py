@@ -39,7 +39,7 @@ import math
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from decimal import Decimal, DecimalException
+from decimal import DecimalException
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import BigInteger, Boolean, ColumnElement, Float, Integer, String, and_, literal, not_, or_
@@ -47,6 +47,7 @@ from sqlalchemy import BigInteger, Boolean, ColumnElement, Float, Integer, Strin
 from archsearch.errors import ArchsearchError, quoted
 from archsearch.registry import Registry
 from archsearch.storage.schema import Trial
+from archsearch.units import SI_SUFFIXES, si_suffixes, si_value
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -97,7 +98,6 @@ _KIND_WORDS = {"number": "numeric", "string": "string", "bool": "boolean"}
 _KEYWORDS = frozenset({"and", "or", "not", "in", "is", "null", "true", "false"})
 _OPS = ("=", "==", "!=", "<", "<=", ">", ">=")
 _EQUALITY_OPS = ("=", "==", "!=")
-_SI = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 _INT_LIMIT = 2**63  # beyond a signed 64-bit integer, a bound value is sent as a float
 
 
@@ -170,14 +170,14 @@ def _tokens(text: str) -> Iterator[_Token]:
 
 def _number(digits: str, suffix: str | None, pos: int) -> int | float:
     suffix = suffix or ""
-    if suffix not in _SI:
+    if suffix and suffix not in SI_SUFFIXES:
         raise QueryError(
-            f"malformed number {quoted(digits + suffix)} at position {pos}: a number may end in k, M, G "
-            "or T; quote strings that start with a digit"
+            f"malformed number {quoted(digits + suffix)} at position {pos}: a number may end in "
+            f"{si_suffixes()}; quote strings that start with a digit"
         )
     try:
         # Decimal keeps `1.1M` exact: 1100000, not 1100000.0000000002.
-        value = Decimal(digits) * _SI[suffix]
+        value = si_value(digits, suffix)
     except DecimalException:  # an exponent beyond Decimal's range
         raise QueryError(f"number {quoted(digits + suffix)} at position {pos} is out of range") from None
     if value == value.to_integral_value() and abs(value) < _INT_LIMIT:

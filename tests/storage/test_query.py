@@ -206,7 +206,7 @@ def test_bad_sort_limit_or_filter(storage, kwargs, message):
         ("d_model = big", r"^'d_model' is a numeric column: expected a number at position 10, found 'big'$"),
         ("activation = 3", r"^'activation' is a string column: found the number 3 at position 13; quote it$"),
         ("bias = yes", r"^'bias' is a boolean column: expected true or false at position 7, found 'yes'$"),
-        ("d_model = 2m", r"^malformed number '2m' at position 10: a number may end in k, M, G or T"),
+        ("d_model = 2m", r"^malformed number '2m' at position 10: a number may end in k, M, G, T or P"),
         ("loss < 1e999", r"^number '1e999' at position 7 is out of range$"),
         ("reason = null", r"^compare with null using 'is null' or 'is not null' \(position 9\)$"),
         ("reason is 'x'", r"^expected 'null' after 'is' at position 10, found the string 'x'$"),
