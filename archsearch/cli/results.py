@@ -53,7 +53,8 @@ def pareto(
     as_json: JsonFlag = False,
 ) -> None:
     """The Pareto front of a study: non-dominated trials along the front, the knee, the hypervolume."""
-    from archsearch.search.pareto import parse_objectives, study_fronts
+    from archsearch.search.pareto import study_fronts
+    from archsearch.space.objectives import parse_objectives
     from archsearch.storage import Storage
 
     names = parse_objectives(objectives) if objectives else None

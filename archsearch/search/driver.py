@@ -41,13 +41,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from archsearch.errors import ArchsearchError
-from archsearch.search.pareto import OBJECTIVE_COLUMNS, StudyFront, pareto_mask, study_front
+from archsearch.search.pareto import StudyFront, pareto_mask, study_front
 from archsearch.search.pruning import DEFAULT_REDUCTION_FACTOR, MultiObjectiveHalving
 from archsearch.search.reaper import ray_reaped
 from archsearch.search.samplers import SAMPLERS, SEED_MAX
 from archsearch.search.spec import SearchSpec
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts
+from archsearch.space.objectives import OBJECTIVE_COLUMNS
 from archsearch.space.search_space import Rejected
 from archsearch.storage import Storage, TrialOutcome, TrialRecord
 from archsearch.storage.schema import COMPLETE, DUPLICATE, FAILED, INTERRUPTED, PRUNED, REJECTED, RUNNING

@@ -28,13 +28,11 @@ import numpy as np
 
 from archsearch.errors import ArchsearchError
 from archsearch.search.fidelity import size_adjusted_losses
+from archsearch.space.objectives import LOG_OBJECTIVES, OBJECTIVE_COLUMNS, parse_objectives
 
 if TYPE_CHECKING:
     from archsearch.storage import Storage
 
-# Objective -> the trial column that holds it.
-OBJECTIVE_COLUMNS = {"loss": "loss", "flops": "flops_forward_per_token", "step_time": "step_time_s"}
-LOG_OBJECTIVES = frozenset({"flops", "step_time"})
 # The loss a study's front ranks: the proxy loss as stored, or credited for size.
 LOSS_MEASURES = ("proxy", "adjusted")
 
@@ -250,18 +248,6 @@ class StudyFront:
             "knee": self.front.knee,
             "front": rows,
         }
-
-
-def parse_objectives(text: str | Sequence[str]) -> tuple[str, ...]:
-    """ "loss,flops" -> ("loss", "flops"), validated: known names, loss first, no repeats."""
-    names = tuple(n.strip() for n in (text.split(",") if isinstance(text, str) else text) if n.strip())
-    unknown = [n for n in names if n not in OBJECTIVE_COLUMNS]
-    if unknown or len(set(names)) != len(names) or len(names) < 2 or names[0] != "loss":
-        raise ArchsearchError(
-            f"objectives {','.join(names) or text!r} must be loss then one or two of flops, step_time "
-            "(e.g. loss,flops or loss,flops,step_time)"
-        )
-    return names
 
 
 def _ranked(

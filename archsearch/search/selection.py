@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from archsearch.errors import ArchsearchError
-from archsearch.search.pareto import OBJECTIVE_COLUMNS, pareto_front
+from archsearch.search.pareto import pareto_front
 from archsearch.space.export import EXPORT_FORMATS, parse_flops
+from archsearch.space.objectives import OBJECTIVE_COLUMNS
 
 if TYPE_CHECKING:
     from archsearch.space.config import ArchConfig

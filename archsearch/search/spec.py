@@ -61,12 +61,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from archsearch.errors import ConfigError
+from archsearch.errors import ArchsearchError, ConfigError
 from archsearch.evaluators.hardware import ACCELERATORS
 from archsearch.evaluators.settings import TrainError, TrainSettings
 from archsearch.fileio import read_text
-from archsearch.registry import Registry
 from archsearch.search.samplers import SAMPLERS, SEED_MAX
+from archsearch.space.objectives import DEFAULT_OBJECTIVES, parse_objectives
 from archsearch.space.search_space import KNOBS, Budget, Domain, SearchSpace, SpaceError, check_export_formats
 
 
@@ -78,24 +78,6 @@ class SpecError(ConfigError):
         self.detail, self.key = detail, key
 
 
-@dataclass(frozen=True)
-class Objective:
-    """A quantity a search minimises: its unit and what exactly is measured."""
-
-    unit: str
-    meaning: str
-
-
-OBJECTIVES: Registry[Objective] = Registry("objective")
-OBJECTIVES.register("loss", Objective("nats/token", "proxy held-out loss at the end of its budget"))
-OBJECTIVES.register("flops", Objective("FLOP/token", "forward FLOPs per token (space.costs)"))
-OBJECTIVES.register(
-    "step_time",
-    Objective(
-        "s", "one training step of the profiled batch, measured locally or modelled on a catalogued GPU"
-    ),
-)
-DEFAULT_OBJECTIVES = ("loss", "flops")
 # The dtypes evaluators.profiler can time (its TORCH_DTYPES; fp8 has no plain matmul), named here
 # so a spec validates without importing torch.
 PROFILE_DTYPES = ("fp32", "bf16", "fp16")
@@ -189,12 +171,10 @@ class SearchSpec:
     source: str = ""  # the TOML text as read
 
     def __post_init__(self) -> None:
-        key = "[objectives].minimize"
-        for name in self.objectives:
-            if name not in OBJECTIVES:
-                raise SpecError(f"unknown objective {name!r}; valid: {', '.join(OBJECTIVES)}", key)
-        if len(set(self.objectives)) < len(self.objectives) or "loss" not in self.objectives:
-            raise SpecError(f"needs loss, each objective once; got {list(self.objectives)}", key)
+        try:
+            parse_objectives(self.objectives)
+        except ArchsearchError as exc:
+            raise SpecError(str(exc), "[objectives].minimize") from None
         self._check_step_time()
         if self.defaults.prune:
             # The trainer reports losses only at its evaluation points, (i + 1) / evals.

@@ -46,6 +46,7 @@ from sqlalchemy import BigInteger, Boolean, ColumnElement, Float, Integer, Strin
 
 from archsearch.errors import ArchsearchError, quoted
 from archsearch.registry import Registry
+from archsearch.space.objectives import OBJECTIVE_COLUMNS
 from archsearch.storage.schema import Trial
 from archsearch.units import SI_SUFFIXES, si_suffixes, si_value
 
@@ -79,8 +80,8 @@ COLUMNS: dict[str, str] = {c.name: _kind(c) for c in _TABLE.columns if c.name no
 ALIASES: dict[str, str] = {
     "trial": "number",
     "params": "params_total",
-    "flops": "flops_forward_per_token",  # the search's "flops" objective
-    "step_time": "step_time_s",  # the search's "step_time" objective
+    # the search's objectives by their names: "flops", "step_time"
+    **{name: column for name, column in OBJECTIVE_COLUMNS.items() if name != column},
 }
 
 # The DataFrame's columns: who and what state first, then the table's order (the shape, costs,

@@ -9,8 +9,6 @@ import pytest
 
 from archsearch.errors import ArchsearchError
 from archsearch.search.spec import (
-    DEFAULT_OBJECTIVES,
-    OBJECTIVES,
     PROFILE_DTYPES,
     SAMPLERS,
     SearchDefaults,
@@ -18,6 +16,7 @@ from archsearch.search.spec import (
     load_spec,
     parse_spec,
 )
+from archsearch.space.objectives import DEFAULT_OBJECTIVES, OBJECTIVES
 from archsearch.space.search_space import Domain, Rejected, SpaceError, sample_configs
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -185,9 +184,10 @@ BAD = [
          r"\[proxy\]: schedule 'linear' is unknown; valid: cosine, wsd, constant"),
     case("proxy-seq-len", spec_text(proxy=PROXY + "seq_len = 32\n"), r"\[proxy\].seq_len: unknown key"),
     case("bad-objective", spec_text("[objectives]\nminimize = ['loss', 'latency']\n"),
-         r"\[objectives\].minimize: unknown objective 'latency'; valid: loss, flops, step_time"),
+         r"\[objectives\].minimize: unknown objective 'latency'; objectives loss,latency must be loss "
+         r"then one or two of flops, step_time"),
     case("no-loss", spec_text("[objectives]\nminimize = ['flops']\n"),
-         r"\[objectives\].minimize: needs loss"),
+         r"\[objectives\].minimize: objectives flops must be loss then one or two of flops, step_time"),
     case("step-time-no-device", spec_text(STEP_TIME),
          r"\[objectives\].step_time_device: step_time needs a device"),
     case("step-time-unprofiled", spec_text(STEP_TIME + "step_time_device = 'h200'\n"),

@@ -1,0 +1,75 @@
+"""The objectives a search minimises, defined once: name, trial column, unit, scale, meaning.
+
+Used by the space file (`search.spec`), the driver (what Optuna is told), Pareto fronts and the
+export selectors (`search.pareto`, `search.selection`) and trial queries (`storage.query`'s
+aliases). Every objective is minimised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from archsearch.errors import ArchsearchError
+from archsearch.registry import Registry
+
+
+@dataclass(frozen=True)
+class Objective:
+    """A quantity a search minimises.
+
+    Attributes:
+        column: the trial column that stores it.
+        unit: what its numbers count.
+        log_scale: fronts see it as log10 (the knee, the hypervolume): it spans orders of magnitude.
+        meaning: what exactly is measured.
+    """
+
+    column: str
+    unit: str
+    log_scale: bool
+    meaning: str
+
+
+OBJECTIVES: Registry[Objective] = Registry("objective")
+OBJECTIVES.register(
+    "loss", Objective("loss", "nats/token", False, "proxy held-out loss at the end of its budget")
+)
+OBJECTIVES.register(
+    "flops", Objective("flops_forward_per_token", "FLOP/token", True, "forward FLOPs per token (space.costs)")
+)
+OBJECTIVES.register(
+    "step_time",
+    Objective(
+        "step_time_s", "s", True,
+        "one training step of the profiled batch, measured locally or modelled on a catalogued GPU",
+    ),
+)  # fmt: skip
+DEFAULT_OBJECTIVES = ("loss", "flops")
+OBJECTIVE_COLUMNS = {name: o.column for name, o in OBJECTIVES.items()}
+LOG_OBJECTIVES = frozenset(name for name, o in OBJECTIVES.items() if o.log_scale)
+
+
+def parse_objectives(text: str | Sequence[str]) -> tuple[str, ...]:
+    """ "loss,flops" -> ("loss", "flops"), validated: loss first, then one or two other known
+    objectives, each once. The one rule for space files, `pareto --objectives` and stored studies.
+
+    Raises:
+        ArchsearchError: the names break the rule (the message lists what is valid).
+    """
+    names = tuple(n.strip() for n in (text.split(",") if isinstance(text, str) else text) if n.strip())
+    others = [n for n in OBJECTIVES if n != "loss"]
+    valid = [n for n in names if n in OBJECTIVES]
+    if (
+        valid != list(names)
+        or len(set(names)) != len(names)
+        or not 2 <= len(names) <= 3
+        or names[0] != "loss"
+    ):
+        unknown = [n for n in names if n not in OBJECTIVES]
+        why = f"unknown objective {unknown[0]!r}; " if unknown else ""
+        raise ArchsearchError(
+            f"{why}objectives {','.join(names) or repr(text)} must be loss then one or two of "
+            f"{', '.join(others)}, each once (e.g. loss,flops or loss,flops,step_time)"
+        )
+    return names
