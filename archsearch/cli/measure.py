@@ -234,7 +234,7 @@ def align(
 @app.command()
 def devices(as_json: JsonFlag = False) -> None:
     """The catalogue of GPUs that `profile` and `align` model, with their sources."""
-    from archsearch.evaluators.hardware import ACCELERATORS
+    from archsearch.evaluators.catalogue import ACCELERATORS
 
     if as_json:
         print_json([{"key": key, **dataclasses.asdict(acc)} for key, acc in ACCELERATORS.items()])

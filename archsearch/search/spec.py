@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from archsearch.errors import ArchsearchError, ConfigError
-from archsearch.evaluators.hardware import ACCELERATORS
+from archsearch.evaluators.catalogue import ACCELERATORS
 from archsearch.evaluators.settings import TrainError, TrainSettings
 from archsearch.fileio import read_text
 from archsearch.search.samplers import SAMPLERS, SEED_MAX
