@@ -155,7 +155,7 @@ def measure(device: str, min_run_time: float, train_steps: bool) -> dict[str, An
     print(f"fit set: {len(FIT_GEMMS)} GEMMs in {time.perf_counter() - t0:.1f} s", flush=True)
     for label, cfg, batch in shapes():
         t0 = time.perf_counter()
-        report = profile_step(cfg, batch, device, DTYPE, cache, min_run_time, progress=False)
+        report = profile_step(cfg, batch, device, DTYPE, cache, min_run_time)
         entry = {"label": label, "config": cfg.to_dict(), "batch": batch, "report": report.to_dict()}
         entry["attention_kernels"] = attention_backends(cfg, batch, device)
         if train_steps:

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from archsearch.cli.common import (
@@ -26,7 +25,7 @@ from archsearch.cli.common import (
     si,
     stdout,
 )
-from archsearch.cli.progress import progress_bar
+from archsearch.cli.progress import progress_bar, steps_bar
 from archsearch.errors import ConfigError
 
 
@@ -152,18 +151,18 @@ def profile(
 
         if cache is not None and storage is not None:
             raise ConfigError("give --cache FILE or --storage URL, not both")
-        interactive = Console(stderr=True).is_terminal
-        measure = functools.partial(
-            measured_profile, cfg, batch, device, dtype, steps=steps, min_run_time=min_run_time,
-            progress=interactive,
-        )  # fmt: skip
-        if storage is not None:
-            from archsearch.storage import KernelCache, Storage
+        with steps_bar("profiling") as update:
+            measure = functools.partial(
+                measured_profile, cfg, batch, device, dtype, steps=steps, min_run_time=min_run_time,
+                progress=update,
+            )  # fmt: skip
+            if storage is not None:
+                from archsearch.storage import KernelCache, Storage
 
-            with Storage.open(storage) as db:
-                report = measure(KernelCache(db.measurements(), db))  # new times are written through
-        else:
-            report = measure(JsonFileCache(cache) if cache is not None else InMemoryCache())
+                with Storage.open(storage) as db:
+                    report = measure(KernelCache(db.measurements(), db))  # new times are written through
+            else:
+                report = measure(JsonFileCache(cache) if cache is not None else InMemoryCache())
     if as_json:
         print_json(report.to_dict())
         return

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
+    MofNCompleteColumn,
     Progress,
     ProgressColumn,
     Task,
@@ -122,5 +123,24 @@ def progress_bar(label: str) -> Iterator[Callable[[int, int, float, float], None
 
         def update(done: int, total: int, loss: float, rate: float) -> None:
             bar.update(task, completed=done, total=total, loss=loss, rate=rate)
+
+        yield update
+
+
+@contextlib.contextmanager
+def steps_bar(label: str) -> Iterator[Callable[[int, int, str], None] | None]:
+    """A transient bar on stderr for counted work, e.g. kernels being timed; yields its callback
+    `(done, total, what is running)`, or None when stderr is not a terminal."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield None
+        return
+    columns = (TextColumn(f"{label} "), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+               TimeElapsedColumn())  # fmt: skip
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("", total=None)
+
+        def update(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, description=escape(what))
 
         yield update

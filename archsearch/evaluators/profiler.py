@@ -37,8 +37,6 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from torch.utils import benchmark
 
 from archsearch.errors import ArchsearchError
@@ -712,19 +710,6 @@ def _sdpa_job(
     )
 
 
-def _progress(show: bool) -> Progress:
-    # stderr: stdout carries data (the JSON report); transient: the bar leaves no trace when done.
-    return Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-        disable=not show,
-    )
-
-
 def profile_step(
     cfg: ArchConfig,
     batch: int,
@@ -734,7 +719,7 @@ def profile_step(
     min_run_time: float = DEFAULT_MIN_RUN_TIME,
     *,
     max_bytes: int | None = None,
-    progress: bool = True,
+    progress: Callable[[int, int, str], None] | None = None,
     seed: int = 0,
 ) -> ProfileReport:
     """Measure one training step of `cfg` on `batch` sequences, kernel by kernel, on `device`.
@@ -754,7 +739,9 @@ def profile_step(
         min_run_time: seconds of repeats per kernel (median taken); more is steadier and slower.
         max_bytes: refuse a kernel whose tensors would need more bytes than this; default
             `MEMORY_FRACTION` of the memory free now (no limit where that is unknown).
-        progress: show a progress bar on stderr when more than `PROGRESS_MIN_KERNELS` need timing.
+        progress: called with (kernels timed, kernels to time, the one being timed) before each
+            timing and at the end, when more than `PROGRESS_MIN_KERNELS` need timing; the CLI
+            draws it as a bar.
         seed: seeds the random inputs, so each run times the same tensors.
 
     Returns:
@@ -801,19 +788,19 @@ def profile_step(
         len(seconds) + len(pending),
         len(seconds),
     )
-    with _progress(progress and n_timings > PROGRESS_MIN_KERNELS) as bar:
-        task = bar.add_task("profiling", total=n_timings)
-        for key, job in pending.items():
-            bar.update(task, description=job.label)
-            with _memory_errors(f"kernel {job.label}, {dtype}", info):
-                seconds[key] = _median_seconds(job.make_fn(), info, min_run_time)
-            cache.put(key, seconds[key], info)
-            logger.debug("%s: %.3e s", job.label, seconds[key])
-            bar.advance(task)
-        bar.update(task, description="memory bandwidth")
-        bandwidth = measure_bandwidth(info, cache, min_run_time, nbytes=bandwidth_key.shape[0])
-        if not bandwidth_cached:
-            bar.advance(task)
+    report = progress if progress is not None and n_timings > PROGRESS_MIN_KERNELS else None
+    for done, (key, job) in enumerate(pending.items()):
+        if report is not None:
+            report(done, n_timings, job.label)
+        with _memory_errors(f"kernel {job.label}, {dtype}", info):
+            seconds[key] = _median_seconds(job.make_fn(), info, min_run_time)
+        cache.put(key, seconds[key], info)
+        logger.debug("%s: %.3e s", job.label, seconds[key])
+    if report is not None:
+        report(len(pending), n_timings, "memory bandwidth")
+    bandwidth = measure_bandwidth(info, cache, min_run_time, nbytes=bandwidth_key.shape[0])
+    if report is not None:
+        report(n_timings, n_timings, "done")
 
     rows = tuple(
         KernelRow(
@@ -853,7 +840,7 @@ def measured_profile(
     *,
     steps: int,
     min_run_time: float = DEFAULT_MIN_RUN_TIME,
-    progress: bool = True,
+    progress: Callable[[int, int, str], None] | None = None,
 ) -> ProfileReport:
     """`profile_step`, and with `steps`, the real training step timed as well (the median of
     `steps` steady-state steps, `trainer.measure_step`): the kernels become its breakdown, with

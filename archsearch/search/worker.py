@@ -142,7 +142,6 @@ def _profile(
                 dtype=local_dtype,
                 cache=cache,
                 min_run_time=spec["min_run_time"],
-                progress=False,
             )
             if (batch, local_dtype) == (settings.batch_size, result.precision) and result.step_time_s:
                 step, steps = result.step_time_s, result.step_time_steps

@@ -62,7 +62,7 @@ def test_cuda_bandwidth_is_plausible():
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 def test_cuda_profile_step(dtype):
     cache = InMemoryCache()
-    report = profile_step(TINY, 4, device="cuda", dtype=dtype, cache=cache, min_run_time=0.01, progress=False)
+    report = profile_step(TINY, 4, device="cuda", dtype=dtype, cache=cache, min_run_time=0.01)
     step = step_kernels(TINY, 4, dtype)
     assert report.device["type"] == "cuda" and not report.modelled
     assert [k.name for k in report.kernels] == [x.name for x in (*step.gemms, *step.attention)]

@@ -62,7 +62,7 @@ def distinct_shapes(cfg: ArchConfig, batch: int) -> set[tuple[str, tuple[int, ..
 
 
 def profile(cache: MeasurementCache | None = None, **kwargs) -> profiler.ProfileReport:
-    kwargs = {"dtype": "fp32", "min_run_time": MIN_RUN, "progress": False, **kwargs}
+    kwargs = {"dtype": "fp32", "min_run_time": MIN_RUN, **kwargs}
     return profile_step(TINY, BATCH, cache=cache, **kwargs)
 
 
@@ -104,7 +104,7 @@ def test_cuda_without_cuda_is_a_clear_error(device):
     with pytest.raises(ProfilerError, match="no CUDA device"):
         detect_device(device)
     with pytest.raises(ArchsearchError, match="no CUDA device"):
-        profile_step(TINY, BATCH, device=device, progress=False)
+        profile_step(TINY, BATCH, device=device)
 
 
 @pytest.mark.parametrize("device", ["tpu", "not a device", "meta"])
@@ -187,7 +187,10 @@ def test_identical_shapes_in_a_step_are_timed_once(timed):
 
 def test_cache_prevents_retiming(timed):
     cache = InMemoryCache()
-    first = profile(cache, progress=True)
+    seen = []
+    first = profile(cache, progress=lambda done, total, label: seen.append((done, total, label)))
+    assert seen[0][:2] == (0, len(distinct_shapes(TINY, BATCH)) + 1) and seen[-1][0] == seen[-1][1]
+    assert [done for done, _, _ in seen] == sorted(done for done, _, _ in seen)
     assert len(timed) == len(distinct_shapes(TINY, BATCH)) + 1
     assert len(cache) == len(timed)
 
@@ -293,7 +296,7 @@ def test_oversized_kernel_is_refused_before_timing(timed):
 def test_default_limit_follows_free_memory(timed):
     # A billion sequences: the inventory is pure arithmetic, and the guard stops it before torch.
     with pytest.raises(ProfilerError, match=r"kernel qkv\.fwd .* above the limit of"):
-        profile_step(TINY, 10**9, dtype="fp32", progress=False)
+        profile_step(TINY, 10**9, dtype="fp32")
     assert timed == []
 
 

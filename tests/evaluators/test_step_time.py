@@ -100,14 +100,14 @@ def test_without_native_bf16_auto_is_fp32_everywhere(no_native_bf16, corpus):
     assert resolve_precision(cpu, "auto") == "fp32"
     assert trainer.choose_precision(cpu, "auto") == "fp32"
     result = train(TINY, corpus, TrainSettings(tokens=4 * 128, **FAST))  # precision "auto"
-    report = profile_step(TINY, 4, progress=False, min_run_time=0.002)  # dtype "auto"
+    report = profile_step(TINY, 4, min_run_time=0.002)  # dtype "auto"
     assert result.precision == report.dtype == "fp32"
     assert {row.dtype for row in report.kernels} == {"fp32"}
 
 
 def test_an_explicit_bf16_is_honoured_even_when_emulated(no_native_bf16):
     assert resolve_precision(detect_device("cpu"), "bf16") == "bf16"
-    report = profile_step(TINY, 2, dtype="bf16", progress=False, min_run_time=0.002)
+    report = profile_step(TINY, 2, dtype="bf16", min_run_time=0.002)
     assert report.dtype == "bf16"
 
 
