@@ -50,7 +50,7 @@ from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts
 from archsearch.space.objectives import OBJECTIVE_COLUMNS
 from archsearch.space.search_space import Rejected
-from archsearch.storage import Storage, TrialOutcome, TrialRecord
+from archsearch.storage import Storage, StudyExistsError, TrialOutcome, TrialRecord
 from archsearch.storage.schema import COMPLETE, DUPLICATE, FAILED, INTERRUPTED, PRUNED, REJECTED, RUNNING
 
 if TYPE_CHECKING:
@@ -354,24 +354,17 @@ class _Driver:
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         name, spec = self.options.study, self.spec
-        record = self.storage.study(name)
-        if record is not None and not self.options.resume:
-            raise SearchError(
-                f"study {name!r} already exists ({record.finished} finished trials): pass --resume to "
-                "continue it, or choose another --study"
-            )
-        if record is not None and record.spec_fingerprint != spec.fingerprint:
+        try:  # atomic: of drivers starting one study together, one creates it, the others see it
+            record = self.storage.create_study(
+                name, spec_fingerprint=spec.fingerprint, spec_source=spec.source, spec=spec.to_dict(),
+                objectives=spec.objectives, exist_ok=self.options.resume,
+            )  # fmt: skip
+        except StudyExistsError as exc:
+            raise SearchError(f"{exc}: pass --resume to continue it, or choose another --study") from None
+        if record.spec_fingerprint != spec.fingerprint:
             raise SearchError(
                 f"study {name!r} was created from a different space file (fingerprint "
                 f"{record.spec_fingerprint[:12]}, this one {spec.fingerprint[:12]}): use another --study"
-            )
-        if record is None:
-            self.storage.create_study(
-                name,
-                spec_fingerprint=spec.fingerprint,
-                spec_source=spec.source,
-                spec=spec.to_dict(),
-                objectives=spec.objectives,
             )
         ostorage = self.storage.optuna_storage()
         # Trials recorded so far (any driver's); counted from archsearch's table because another

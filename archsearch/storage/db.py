@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ColumnElement, Engine, create_engine, event, func, insert, select, text, update
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from archsearch.errors import ArchsearchError, UnknownNameError, quoted
@@ -54,6 +54,10 @@ class StorageError(ArchsearchError):
 
 class SchemaVersionError(StorageError):
     """The database was written by a different version of archsearch's schema."""
+
+
+class StudyExistsError(StorageError):
+    """A study of that name exists (or another driver created it at the same moment)."""
 
 
 class ReadOnlyStorageError(StorageError):
@@ -483,21 +487,38 @@ class Storage:
         spec_source: str,
         spec: Mapping[str, Any],
         objectives: Sequence[str],
+        exist_ok: bool = True,
     ) -> StudyRecord:
-        """Record a new study, or return the existing one of that name unchanged."""
+        """Record a new study, or return the existing one of that name unchanged.
+
+        Atomic: drivers creating one study at the same moment get one row, and each the same
+        record (compare its `spec_fingerprint` with yours). SQLite serialises the writers
+        (`BEGIN IMMEDIATE`); on PostgreSQL the loser's insert meets the primary key inside a
+        savepoint and reads the winner's row.
+
+        Raises:
+            StudyExistsError: with `exist_ok=False`, the study existed or another driver created it.
+        """
+        created = False
         with self._session() as s:
-            row = s.get(schema.Study, name)
-            if row is None:
-                row = schema.Study(
-                    name=name,
-                    spec_fingerprint=spec_fingerprint,
-                    spec_source=spec_source,
-                    spec_json=json.dumps(spec, sort_keys=True),
-                    objectives=",".join(objectives),
-                    created_at=time.time(),
-                )
-                s.add(row)
-        return self.study(name)  # type: ignore[return-value]
+            if s.get(schema.Study, name) is None:
+                try:
+                    with s.begin_nested():
+                        s.add(
+                            schema.Study(
+                                name=name, spec_fingerprint=spec_fingerprint, spec_source=spec_source,
+                                spec_json=json.dumps(spec, sort_keys=True), objectives=",".join(objectives),
+                                created_at=time.time(),
+                            )
+                        )  # fmt: skip
+                    created = True
+                except IntegrityError:  # another driver inserted it since our read
+                    pass
+        record = self.study(name)
+        if not created and not exist_ok:
+            finished = record.finished if record is not None else 0
+            raise StudyExistsError(f"study {name!r} already exists ({finished} finished trials)")
+        return record  # type: ignore[return-value]
 
     def study(self, name: str) -> StudyRecord | None:
         with self._session(read_only=True) as s:

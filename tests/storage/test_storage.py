@@ -20,6 +20,7 @@ from archsearch.storage import (
     SchemaVersionError,
     Storage,
     StorageError,
+    StudyExistsError,
     TrialOutcome,
     storage_url,
 )
@@ -334,3 +335,40 @@ def test_require_writable_leaves_a_writable_database_as_it_was(storage):
     storage.create_study("s", **SPEC)
     storage.require_writable()
     assert storage.counts("s") == {} and [s.name for s in storage.studies()] == ["s"]
+
+
+def test_drivers_creating_one_study_together_get_one_row_and_one_winner(db_url):
+    # Four drivers, each with its own connection, create the same study at the same moment:
+    # exactly one creates it, the others are told it exists (never a duplicate-key error), and
+    # all see the winner's space fingerprint, so a driver with another space file can refuse it.
+    import threading
+
+    stores = [Storage.open(db_url) for _ in range(4)]
+    try:
+        for round_ in range(5):
+            barrier, outcomes = threading.Barrier(len(stores)), {}
+
+            def create(i: int, study: str, barrier: threading.Barrier, outcomes: dict) -> None:
+                barrier.wait()
+                try:
+                    spec = {**SPEC, "spec_fingerprint": f"{i}" * 64}
+                    outcomes[i] = stores[i].create_study(study, **spec, exist_ok=False).spec_fingerprint
+                except StudyExistsError:
+                    outcomes[i] = "exists"
+
+            threads = [
+                threading.Thread(target=create, args=(i, f"race{round_}", barrier, outcomes))
+                for i in range(len(stores))
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=60)
+            winners = {i: fp for i, fp in outcomes.items() if fp != "exists"}
+            assert len(outcomes) == 4 and len(winners) == 1, outcomes
+            [(i, fingerprint)] = winners.items()
+            assert fingerprint == f"{i}" * 64
+            assert stores[0].study(f"race{round_}").spec_fingerprint == fingerprint
+    finally:
+        for store in stores:
+            store.close()
