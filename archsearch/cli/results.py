@@ -238,10 +238,10 @@ def _print_trials(
         return
     table = Table(title=escape(f"{'first ' if more else ''}{len(frame):,} trials of {study!r}"))
     left = ("status", "attention", "activation", "norm", "reason")
-    for header in columns:
-        table.add_column(header, justify="left" if header in left else "right")
+    for header in columns:  # on a narrow terminal the reason wraps; the numbers stay whole
+        table.add_column(header, justify="left" if header in left else "right", no_wrap=header != "reason")
     if long:
-        table.add_column("long loss", justify="right")
+        table.add_column("long loss", justify="right", no_wrap=True)
     for row in frame.itertuples(index=False):
         cells = [render(row) for render in columns.values()]
         if long:
