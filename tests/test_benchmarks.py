@@ -41,3 +41,14 @@ def test_step_time_accuracy_smoke():
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "stored/trainer" in done.stdout, done.stdout
+
+
+def test_threads_smoke():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "threads.py"), "--smoke"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert "tok/s @1" in lines[2] and "tok/s @2" in lines[2] and "2/1" in lines[2], done.stdout
+    assert lines[3].startswith("d64 L1 ff128 mha"), done.stdout  # the tiny space's smallest shape
