@@ -53,6 +53,17 @@ def test_step_time_accuracy_smoke():
     assert "stored/trainer" in done.stdout, done.stdout
 
 
+def test_threads_smoke():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "threads.py"), "--smoke"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert "tok/s @1" in lines[2] and "tok/s @2" in lines[2] and "2/1" in lines[2], done.stdout
+    assert lines[3].startswith("d64 L1 ff128 mha"), done.stdout  # the tiny space's smallest shape
+
+
 # benchmark -> lines its smoke run must print (the numbers vary; the report's shape does not)
 SMOKES = {
     "cost_model": ["cost model, 50 random configs:", "build + FlopCounterMode on meta"],
@@ -78,5 +89,5 @@ def test_every_benchmark_runs_in_smoke_mode(name):
 
 def test_every_benchmark_has_a_smoke_test():
     scripts = {p.stem for p in (ROOT / "benchmarks").glob("*.py")}
-    tested = set(SMOKES) | {"query_speed", "proxy_fidelity", "step_time_accuracy"}
+    tested = set(SMOKES) | {"query_speed", "proxy_fidelity", "step_time_accuracy", "threads"}
     assert scripts == tested

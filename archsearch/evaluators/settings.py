@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from archsearch.errors import ArchsearchError
 from archsearch.registry import Registry
+from archsearch.space.config import ArchConfig
 
 
 class TrainError(ArchsearchError):
@@ -88,6 +90,9 @@ class TrainSettings:
     device: str = "auto"  # "cpu", "cuda", "cuda:N" or "auto"
     precision: str = "auto"  # "bf16", "fp32" or "auto" (bf16 where the device runs it faster)
     compile: bool = False  # torch.compile the model
+    # torch intra-op threads of a CPU run; None: `choose_threads` from the shape and the free cores.
+    # Not part of what a run computes, only of how fast: a space file's fingerprint leaves it out.
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         # Every number finite first: NaN passes every `<=` test below, and inf never ends a run.
@@ -118,3 +123,74 @@ class TrainSettings:
                 raise TrainError(f"{name} must be positive, got {getattr(self, name)}")
         if not 0 <= self.warmup < 1:
             raise TrainError(f"warmup must be a fraction in [0, 1), got {self.warmup}")
+        if self.threads is not None and (
+            isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads <= 0
+        ):
+            raise TrainError(f"threads must be a positive integer (or unset: chosen), got {self.threads!r}")
+
+
+# --- CPU threads: how many torch intra-op threads a CPU training run uses ---
+# Multiply-adds of a step's largest matrix product that each intra-op thread must have to pay for
+# itself: a second thread from 2x this (24M), a third from 3x, and so on. See `choose_threads`.
+GEMM_MACS_PER_THREAD = 12_000_000
+# A core counts as free while less than this fraction of it is busy: room for the idle machine's
+# background and this process's own start-up in the load average, and no more (`free_cores`).
+FREE_CORE_SLACK = 0.25
+
+
+def largest_gemm(cfg: ArchConfig, tokens: int) -> int:
+    """Multiply-adds of the largest matrix product of a training step on `tokens` tokens (one
+    micro-batch): tokens x d_model x the widest matrix the residual stream meets (the MLP's d_ff,
+    the attention projections' q_dim, or the LM head's vocab_size)."""
+    return tokens * cfg.d_model * max(cfg.d_ff, cfg.q_dim, cfg.vocab_size)
+
+
+def choose_threads(cfg: ArchConfig, tokens: int, cores: int) -> int:
+    """The intra-op thread count for a CPU training step of `cfg` on `tokens` tokens per micro-batch,
+    given `cores` free cores: one thread per `GEMM_MACS_PER_THREAD` multiply-adds of the step's
+    largest matrix product (`largest_gemm`), at least 1 and at most `cores`.
+
+    Why: a thread with too little work per kernel costs more in synchronisation than it
+    computes, and one that waits for a busy core stalls every kernel of the step (OpenMP joins
+    the threads after each op); the loss is the same either way. Pure: `available_cores` reads
+    the machine.
+
+    Measured (`python benchmarks/threads.py --batch B --shapes 6 --json runs.jsonl`, B = 2, 4,
+    8, 16 sequences of 128 tokens; 2-core AMD EPYC, torch 2.13 CPU, fp32, 2026-11-23, a shared
+    machine, so each run is sorted by the CPU other processes used meanwhile; the runs are in
+    benchmarks/data/threads_cpu_2026-11-23.jsonl), tokens/s at 2 threads over 1:
+    - others below 0.15 of a core: 0.92 and 1.11 at 8M multiply-adds (two shapes), 1.05 and
+      1.53 at 17M, 1.27 and 1.68 at 34M; tiny.toml's smallest shape at its batch of 16 x 128
+      (34M) 1.46 on a quiet machine (`--smoke`). So the second thread pays from about 24M.
+    - others about one core: 0.05-0.25 at every size from 4M to 201M (issue 9's 31x slowdown
+      is this case); hence `free_cores` counts a core only when nearly idle.
+    One thread per further 12M is an extrapolation: no machine with more cores was measured.
+    """
+    return max(1, min(cores, largest_gemm(cfg, tokens) // GEMM_MACS_PER_THREAD))
+
+
+def free_cores(cores: int, load: float) -> int:
+    """The cores of `cores` that are nearly idle at a run-queue `load` (the load average):
+    `cores - load + FREE_CORE_SLACK`, rounded down, at least 1 and at most `cores`."""
+    return max(1, min(cores, math.floor(cores - load + FREE_CORE_SLACK)))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: `os.sched_getaffinity`, else `os.cpu_count`."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def available_cores() -> int:
+    """The free cores of this process now: `usable_cores()` minus the 1-minute load average
+    (`os.getloadavg`), as `free_cores` rounds it.
+
+    The load average is the whole machine's and lags by up to a minute; it counts other users'
+    work, which a second thread would wait on, and this process's own recent work too.
+    """
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):  # not available on this platform
+        load = 0.0
+    return free_cores(usable_cores(), load)

@@ -17,6 +17,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -34,7 +35,13 @@ from archsearch.evaluators.profiler import (
     peak_matmul_flops,
     resolve_precision,
 )
-from archsearch.evaluators.settings import SCHEDULES, TrainError, TrainSettings
+from archsearch.evaluators.settings import (
+    SCHEDULES,
+    TrainError,
+    TrainSettings,
+    available_cores,
+    choose_threads,
+)
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts, param_counts
 
@@ -83,6 +90,7 @@ class TrainResult:
     # backward, clip, optimizer step, zero_grad; evaluation excluded), and how many steps it is of.
     step_time_s: float | None = None
     step_time_steps: int = 0
+    threads: int | None = None  # torch intra-op threads of a CPU run; None on CUDA (left alone)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -100,6 +108,36 @@ def resolve_device(name: str) -> DeviceInfo:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     return detect_device(name)
+
+
+def run_threads(cfg: ArchConfig, settings: TrainSettings, cores: int | None = None) -> int | None:
+    """The intra-op threads a CPU run of `settings` uses: its `threads`, else `choose_threads` for
+    the shape's micro-batch on `cores` (None: `available_cores()`, the free cores now). None on
+    CUDA: the GPU runs the step, and the process's thread count is left as it is.
+
+    Raises:
+        ProfilerError: an unknown device, or CUDA asked for where there is none.
+    """
+    if resolve_device(settings.device).type != "cpu":
+        return None
+    if settings.threads is not None:
+        return settings.threads
+    tokens = settings.batch_size * (settings.seq_len or cfg.seq_len)
+    return choose_threads(cfg, tokens, available_cores() if cores is None else cores)
+
+
+@contextmanager
+def intra_op_threads(threads: int | None) -> Iterator[None]:
+    """torch's intra-op thread count set to `threads` inside, the previous one restored after; None
+    changes nothing."""
+    previous = torch.get_num_threads()
+    if threads is not None and threads != previous:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != previous:
+            torch.set_num_threads(previous)
 
 
 # Optimizer steps left out of the step-time median: the first ones pay for lazy initialisation
@@ -209,6 +247,9 @@ def train(
 ) -> TrainResult:
     """Train `cfg`'s proxy on `data` within the budget; return its held-out loss and speed.
 
+    A CPU run uses `run_threads` torch intra-op threads (`TrainResult.threads`) and restores the
+    process's previous count when it ends; on CUDA the count is left alone.
+
     Args:
         cfg: the shape; its vocab_size must cover the data's.
         data: train and validation batches (`evaluators.data.Dataset`).
@@ -226,6 +267,22 @@ def train(
     Raises:
         TrainError: settings or data that cannot run at all (bad device, vocab mismatch).
     """
+    threads = run_threads(cfg, settings)
+    with intra_op_threads(threads):
+        return _train(cfg, data, settings, threads, on_eval, progress, cache)
+
+
+def _train(
+    cfg: ArchConfig,
+    data: TokenData,
+    settings: TrainSettings,
+    threads: int | None,
+    on_eval: Callable[[int, float], bool] | None,
+    progress: Callable[[int, int, float, float], None] | None,
+    cache: MeasurementCache | None,
+) -> TrainResult:
+    """`train` on the thread count already set: the device (and so the MFU peak's cache key) is
+    described with the threads the run uses."""
     info = resolve_device(settings.device)
     device = info.torch_device
     seq_len = settings.seq_len or cfg.seq_len
@@ -249,6 +306,7 @@ def train(
         corpus_fingerprint=data.fingerprint,
         params=param_counts(cfg).total,
         config=cfg.to_dict(),
+        threads=threads,
     )
 
     def failed(reason: str) -> TrainResult:
@@ -448,9 +506,10 @@ def measure_step(
     """
     if steps <= 0:
         raise ValueError(f"steps must be positive, got {steps}")
+    # The process's thread count, as `profiler.profile_step` times the step's kernels on it.
     settings = TrainSettings(
         tokens=(STEP_WARMUP + steps) * batch * cfg.seq_len, batch_size=batch, evals=1, eval_batches=1,
-        device=device, precision=precision, warmup=0.0,
+        device=device, precision=precision, warmup=0.0, threads=torch.get_num_threads(),
     )  # fmt: skip
     result = train(cfg, _RandomTokens(cfg.vocab_size), settings, cache=cache)
     if result.status != "complete" or result.step_time_s is None:

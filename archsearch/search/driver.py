@@ -552,6 +552,7 @@ class _Driver:
             profile=asdict(spec.profile),
             step_time_device=spec.step_time_device if "step_time" in spec.objectives else None,
             rungs=list(spec.defaults.rungs),
+            cpus=self.options.cpus_per_trial,  # caps a CPU trial's threads (worker.trial_cores)
         )
 
     def _submit(
@@ -664,6 +665,13 @@ def run_search(
     from archsearch.search import worker
 
     storage.require_writable()  # a read-only database fails here, before anything is written
+    threads = spec.proxy.threads
+    if threads is not None and threads > options.cpus_per_trial:
+        log.warning(
+            "[proxy] threads = %d is more than the %g CPUs each trial is given (--cpus-per-trial): "
+            "CPU trials side by side will wait on each other's cores",
+            threads, options.cpus_per_trial,
+        )  # fmt: skip
     driver = _Driver(spec, storage, options, on_update)
     driver.open_study()
     driver.sweep()

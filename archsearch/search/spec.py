@@ -27,6 +27,8 @@ Every table and key is optional unless marked; unknown tables or keys are errors
     batch_size = 16
     evals = 4              # evaluations at 1/4, 2/4, 3/4 and the end: the pruning rungs' points
     data = "corpus.txt"    # relative to this file; left out: the bundled byte-level corpus
+    threads = 1            # torch threads of a CPU run; left out: chosen from the shape and the
+                           # CPUs of the trial (evaluators.settings.choose_threads)
     [profile]
     local = true           # time the step's kernels on this machine
     devices = ["h100-sxm"] # and model them on catalogued accelerators
@@ -227,12 +229,16 @@ class SearchSpec:
         """sha256 of everything that changes which trials run and what they score.
 
         Left out: the name, the source text (comments, layout) and `[search].trials`, so a
-        search can be resumed with more trials. The sampler and seeds stay in: they decide which
-        points are tried. `data` is the resolved path; the corpus's contents have their own
+        search can be resumed with more trials; `[proxy].threads`, which decides how fast a CPU
+        trial runs, not what it computes (the same losses at 1 and 2 threads in
+        `benchmarks/threads.py`; each trial's device fingerprint records its thread count), so a
+        study resumes on a machine with other cores, and the files written before the setting
+        existed keep their fingerprint. The sampler and seeds stay in: they decide which points
+        are tried. `data` is the resolved path; the corpus's contents have their own
         fingerprint, checked when it is loaded.
         """
         canonical = self.to_dict()
-        del canonical["name"], canonical["search"]["trials"]
+        del canonical["name"], canonical["search"]["trials"], canonical["proxy"]["threads"]
         text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
 

@@ -25,6 +25,7 @@ trials for `multiplier` x the proxy's token budget and compares rankings:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -209,21 +210,27 @@ def long_run(request: dict[str, Any]) -> dict[str, Any]:
 
     Args:
         request: "config" (`ArchConfig.to_dict()`), "settings" (`TrainSettings` fields), "data"
-            (the corpus path, None for the bundled corpus).
+            (the corpus path, None for the bundled corpus), "cpus" (the CPUs Ray gave the run:
+            with no `threads` in the settings, they cap the chosen thread count, as in a search).
 
     Returns:
         status ("complete" or "failed"), reason, val_loss (nats per token), tokens, val_curve,
         wall_time_s, corpus_fingerprint, device_fingerprint. Deterministic on CPU for one request.
     """
     from archsearch.evaluators.settings import TrainSettings
-    from archsearch.evaluators.trainer import resolve_device, train
-    from archsearch.search.worker import _dataset
+    from archsearch.evaluators.trainer import intra_op_threads, resolve_device, run_threads, train
+    from archsearch.search.worker import _dataset, trial_cores
     from archsearch.space.config import ArchConfig
 
     cfg = ArchConfig.from_dict(request["config"])
     settings = TrainSettings(**request["settings"])
+    threads = run_threads(cfg, settings, trial_cores(request.get("cpus")))
+    if threads is not None:
+        settings = dataclasses.replace(settings, threads=threads)
     data = _dataset(request.get("data"), cfg.vocab_size, settings.seq_len or cfg.seq_len)
-    result = train(cfg, data, settings)
+    with intra_op_threads(threads):  # so the device fingerprint counts the threads it trained on
+        result = train(cfg, data, settings)
+        device = resolve_device(settings.device)
     return dict(
         status=result.status,
         reason=result.reason,
@@ -232,7 +239,7 @@ def long_run(request: dict[str, Any]) -> dict[str, Any]:
         val_curve=[list(p) for p in result.val_curve],
         wall_time_s=result.wall_time_s,
         corpus_fingerprint=result.corpus_fingerprint,
-        device_fingerprint=resolve_device(settings.device).fingerprint,
+        device_fingerprint=device.fingerprint,
     )
 
 
@@ -361,6 +368,7 @@ def run_validate(
             config=r.config.to_dict(),  # type: ignore[union-attr]
             settings=long_settings(proxy, options.multiplier, seed, r["tokens_trained"]),
             data=data,
+            cpus=options.cpus_per_trial,
         ))
         for r in chosen
         for seed in range(options.seeds)

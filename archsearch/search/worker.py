@@ -7,18 +7,25 @@ so a retried or crashed task can never create, duplicate or strand a trial (BRIE
 Determinism: the proxy run is seeded (the same request gives the same loss on the same device);
 kernel times are medians of repeats and vary with machine load; modelled step times are exact
 functions of the shape.
+
+Threads: a CPU trial trains and profiles on `[proxy] threads` torch threads, or on the count
+`settings.choose_threads` picks for its shape within the CPUs Ray gave it (`trial_cores`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from archsearch.search.pruning import rung_at
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts
+
+if TYPE_CHECKING:
+    from archsearch.evaluators.settings import TrainSettings
 
 
 @functools.lru_cache(maxsize=4)
@@ -46,6 +53,21 @@ def evaluate(
 Judge = Callable[[int, int, float, float], "str | None"]
 
 
+def trial_cores(cpus: float | None) -> int | None:
+    """The cores a CPU trial may use: the whole CPUs Ray gave it (`cpus_per_trial`, at least 1, at
+    most the cores this process may run on). None (a request not from a search): the trainer's
+    own choice, the free cores now (`settings.available_cores`).
+
+    Ray's share, not the load average: the load counts the trials Ray placed beside this one, and
+    this worker's own previous trial, which Ray's share already accounts for.
+    """
+    from archsearch.evaluators.settings import usable_cores
+
+    if cpus is None:
+        return None
+    return max(1, min(usable_cores(), math.floor(cpus)))
+
+
 def run_trial(
     request: dict[str, Any], known_kernels: dict[str, float] | None = None, judge: Judge | None = None
 ) -> dict:
@@ -55,7 +77,9 @@ def run_trial(
         request: plain data: "number" (the trial), "config" (`ArchConfig.to_dict()`), "proxy"
             (`TrainSettings` fields), "data" (corpus path or None for the bundled corpus),
             "profile" (local, devices, batch, dtype, min_run_time), "step_time_device"
-            ("local", a catalogue name or None) and "rungs" (pruning fractions; empty: no pruning).
+            ("local", a catalogue name or None), "rungs" (pruning fractions; empty: no pruning)
+            and "cpus" (the CPUs Ray gave the trial, which cap its threads; absent: see
+            `trial_cores`).
         known_kernels: kernel seconds already measured (`Storage.measurements()`), so a shape is
             timed once per device across all trials and studies.
         judge: called as `judge(number, rung, loss, flops)` when the run reaches a pruning rung;
@@ -70,11 +94,29 @@ def run_trial(
         Whatever a bug raises: the driver records it as the trial's failure reason.
     """
     from archsearch.evaluators.settings import TrainSettings
-    from archsearch.evaluators.trainer import resolve_device, train
-    from archsearch.storage.kernels import KernelCache
+    from archsearch.evaluators.trainer import intra_op_threads, run_threads
 
     cfg = ArchConfig.from_dict(request["config"])
     settings = TrainSettings(**request["proxy"])
+    threads = run_threads(cfg, settings, trial_cores(request.get("cpus")))
+    if threads is not None:
+        settings = dataclasses.replace(settings, threads=threads)
+    # Training and local profiling alike: the kernels are timed, and the device (whose
+    # fingerprint counts CPU threads) described, on the threads the step trained on.
+    with intra_op_threads(threads):
+        return _run_trial(request, cfg, settings, known_kernels, judge)
+
+
+def _run_trial(
+    request: dict[str, Any],
+    cfg: ArchConfig,
+    settings: TrainSettings,
+    known_kernels: dict[str, float] | None,
+    judge: Judge | None,
+) -> dict:
+    from archsearch.evaluators.trainer import resolve_device, train
+    from archsearch.storage.kernels import KernelCache
+
     data = _dataset(request.get("data"), cfg.vocab_size, settings.seq_len or cfg.seq_len)
     flops = float(flop_counts(cfg).forward)
     rungs: list[float] = list(request.get("rungs") or ())

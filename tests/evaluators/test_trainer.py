@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from archsearch.errors import ArchsearchError
+from archsearch.evaluators import trainer
 from archsearch.evaluators.data import load_dataset
 from archsearch.evaluators.model import ProxyLM
+from archsearch.evaluators.settings import choose_threads
 from archsearch.evaluators.trainer import TrainError, TrainSettings, param_groups, train
 from archsearch.space import ArchConfig, flop_counts, param_counts, preset
 
@@ -109,6 +111,47 @@ def test_other_errors_propagate(corpus, monkeypatch):
     monkeypatch.setattr(ProxyLM, "forward", bug)
     with pytest.raises(ZeroDivisionError):
         train(TINY, corpus, TrainSettings(tokens=1_000, **FAST))
+
+
+@pytest.fixture
+def two_threads():
+    """The process at 2 torch threads for the test, its own count back after."""
+    own = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(own)
+
+
+def test_a_run_with_one_thread_trains_on_one_and_restores_the_count(corpus, two_threads):
+    seen = []
+    result = train(
+        TINY, corpus, TrainSettings(tokens=2_000, threads=1, **FAST),
+        progress=lambda *_: seen.append(torch.get_num_threads()),
+    )  # fmt: skip
+    assert result.status == "complete"
+    assert seen and set(seen) == {1}  # every progress report came from inside the loop
+    assert result.threads == 1 and result.to_dict()["threads"] == 1
+    assert torch.get_num_threads() == 2
+
+
+def test_without_threads_the_count_is_chosen_from_the_shape_and_the_free_cores(
+    corpus, two_threads, monkeypatch
+):
+    monkeypatch.setattr(trainer, "available_cores", lambda: 2)
+    result = train(TINY, corpus, TrainSettings(tokens=500, **FAST))
+    assert result.threads == choose_threads(TINY, 4 * 32, cores=2) == 1  # a tiny shape: one thread
+    assert torch.get_num_threads() == 2
+
+
+def test_the_thread_count_is_restored_when_training_raises(corpus, two_threads, monkeypatch):
+    def bug(self, idx):
+        assert torch.get_num_threads() == 1
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(ProxyLM, "forward", bug)
+    with pytest.raises(ZeroDivisionError):
+        train(TINY, corpus, TrainSettings(tokens=1_000, threads=1, **FAST))
+    assert torch.get_num_threads() == 2
 
 
 def test_on_eval_can_prune(corpus):

@@ -52,6 +52,7 @@ def test_a_search_trains_profiles_and_records_every_trial(db):
         assert {p["device"] for p in db.profiles(r.id)} == {"local", "h100-sxm"}
         assert len(db.curves(r.id)["val"]) == 4
     assert db.measurements() and db.devices()
+    assert {d["threads"] for d in db.devices()} == {1}  # a CPU trial's threads: its one Ray CPU
     study = optuna.load_study(study_name="s", storage=db.url)
     assert [t.values[1] for t in study.trials] == [r["flops_forward_per_token"] for r in records]
     assert {t.number for t in study.best_trials} == set(summary.front.front.numbers)

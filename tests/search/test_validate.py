@@ -19,6 +19,7 @@ from archsearch.search.validate import (
     ValidateOptions,
     calibration_set,
     fidelity_report,
+    long_run,
     long_settings,
     run_validate,
 )
@@ -134,6 +135,19 @@ def test_long_runs_scale_the_budget_and_train_with_the_cosine_schedule():
     }  # fmt: skip
     assert long_settings({"tokens": None, "flops": 1e9}, 2.5, 0, None)["flops"] == 2.5e9
     assert long_settings({"tokens": None, "flops": None, "seconds": 3.0}, 4, 0, 1000)["tokens"] == 4000
+
+
+def test_a_long_run_without_threads_takes_them_from_the_cpus_it_is_given(monkeypatch):
+    from archsearch.evaluators import trainer
+
+    seen, real = [], trainer.train
+    monkeypatch.setattr(trainer, "train", lambda cfg, data, s: seen.append(s.threads) or real(cfg, data, s))
+    cfg = config_from_knobs(d_model=64, n_layers=1, head_dim=32, vocab_size=256, seq_len=32)
+    settings = dict(tokens=256, batch_size=4, evals=1, eval_batches=1, device="cpu")
+    out = long_run(dict(config=cfg.to_dict(), settings=settings, data=None, cpus=1.0))
+    assert out["status"] == "complete" and seen == [1]  # one CPU from Ray: one thread
+    long_run(dict(config=cfg.to_dict(), settings={**settings, "threads": 2}, data=None, cpus=1.0))
+    assert seen == [1, 2]  # the study's own [proxy] threads as given
 
 
 def test_the_report_of_a_perfect_proxy():

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from archsearch.evaluators import profiler
-from archsearch.search.worker import run_trial
+from archsearch.evaluators.settings import usable_cores
+from archsearch.search.worker import run_trial, trial_cores
 from archsearch.space.knobs import config_from_knobs
 
 CFG = config_from_knobs(d_model=64, n_layers=1, head_dim=32, vocab_size=256, seq_len=32)
@@ -36,6 +38,33 @@ def test_a_complete_trial_returns_plain_results_profiles_and_new_kernel_times():
     known = {m["key"]: m["seconds"] for m in out["measurements"]}
     again = run_trial(_request(), known)
     assert again["measurements"] == ()  # every kernel came from the known times
+
+
+def test_the_cores_of_a_trial_are_the_whole_cpus_ray_gave_it():
+    assert trial_cores(None) is None  # not from a search: the trainer's own choice
+    assert trial_cores(0.5) == trial_cores(1.0) == 1
+    assert trial_cores(1.9) == min(1, usable_cores())
+    assert trial_cores(1e6) == usable_cores()
+
+
+@pytest.fixture
+def two_threads():
+    own = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(own)
+
+
+def test_a_cpu_trial_trains_and_profiles_on_its_threads_and_restores_the_count(two_threads):
+    out = run_trial(_request(cpus=1.0))
+    assert out["status"] == "complete"
+    assert out["train"]["threads"] == 1 and out["device"]["threads"] == 1  # capped by its one CPU
+    assert torch.get_num_threads() == 2
+    profile = dict(local=False, devices=["h100-sxm"], batch=None, dtype="bf16", min_run_time=0.002)
+    proxy = {**_request()["proxy"], "threads": 2}  # a space file's [proxy] threads, as given
+    out = run_trial(_request(proxy=proxy, profile=profile, rungs=[], cpus=1.0))
+    assert out["train"]["threads"] == 2 and out["device"]["threads"] == 2
+    assert torch.get_num_threads() == 2
 
 
 def test_the_judge_is_asked_once_per_rung_and_can_prune():
