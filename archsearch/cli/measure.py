@@ -53,6 +53,9 @@ def train(
     schedule: Annotated[str, typer.Option(help="cosine or wsd.")] = "cosine",
     seed: Annotated[int, typer.Option(help="Seed for init and batches.")] = 0,
     compile_model: Annotated[bool, typer.Option("--compile", help="torch.compile the model.")] = False,
+    threads: Annotated[
+        int | None, typer.Option(help="CPU threads (default: chosen from the shape and the free cores).")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Train a shape's proxy LM on a budget; report held-out loss, throughput and MFU.
@@ -69,6 +72,7 @@ def train(
     settings = TrainSettings(
         tokens=tokens, flops=flops, seconds=seconds, batch_size=batch_size, lr=lr, base_width=base_width,
         schedule=schedule, seed=seed, device=device, precision=precision, compile=compile_model,
+        threads=threads,
     )  # fmt: skip
     dataset = load_dataset(data, vocab_size=vocab_size, dtype=token_dtype, seq_len=cfg.seq_len)
     with progress_bar("training") as update:
@@ -96,7 +100,7 @@ def train(
                 fmt_value(result.mfu, ".1%") + f" of {si(result.peak_flops_per_second or 0, 'FLOP/s')} peak",
             ),
             ("precision", result.precision),
-            ("device", result.device),
+            ("device", result.device + (f", {result.threads} threads" if result.threads else "")),
             ("wall time", f"{result.wall_time_s:.1f} s"),
             ("corpus", f"{dataset.name} ({result.corpus_fingerprint})"),
         ]

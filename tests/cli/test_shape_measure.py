@@ -435,3 +435,13 @@ def test_a_file_that_is_neither_config_nor_export_is_one_error_line(tmp_path, co
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith("error: " + message.format(path=path)), result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("threads", "code"), [("1", 0), ("0", 2)])
+def test_train_takes_a_thread_count(tiny_config, threads, code):
+    result = run("train", str(tiny_config), *TINY_TRAIN, "--device", "cpu", "--threads", threads, "--json")
+    assert result.exit_code == code, result.output
+    if code == 0:
+        assert json.loads(result.stdout)["threads"] == 1
+    else:
+        assert result.stderr == "error: threads must be a positive integer (or unset: chosen), got 0\n"
