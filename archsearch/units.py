@@ -6,10 +6,17 @@ formatters (tables, messages), so a suffix accepted in one place is accepted in 
 
 from __future__ import annotations
 
-from decimal import Decimal
+import re
+from decimal import Decimal, DecimalException
+
+from archsearch.errors import ArchsearchError
 
 # Suffix -> factor, for numbers a user writes. Exact integers, so `1.1M` is 1100000 exactly.
 SI_SUFFIXES: dict[str, int] = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
+# Model sizes are written "1.3B", "7B": B for billions, an alias of G for counts of things
+# (parameters) only. It is not in SI_SUFFIXES because elsewhere B is a unit, bytes (`si(n, "B")`
+# prints "1.5GB"), and a filter or FLOPs limit reading "2B" as 2e9 would be a trap.
+COUNT_ALIASES: dict[str, str] = {"B": "G"}
 # What formatting uses, largest first; small quantities (seconds) get milli and micro too.
 _FORMAT_PREFIXES = (
     *((float(f), s) for s, f in sorted(SI_SUFFIXES.items(), key=lambda kv: -kv[1])),
@@ -41,3 +48,31 @@ def format_si(value: float, unit: str = "", digits: int = 4) -> str:
         if abs(value) >= factor:
             return f"{value / factor:.{digits}g}{prefix}{unit}"
     return f"{value:.{digits}g}{unit}"
+
+
+_COUNT = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]?)\s*")
+
+
+def parse_count(text: str, what: str = "count") -> int:
+    """ "1.3B", "1.3G", "350M", "2e9" -> a positive whole number (rounded to the nearest unit).
+
+    Takes the SI suffixes and COUNT_ALIASES ("B" for billions), as model sizes are written.
+
+    Raises:
+        ArchsearchError: not a positive number with an optional suffix; the message names `what`.
+    """
+    match = _COUNT.fullmatch(text)
+    suffix = COUNT_ALIASES.get(match.group(2), match.group(2)) if match else ""
+    value = None
+    if match is not None and (not suffix or suffix in SI_SUFFIXES):
+        try:
+            value = si_value(match.group(1), suffix).to_integral_value()
+        except DecimalException:
+            value = None
+    if value is None or not value.is_finite() or value <= 0:
+        suffixes = ", ".join([*SI_SUFFIXES, *(f"{a} (= {s})" for a, s in COUNT_ALIASES.items())])
+        raise ArchsearchError(
+            f"{what} {text!r} must be a positive number, optionally with one of {suffixes} "
+            "(e.g. 1.3B or 350M)"
+        )
+    return int(value)

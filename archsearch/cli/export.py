@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -34,6 +34,31 @@ def export(
             help="Choose among the trials the format represents: the knee, best or front of those.",
         ),
     ] = False,
+    scale_to: Annotated[
+        str | None,
+        typer.Option(
+            "--scale-to",
+            help="Keep the one chosen trial's design at this many parameters (1.3B, 1.3G, 350M), the "
+            "widths fastest on --device in the roofline model.",
+        ),
+    ] = None,
+    device: Annotated[
+        str | None, typer.Option(help="With --scale-to: a catalogued GPU (see `devices`); default h100-sxm.")
+    ] = None,
+    vocab: Annotated[
+        int | None,
+        typer.Option(
+            help="With --scale-to: your tokenizer's vocabulary, padded up to a multiple of 64.", min=1
+        ),
+    ] = None,
+    seq_len: Annotated[
+        int | None,
+        typer.Option(help="With --scale-to: the context to train at (default 2048, not the proxy's).", min=1),
+    ] = None,
+    batch: Annotated[
+        int | None,
+        typer.Option(help="With --scale-to: sequences per micro-batch (default 16384 tokens' worth).", min=1),
+    ] = None,
     storage: StorageOpt = None,
 ) -> None:
     """A trial's shape for a real trainer: Hugging Face config, litgpt YAML, nanoGPT GPTConfig or JSON.
@@ -48,10 +73,22 @@ def export(
     from archsearch.storage import Storage
 
     choice = Choice(fmt, trial, knee, best_under_flops, front, exportable)
+    request = _scale_request(scale_to, device, vocab, seq_len, batch, front)
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ConfigError(f"--output {output} exists and is not an empty folder")
     with Storage.open(storage, create=False) as db:
         selection = select(db, study, choice)
+    if request is not None:
+        from archsearch.search.scale import scaled_export
+
+        result, plan = scaled_export(selection, choice, request)
+        write_tree(output, plan.tree)
+        entry = plan.index[0]
+        typer.echo(f"{output}: trial {entry['number']} scaled to {scale_to} as {entry['target']}")
+        _print_scaled(result)
+        for note in entry["notes"]:
+            typer.echo(f"note: {note}", err=True)
+        return
     plan = export_plan(selection, choice)
     for entry in plan.index:
         if entry["refused"] is not None:
@@ -65,3 +102,63 @@ def export(
         if entry["folder"] is not None:
             where = output / entry["folder"] if entry["folder"] else output
             typer.echo(f"{where}: trial {entry['number']} as {entry['target']}")
+
+
+def _scale_request(
+    scale_to: str | None,
+    device: str | None,
+    vocab: int | None,
+    seq_len: int | None,
+    batch: int | None,
+    front: bool,
+) -> Any:
+    """The `--scale-to` request, checked before the database is opened; None without it."""
+    if scale_to is None:
+        given = [
+            f
+            for f, v in (("--device", device), ("--vocab", vocab), ("--seq-len", seq_len), ("--batch", batch))
+            if v
+        ]
+        if given:
+            raise ConfigError(f"{', '.join(given)} only go with --scale-to")
+        return None
+    if front:
+        raise ConfigError(
+            "--scale-to scales one trial: give --trial N, --knee or --best-under-flops F, not --front"
+        )
+    from archsearch.search.scale import DEFAULT_SEQ_LEN, ScaleRequest
+    from archsearch.units import parse_count
+
+    target = parse_count(scale_to, "--scale-to")
+    return ScaleRequest(target, device or "h100-sxm", seq_len or DEFAULT_SEQ_LEN, vocab, batch)
+
+
+def _print_scaled(result: Any) -> None:
+    """The scaled shape, its exact size, its modelled speed and what alignment gained."""
+    chosen, request = result.chosen, result.request
+    cfg = chosen.config
+    off = chosen.params / request.target_params - 1
+    low, high = result.eager_mfu_range
+    lines = [
+        f"shape: {cfg.describe()}, vocab {cfg.vocab_size}, seq_len {cfg.seq_len}",
+        f"parameters: {chosen.params:,} (exact; target {request.target_params:,}, {off:+.1%})",
+        f"modelled on {result.device_name}, bf16, micro-batch {request.micro_batch} x {cfg.seq_len} "
+        f"(kernel sum): step {chosen.step_time_s * 1e3:.1f} ms, {chosen.tokens_per_second:,.0f} tokens/s, "
+        f"MFU {chosen.mfu:.1%} of {result.peak_flops / 1e12:.1f} TFLOP/s",
+        f"  an eager PyTorch step measured 1.4-1.9x its kernel sum on H100: expect MFU {low:.0%}-{high:.0%}",
+        f"chosen among {len(result.closest)} of {result.considered} candidates within "
+        f"{request.tolerance:.0%} (the closest to the target, most tokens/s)",
+    ]
+    for g in result.gains:
+        lines.append(
+            f"alignment: {g.dimension} {g.naive} -> {g.aligned}: modelled step {g.naive_step_s * 1e3:.1f} ms "
+            f"-> {g.aligned_step_s * 1e3:.1f} ms ({g.gain_pct:+.1f}%)"
+        )
+    typer.echo("\n".join(lines))
+    if request.vocab_size is None:
+        typer.echo(
+            f"note: vocab_size {cfg.vocab_size} is the trial's"
+            + (" (bytes)" if cfg.vocab_size == 256 else "")
+            + "; give your tokenizer's with --vocab (e.g. --vocab 50257 pads to 50304)",
+            err=True,
+        )

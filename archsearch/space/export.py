@@ -385,8 +385,13 @@ class HFFormat(ExportFormat):
         name = hf_model_type(cfg)
         assert name is not None  # _check passed
         config = HF_MODEL_TYPES[name].config(cfg)
+        what = (
+            "the trial's design at the scaled size"
+            if provenance.get("scaled")
+            else "archsearch's proxy model"
+        )
         readme = [
-            f"`config.json` describes archsearch's proxy model as `{name}` "
+            f"`config.json` describes {what} as `{name}` "
             f"(`{HF_MODEL_TYPES[name].architecture}`), exactly: "
             f"{param_counts(cfg).total:,} parameters.",
             "",
@@ -397,7 +402,8 @@ class HFFormat(ExportFormat):
             "",
             f"Fixed by the proxy, not searched: RoPE theta {ROPE_THETA:g}, norm eps {NORM_EPS:g}, "
             "GELU in its tanh form, no dropout, no special token ids.",
-            "A config only: no weights, no tokenizer; vocab_size is the proxy's (256 = bytes).",
+            f"A config only: no weights, no tokenizer; vocab_size is {cfg.vocab_size}"
+            + (" (256 = bytes, as the proxy's)." if cfg.vocab_size == 256 else "."),
         ]
         return {
             "config.json": _json_bytes(config),
@@ -683,6 +689,10 @@ def config_provenance(cfg: ArchConfig) -> dict[str, Any]:
 
 def _title(provenance: Mapping[str, Any]) -> str:
     study, trial = provenance.get("study"), provenance.get("trial")
+    scaled = provenance.get("scaled")
+    if study is not None and trial is not None and scaled:
+        target = scaled["target_params"]
+        return f"study {study}, trial {trial} scaled to {target:,} parameters for {scaled['device']}"
     if study is not None and trial is not None:
         return f"study {study}, trial {trial}"
     return "archsearch shape"

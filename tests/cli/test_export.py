@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from archsearch.cli import app
 from archsearch.search.pareto import pareto_front
-from archsearch.space import ArchConfig, flop_counts
+from archsearch.space import ArchConfig, flop_counts, param_counts
 from archsearch.storage import Storage, TrialOutcome
 
 LLAMA = ArchConfig(
@@ -320,3 +320,74 @@ def test_an_occupied_output_is_refused_and_left_alone(db_url, tmp_path, kind):
     assert kept.read_text() == "keep me" and sorted(p.name for p in tmp_path.rglob("*")) == sorted(
         ["taken"] + ([] if kind == "file" else ["keep.txt"])
     )
+
+
+# --- --scale-to: the chosen trial's design at the size the user trains --------------------------
+
+
+def test_scale_to_builds_in_transformers_with_the_printed_count(db_url, tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    out = tmp_path / "scaled"
+    result = run(
+        db_url, "--study", "s", "--knee", "--exportable", "--scale-to", "1.3B", "--device", "h100-sxm",
+        "--vocab", "50257", "--format", "hf", "--output", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"{out}: trial ") and " scaled to 1.3B as " in result.stdout
+    printed = int(result.stdout.split("parameters: ")[1].split(" ")[0].replace(",", ""))
+    assert (
+        abs(printed / 1.3e9 - 1) <= 0.1
+        and "MFU" in result.stdout
+        and "modelled on NVIDIA H100" in result.stdout
+    )
+    assert "alignment: vocab_size 50257 -> 50304" in result.stdout
+    config = transformers.AutoConfig.from_pretrained(out)
+    assert config.vocab_size == 50304
+    with torch.device("meta"):  # a 1.3B model's shapes without its memory or init time
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    assert sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()) == printed
+    readme = (out / "README.md").read_text()
+    assert "scaled to 1,300,000,000 parameters for h100-sxm" in readme and "proxy_results" in readme
+
+
+def test_scale_to_as_json_names_the_trial_target_and_device(db_url, tmp_path):
+    out = tmp_path / "json"
+    result = run(
+        db_url, "--study", "s", "--trial", "2", "--scale-to", "350M", "--format", "json", "-o", str(out)
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "archsearch.json").read_text())
+    cfg = ArchConfig.from_dict(doc["config"])
+    prov = doc["provenance"]
+    assert (prov["study"], prov["trial"]) == ("s", 2)
+    assert (prov["scaled"]["target_params"], prov["scaled"]["device"]) == (350_000_000, "h100-sxm")
+    assert prov["proxy_results"]["loss"] == 2.2 and doc["results"]["params_total"] == param_counts(cfg).total
+    assert (cfg.activation, cfg.n_heads // cfg.n_kv_heads, cfg.vocab_size, cfg.seq_len) == (
+        "swiglu",
+        2,
+        256,
+        2048,
+    )
+    assert "give your tokenizer's with --vocab" in result.stderr
+
+
+SCALE_BAD = [
+    pytest.param(
+        ["--knee", "--scale-to", "1.3X"], "--scale-to '1.3X' must be a positive number", id="bad-target"
+    ),
+    pytest.param(["--knee", "--scale-to", "1B", "--device", "tpu"], "unknown accelerator 'tpu'", id="device"),
+    pytest.param(["--front", "--scale-to", "1B"], "--scale-to scales one trial", id="front"),
+    pytest.param(["--knee", "--device", "h100-sxm"], "--device only go with --scale-to", id="no-scale-to"),
+    pytest.param(["--knee", "--scale-to", "1k"], "has 1,000 parameters within 10%", id="too-small"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), SCALE_BAD)
+def test_scale_to_errors_exit_2_with_one_line_and_write_nothing(db_url, tmp_path, args, message):
+    out = tmp_path / "out"
+    _one_error_line(
+        run(db_url, "--study", "s", *args, "--exportable", "--format", "hf", "-o", str(out)), message
+    )
+    assert not out.exists() and list(tmp_path.iterdir()) == []

@@ -1,0 +1,253 @@
+"""A trial's design at the size the user will train: candidates ranked by modelled step time.
+
+`space.scale.scaled_candidates` lists the shapes near the target size that keep the trial's
+choices; here each is scored with the roofline model of a catalogued GPU
+(`evaluators.hardware.predict_step` over `evaluators.kernels.step_kernels`) and the pick is:
+1. the candidates closest to the target: within `band` of it, or the nearest one's distance when
+   none is that close (a smaller model is always faster, so speed only ranks equal sizes);
+2. among those, the most modelled tokens/s.
+Then each alignment choice of the pick is priced against naive rounding (vocab padding, d_ff
+rounded up to a tile multiple, d_model a multiple of 128), one dimension at a time.
+
+All numbers are modelled: the step is the sum of its kernels on one stream. A real eager PyTorch
+step on an H100 ran 1.4-1.9x its kernel sum at GPT-2 to 1B sizes (BRIEF.md section 10).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from archsearch.errors import ArchsearchError
+from archsearch.space.config import ArchConfig
+from archsearch.space.costs import flop_counts, param_counts
+from archsearch.space.scale import naive_d_ff, naive_d_model, pad_vocab, scaled_candidates
+
+if TYPE_CHECKING:
+    from archsearch.evaluators.hardware import DeviceModel
+    from archsearch.search.selection import Choice, ExportPlan, Selection
+
+DTYPE = "bf16"  # what training runs in on every catalogued GPU
+MICRO_BATCH_TOKENS = 16384  # batch * seq_len per micro-batch: 8 x 2048, a common 1B-class setting
+DEFAULT_SEQ_LEN = 2048  # GPT-3, OPT, Pythia and TinyLlama pretrain 1B-class models at 2048
+# Measured on an H100 SXM (eager PyTorch, bf16): a real step over its kernel sum (BRIEF.md 10).
+EAGER_OVER_KERNEL_SUM = (1.4, 1.9)
+
+
+@dataclass(frozen=True)
+class ScaleRequest:
+    """The size, device and data a scaled shape is for.
+
+    Raises:
+        ArchsearchError: a non-positive size, an unknown device (the message lists them).
+    """
+
+    target_params: int
+    device: str  # a catalogued GPU (evaluators.catalogue.ACCELERATORS)
+    seq_len: int = DEFAULT_SEQ_LEN
+    vocab_size: int | None = None  # a real tokenizer's vocabulary, padded; None: the trial's
+    batch: int | None = None  # sequences per micro-batch; None: MICRO_BATCH_TOKENS worth
+    tolerance: float = 0.1  # candidates within this fraction of the target
+    band: float = 0.02  # "closest to the target": within this fraction
+
+    def __post_init__(self) -> None:
+        from archsearch.evaluators.catalogue import ACCELERATORS
+
+        for name in ("target_params", "seq_len", "vocab_size", "batch"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ArchsearchError(f"{name} must be a positive integer, got {value!r}")
+        ACCELERATORS[self.device]  # UnknownNameError lists the catalogue
+
+    @property
+    def micro_batch(self) -> int:
+        return self.batch if self.batch is not None else max(1, MICRO_BATCH_TOKENS // self.seq_len)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One shape's modelled training step on the device."""
+
+    config: ArchConfig
+    params: int  # exact, param_counts(config).total
+    step_time_s: float  # modelled kernel sum of one micro-batch step
+    tokens_per_second: float
+    mfu: float  # flops_train_per_token * tokens/s over the device's dense bf16 peak
+
+
+@dataclass(frozen=True)
+class AlignmentGain:
+    """What one alignment choice gained: the chosen shape with that width naive, and aligned."""
+
+    dimension: str  # "vocab_size", "d_ff" or "d_model"
+    naive: int
+    aligned: int
+    naive_step_s: float
+    aligned_step_s: float
+
+    @property
+    def gain_pct(self) -> float:
+        """Step time saved by the aligned value, % of the naive step (positive: faster)."""
+        return 100 * (self.naive_step_s - self.aligned_step_s) / self.naive_step_s
+
+
+@dataclass(frozen=True)
+class ScaleResult:
+    source: ArchConfig  # the trial's shape
+    request: ScaleRequest
+    device_name: str
+    peak_flops: float  # the MFU denominator: dense bf16 peak, from the catalogue
+    chosen: Scored
+    closest: tuple[Scored, ...]  # the candidates the pick was made among, fastest first
+    considered: int  # candidates within the tolerance, all scored
+    gains: tuple[AlignmentGain, ...]
+
+    @property
+    def eager_mfu_range(self) -> tuple[float, float]:
+        """The MFU a real eager step would reach if it ran 1.9x to 1.4x its kernel sum."""
+        low, high = EAGER_OVER_KERNEL_SUM
+        return self.chosen.mfu / high, self.chosen.mfu / low
+
+    def provenance(self) -> dict[str, Any]:
+        """The JSON-ready record of the scaling, for export provenance."""
+        return {
+            "target_params": self.request.target_params,
+            "device": self.request.device,
+            "seq_len": self.request.seq_len,
+            "vocab_size": self.chosen.config.vocab_size,
+            "micro_batch": self.request.micro_batch,
+            "modelled_step_time_s": self.chosen.step_time_s,
+            "modelled_tokens_per_second": self.chosen.tokens_per_second,
+            "modelled_mfu": self.chosen.mfu,
+            "candidates_scored": self.considered,
+            "alignment_gains": [{**dataclasses.asdict(g), "gain_pct": g.gain_pct} for g in self.gains],
+        }
+
+
+def score(model: DeviceModel, cfg: ArchConfig, batch: int) -> Scored:
+    """`cfg`'s modelled training step on `batch` sequences."""
+    from archsearch.evaluators.hardware import predict_step
+    from archsearch.evaluators.kernels import step_kernels
+
+    report = predict_step(model, step_kernels(cfg, batch, DTYPE), DTYPE)
+    tokens_per_second = report.tokens_per_second
+    mfu = flop_counts(cfg).train * tokens_per_second / model.device.peak_flops(DTYPE)
+    return Scored(cfg, param_counts(cfg).total, report.step_time_s, tokens_per_second, mfu)
+
+
+def scale_config(cfg: ArchConfig, request: ScaleRequest) -> ScaleResult:
+    """The shape that keeps `cfg`'s design at `request.target_params`, fastest on the device.
+
+    Raises:
+        ArchsearchError: no shape keeps the design within the tolerance of the target.
+    """
+    from archsearch.evaluators.hardware import device_model
+
+    model = device_model(request.device)
+    batch = request.micro_batch
+    vocab = pad_vocab(request.vocab_size) if request.vocab_size is not None else cfg.vocab_size
+    target = request.target_params
+    shapes = scaled_candidates(
+        cfg, target, seq_len=request.seq_len, vocab_size=vocab, tolerance=request.tolerance
+    )
+    if not shapes:
+        raise ArchsearchError(
+            f"no shape keeping the trial's design ({cfg.attention_layout}, d_ff/d_model "
+            f"{cfg.d_ff_ratio:.3g}) has {target:,} parameters within {request.tolerance:.0%}"
+        )
+    scored = [score(model, shape, batch) for shape in shapes]
+    nearest = min(abs(s.params - target) for s in scored)
+    reach = max(request.band * target, nearest)
+    # Ties (the attention model prices head_dim 64 and 128 alike) go to larger heads, as 1B-class
+    # models use (LLaMA: 128), then to the shallower shape (less sequential).
+    closest = sorted(
+        (s for s in scored if abs(s.params - target) <= reach),
+        key=lambda s: (-s.tokens_per_second, -s.config.head_dim, s.config.n_layers),
+    )
+    chosen = closest[0]
+    return ScaleResult(
+        source=cfg,
+        request=request,
+        device_name=model.device.name,
+        peak_flops=model.device.peak_flops(DTYPE),
+        chosen=chosen,
+        closest=tuple(closest),
+        considered=len(scored),
+        gains=alignment_gains(model, cfg, chosen, request, batch),
+    )
+
+
+def alignment_gains(
+    model: DeviceModel, source: ArchConfig, chosen: Scored, request: ScaleRequest, batch: int
+) -> tuple[AlignmentGain, ...]:
+    """Each aligned width of `chosen` against its naive value, the rest of the shape held."""
+    cfg = chosen.config
+    naive = {
+        "vocab_size": request.vocab_size if request.vocab_size is not None else cfg.vocab_size,
+        "d_ff": naive_d_ff(source, cfg.d_model),
+        "d_model": naive_d_model(cfg, request.target_params),
+    }
+    gains = []
+    for dimension, value in naive.items():
+        if value == getattr(cfg, dimension):
+            continue
+        naive_shape = dataclasses.replace(cfg, **{dimension: value})
+        gains.append(
+            AlignmentGain(
+                dimension, value, getattr(cfg, dimension), score(model, naive_shape, batch).step_time_s,
+                chosen.step_time_s,
+            )
+        )  # fmt: skip
+    return tuple(gains)
+
+
+def scaled_export(
+    selection: Selection, choice: Choice, request: ScaleRequest
+) -> tuple[ScaleResult, ExportPlan]:
+    """The one selected trial scaled by `request`, and the files that export the scaled shape.
+
+    Provenance names the study and trial it is scaled from, the target and the device; its
+    results are the scaled shape's exact counts and modelled step, and the trial's own measured
+    results stay under `proxy_results`.
+
+    Raises:
+        ArchsearchError: not exactly one trial selected, no shape near the target, or the format
+            refuses the scaled shape.
+    """
+    from archsearch.search.selection import ExportPlan, trial_provenance
+    from archsearch.space.export import EXPORT_FORMATS
+
+    if len(selection.members) != 1 or choice.front:
+        raise ArchsearchError("--scale-to scales one trial: give --trial N, --knee or --best-under-flops F")
+    (member,) = selection.members
+    result = scale_config(member.config, request)
+    cfg = result.chosen.config
+    export_format = EXPORT_FORMATS[choice.fmt]
+    reason = export_format.refusal(cfg)
+    if reason is not None:
+        raise ArchsearchError(f"trial {member.number} scaled cannot be exported as {choice.fmt}: {reason}")
+    provenance = trial_provenance(
+        selection.study, member, selection.devices.get(member["device_fingerprint"])
+    )
+    provenance["proxy_results"] = provenance.pop("results")
+    provenance["scaled"] = result.provenance()
+    flops = flop_counts(cfg)
+    provenance["results"] = {
+        "params_total": result.chosen.params,
+        "params_non_embedding": param_counts(cfg).non_embedding,
+        "flops_forward_per_token": flops.forward,
+        "flops_train_per_token": flops.train,
+        "tokens_per_second": result.chosen.tokens_per_second,
+        "mfu": result.chosen.mfu,
+        "step_time_s": result.chosen.step_time_s,
+        "step_time_device": f"model:{result.device_name}",
+    }
+    index = {
+        "number": member.number,
+        "folder": "",
+        "target": export_format.target(cfg),
+        "refused": None,
+        "notes": list(export_format.notes(cfg)),
+    }
+    return result, ExportPlan(dict(export_format.files(cfg, provenance)), (index,))

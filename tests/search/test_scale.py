@@ -1,0 +1,64 @@
+"""The scaled pick: closest to the target, fastest in the roofline model; alignment gains priced."""
+
+from __future__ import annotations
+
+import pytest
+
+from archsearch.errors import ArchsearchError
+from archsearch.evaluators.hardware import device_model
+from archsearch.search.scale import ScaleRequest, alignment_gains, scale_config, score
+from archsearch.space import ArchConfig, param_counts, preset
+
+LLAMA = ArchConfig(
+    vocab_size=256, seq_len=32, d_model=96, n_layers=3, n_heads=6, n_kv_heads=2, head_dim=16, d_ff=256
+)
+
+
+@pytest.fixture(scope="module")
+def scaled():
+    return scale_config(LLAMA, ScaleRequest(1_300_000_000, "h100-sxm", vocab_size=50257))
+
+
+def test_the_pick_is_within_the_band_and_the_fastest_there(scaled):
+    chosen = scaled.chosen
+    assert abs(chosen.params / 1_300_000_000 - 1) <= 0.02
+    assert chosen.config.vocab_size == 50304 and chosen.config.seq_len == 2048
+    assert chosen.tokens_per_second == max(s.tokens_per_second for s in scaled.closest)
+    assert scaled.considered >= len(scaled.closest) and 0 < chosen.mfu < 1
+
+
+def test_alignment_gains_are_reported(scaled):
+    gains = {g.dimension: g for g in scaled.gains}
+    assert (gains["vocab_size"].naive, gains["vocab_size"].aligned) == (50257, 50304)
+    assert gains["d_model"].aligned == scaled.chosen.config.d_model
+    for gain in gains.values():  # every aligned width is faster in the model than its naive one
+        assert gain.gain_pct > 0 and gain.naive_step_s > gain.aligned_step_s
+
+
+def test_llamas_d_ff_gain_against_naive_rounding():
+    model, cfg = device_model("h100-sxm"), preset("llama2-7b")
+    request = ScaleRequest(param_counts(cfg).total, "h100-sxm", seq_len=4096)
+    (gain,) = alignment_gains(model, LLAMA, score(model, cfg, 1), request, 1)  # vocab, d_model exact
+    assert (gain.dimension, gain.naive, gain.aligned) == ("d_ff", 10923, 11008) and gain.gain_pct > 0
+
+
+def test_a_target_nothing_reaches_is_an_error():
+    with pytest.raises(ArchsearchError, match="has 1,000 parameters within 10%"):
+        scale_config(LLAMA, ScaleRequest(1000, "h100-sxm"))
+
+
+def test_an_unknown_device_is_refused():
+    with pytest.raises(ArchsearchError, match="unknown accelerator 'tpu'; valid: a100-80gb"):
+        ScaleRequest(10**9, "tpu")
+
+
+def test_llama2_7b_modelled_mfu_on_one_h100():
+    # Llama-2-7B at seq 4096 (the preset). The model's step is the kernel sum, no launch gaps or
+    # framework overhead, so MFU reads high: 59% at micro-batch 1, 70.5% at 4 (16k tokens, the
+    # default), 73% at 8. Published H100 training of 7B models reports ~40-55%; a measured eager
+    # step ran 1.4-1.9x its kernel sum (BRIEF.md section 10), which puts 70.5% at 37-50%. Pinned
+    # here as found, not tuned.
+    model = device_model("h100-sxm")
+    cfg = preset("llama2-7b")
+    assert score(model, cfg, 1).mfu == pytest.approx(0.591, abs=0.005)
+    assert score(model, cfg, 4).mfu == pytest.approx(0.705, abs=0.005)
