@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -73,3 +74,26 @@ def test_the_watcher_reaps_when_its_driver_is_killed(tmp_path):
     else:
         os.kill(child, 9)
         raise AssertionError("the orphaned child outlived its killed driver by 30 s")
+
+
+def test_processes_below_a_marked_one_are_reaped_even_with_an_environment_of_their_own():
+    # Ray's raylet starts its agents with an environment without the token.
+    code = (
+        "import os, subprocess, sys, time\n"
+        "env = {k: v for k, v in os.environ.items() if k != 'ARCHSEARCH_RAY_OWNER'}\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], env=env)\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    env = {**os.environ, OWNER_ENV: "t-tree"}
+    parent = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    try:
+        assert owned_processes("t-tree") == {parent.pid}
+        assert reap("t-tree", grace_s=5) == {parent.pid, child}
+        assert parent.wait(timeout=10) != 0
+    finally:
+        parent.kill()
+        parent.wait()
+        with contextlib.suppress(OSError):
+            os.kill(child, 9)
