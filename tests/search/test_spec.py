@@ -308,3 +308,12 @@ def test_the_spec_module_imports_without_torch_optuna_or_ray():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == ""
+
+
+def test_every_shape_of_the_hf_example_exports_to_hf():
+    from archsearch.space.export import EXPORT_FORMATS
+
+    spec = load_spec(EXAMPLES / "tiny-hf.toml")
+    configs = sample_configs(spec.space, 1000)  # the space has 270 feasible points: all of them
+    assert len(configs) == spec.space.feasibility().feasible == 270
+    assert all(EXPORT_FORMATS["hf"].refusal(c) is None for c in configs)
