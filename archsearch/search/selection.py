@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -76,6 +76,7 @@ class Choice:
     best_under_flops: str | None = None  # "1e9", "2G": parsed by `space.export.parse_flops`
     front: bool = False
     exportable: bool = False
+    flops_limit: float | None = field(init=False, default=None)  # `best_under_flops`, parsed
 
     def __post_init__(self) -> None:
         EXPORT_FORMATS[self.fmt]  # an unknown format fails before the database is opened
@@ -87,11 +88,7 @@ class Choice:
         if self.exportable and self.trial is not None:
             raise ArchsearchError("--exportable chooses among trials; it does not apply to --trial N")
         if self.best_under_flops is not None:
-            parse_flops(self.best_under_flops)
-
-    @property
-    def flops_limit(self) -> float | None:
-        return None if self.best_under_flops is None else parse_flops(self.best_under_flops)
+            object.__setattr__(self, "flops_limit", parse_flops(self.best_under_flops))
 
 
 @dataclass(frozen=True)
