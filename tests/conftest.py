@@ -31,3 +31,14 @@ def ray_session():
     )
     yield
     ray.shutdown()
+
+
+@pytest.fixture
+def two_threads():
+    """The process at 2 torch threads for the test, its own count back after."""
+    import torch
+
+    own = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(own)

@@ -11,24 +11,25 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_query_speed_smoke(tmp_path):
+def _smoke(script: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`benchmarks/SCRIPT --smoke ARGS` as a real process; it must exit 0."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "query_speed.py"), "--smoke", "--keep", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [sys.executable, str(ROOT / "benchmarks" / script), "--smoke", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_query_speed_smoke(tmp_path):
+    done = _smoke("query_speed.py", "--keep", str(tmp_path), timeout=300)
     assert "database: 300 trials" in done.stdout, done.stdout
     assert "trials on the front of" in done.stdout, done.stdout
     assert "python -m archsearch pareto" in done.stdout, done.stdout
 
 
 def test_proxy_fidelity_smoke():
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "proxy_fidelity.py"), "--smoke",
-         "--variants", "reference,tokens2x-constant"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = _smoke("proxy_fidelity.py", "--variants", "reference,tokens2x-constant", timeout=600)
     table, with_size = done.stdout.split("\n\n")
     lines = table.splitlines()
     assert lines[0].startswith("3 shapes; long-run reference: recorded 10x runs"), done.stdout
@@ -45,20 +46,12 @@ def test_proxy_fidelity_smoke():
 
 
 def test_step_time_accuracy_smoke():
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "step_time_accuracy.py"), "--smoke"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = _smoke("step_time_accuracy.py", timeout=600)
     assert "stored/trainer" in done.stdout, done.stdout
 
 
 def test_threads_smoke():
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "threads.py"), "--smoke"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = _smoke("threads.py", timeout=300)
     lines = done.stdout.splitlines()
     assert "tok/s @1" in lines[2] and "tok/s @2" in lines[2] and "2/1" in lines[2], done.stdout
     assert lines[3].startswith("d64 L1 ff128 mha"), done.stdout  # the tiny space's smallest shape
@@ -78,11 +71,7 @@ SMOKES = {
 
 @pytest.mark.parametrize("name", sorted(SMOKES))
 def test_every_benchmark_runs_in_smoke_mode(name):
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--smoke"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = _smoke(f"{name}.py", timeout=600)
     for line in SMOKES[name]:
         assert line in done.stdout, done.stdout[-3000:]
 

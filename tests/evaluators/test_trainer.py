@@ -113,15 +113,6 @@ def test_other_errors_propagate(corpus, monkeypatch):
         train(TINY, corpus, TrainSettings(tokens=1_000, **FAST))
 
 
-@pytest.fixture
-def two_threads():
-    """The process at 2 torch threads for the test, its own count back after."""
-    own = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(own)
-
-
 def test_a_run_with_one_thread_trains_on_one_and_restores_the_count(corpus, two_threads):
     seen = []
     result = train(

@@ -47,14 +47,6 @@ def test_the_cores_of_a_trial_are_the_whole_cpus_ray_gave_it():
     assert trial_cores(1e6) == usable_cores()
 
 
-@pytest.fixture
-def two_threads():
-    own = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(own)
-
-
 def test_a_cpu_trial_trains_and_profiles_on_its_threads_and_restores_the_count(two_threads):
     out = run_trial(_request(cpus=1.0))
     assert out["status"] == "complete"
