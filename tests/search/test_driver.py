@@ -194,3 +194,14 @@ def test_a_shape_evaluated_before_is_not_trained_again(db, monkeypatch):
     study = optuna.load_study(study_name="s", storage=db.url)
     originals = {t.params["d_model"]: t.values for t in study.trials if t.number < 2}
     assert all(t.values == originals[t.params["d_model"]] for t in study.trials)
+
+
+def _niceness():
+    return os.nice(0)
+
+
+def test_a_local_ray_runs_trials_at_the_driver_priority_not_ray_background_nice():
+    """Ray's default worker niceness (15) starved trials on a busy machine (`start_local_ray`)."""
+    import ray
+
+    assert ray.get(ray.remote(_niceness).remote()) == os.nice(0)
