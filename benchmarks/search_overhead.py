@@ -24,13 +24,14 @@ from pathlib import Path
 
 from archsearch.search.driver import SearchOptions, run_search
 from archsearch.search.spec import parse_spec
-from archsearch.storage import Storage, TrialOutcome
+from archsearch.storage import Storage
+from archsearch.trial import TrialOutcome
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny.toml"
 
 
 def no_work(request, known=None, board=None):
-    return {"status": "complete", "train": {"val_loss": 1.0 + request["number"] % 7 / 10}}
+    return TrialOutcome(status="complete", train={"val_loss": 1.0 + request.number % 7 / 10})
 
 
 def _spec(tokens: int, sampler: str = "random", budget: bool = True, profile: bool = True):

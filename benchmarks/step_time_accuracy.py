@@ -29,7 +29,7 @@ from pathlib import Path
 from archsearch.evaluators.data import load_dataset
 from archsearch.evaluators.trainer import STEP_WARMUP, train
 from archsearch.search.spec import load_spec
-from archsearch.search.worker import run_trial
+from archsearch.search.worker import TrialRequest, run_trial
 from archsearch.space.config import ArchConfig
 from archsearch.space.search_space import Rejected
 
@@ -82,16 +82,14 @@ def main() -> None:
     )
     ratios, old_ratios, started = [], [], time.perf_counter()
     for i, cfg in enumerate(draw_shapes(spec.space, shapes, args.seed)):
-        request = dict(
-            number=i, config=cfg.to_dict(), proxy=dataclasses.asdict(proxy), data=None,
-            profile={**dataclasses.asdict(spec.profile), "devices": []}, step_time_device="local", rungs=[],
-        )  # fmt: skip
+        profile = dataclasses.replace(spec.profile, devices=())
+        request = TrialRequest(i, cfg, proxy, profile, step_time_device="local")
         out = run_trial(request)
-        if out["status"] != "complete":
-            print(f"{label(cfg):<40} {out['status']}: {out['reason']}")
+        if out.status != "complete":
+            print(f"{label(cfg):<40} {out.status}: {out.reason}")
             continue
-        report = out["profiles"][0]["report"]
-        trainer_s, stored_s, sum_s = out["train"]["step_time_s"], out["step_time_s"], report["kernel_sum_s"]
+        report = out.profiles[0]["report"]
+        trainer_s, stored_s, sum_s = out.train["step_time_s"], out.step_time_s, report["kernel_sum_s"]
         ratio, old = stored_s / trainer_s, sum_s / trainer_s
         ratios.append(ratio)
         old_ratios.append(old)

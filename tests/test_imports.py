@@ -23,7 +23,8 @@ def test_space_and_cli_import_without_torch_or_ray():
 
 
 ROOT = Path(__file__).resolve().parents[1] / "archsearch"
-# Room -> the archsearch rooms it may import (errors, fileio, registry and units are shared helpers).
+SHARED = {"errors", "fileio", "registry", "trial", "units"}  # helpers every room may import
+# Room -> the archsearch rooms it may import (and SHARED).
 ALLOWED = {
     "space": {"space"},
     "storage": {"space", "storage"},
@@ -41,7 +42,7 @@ def _imported_rooms(path: Path) -> set[str]:
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [node.module]
         rooms |= {n.split(".")[1] for n in names if n.startswith("archsearch.") and n.count(".") >= 1}
-    return rooms - {"errors", "fileio", "registry", "units"}
+    return rooms - SHARED
 
 
 @pytest.mark.parametrize("room", sorted(ALLOWED))
@@ -58,3 +59,8 @@ def test_the_cli_holds_no_sql_and_no_numerics():
     for path in sorted((ROOT / "cli").glob("*.py")):
         text = path.read_text()
         assert not re.search(r"^\s*(import|from) (sqlalchemy|numpy)\b", text, re.M), path.name
+
+
+@pytest.mark.parametrize("helper", sorted(SHARED))
+def test_the_shared_helpers_import_no_room(helper):
+    assert not _imported_rooms(ROOT / f"{helper}.py")

@@ -8,8 +8,8 @@ from archsearch.errors import ArchsearchError
 from archsearch.search.driver import objective_values
 from archsearch.space import preset
 from archsearch.space.objectives import OBJECTIVES, parse_objectives
-from archsearch.storage import TrialOutcome
 from archsearch.storage.query import ALIASES, COLUMNS
+from archsearch.trial import TrialOutcome
 from tests.specs import tiny_spec
 
 STEP_TIME = 'minimize = ["loss", "flops", "step_time"]\nstep_time_device = "local"'

@@ -27,6 +27,7 @@ from archsearch.cli.common import (
 )
 from archsearch.cli.progress import progress_bar, steps_bar
 from archsearch.errors import ConfigError
+from archsearch.trial import FAILED
 
 
 @app.command()
@@ -107,7 +108,7 @@ def train(
         for row in rows:
             table.add_row(*row)
         console.print(table)
-    if result.status == "failed":
+    if result.status == FAILED:
         raise typer.Exit(1)
 
 

@@ -25,12 +25,13 @@ from rich.text import Text
 
 def search_text(p: Any) -> str:
     """A search's state in one line: trials by state, the best loss, the front's size."""
-    c = p.counts
+    from archsearch.trial import DUPLICATE, FINISHED, REJECTED, RUNNING
+
     best = "-" if p.best_loss is None else f"{p.best_loss:.4f}"
+    ended = ", ".join(f"{p.counts.get(s, 0)} {s}" for s in (*FINISHED, REJECTED, DUPLICATE))
     return (
-        f"{p.finished}/{p.target} finished: {c.get('complete', 0)} complete, {c.get('pruned', 0)} pruned, "
-        f"{c.get('failed', 0)} failed, {c.get('rejected', 0)} rejected, {c.get('duplicate', 0)} duplicate; "
-        f"{c.get('running', 0)} running; best loss {best}; front {p.front_size}"
+        f"{p.finished}/{p.target} finished: {ended}; {p.counts.get(RUNNING, 0)} running; "
+        f"best loss {best}; front {p.front_size}"
     )
 
 

@@ -117,7 +117,8 @@ def print_study_front(f: Any, long: dict[int, tuple[float, float, int]] | None =
 @app.command()
 def studies(storage: StorageOpt = None, as_json: JsonFlag = False) -> None:
     """The studies in a trial database, with their trials by state."""
-    from archsearch.storage import STATES, Storage
+    from archsearch.storage import Storage
+    from archsearch.trial import STATES
 
     with Storage.open(storage, create=False) as db:
         records = db.studies()

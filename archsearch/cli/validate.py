@@ -10,6 +10,7 @@ from rich.table import Table
 
 from archsearch.cli.common import JsonFlag, StorageOpt, StudyOpt, app, fmt_value, print_json, si, stdout
 from archsearch.cli.progress import validate_display
+from archsearch.trial import FAILED
 
 
 @app.command()
@@ -60,7 +61,7 @@ def validate(
         raise typer.Exit(128 + (summary.signal or 2))
     if as_json:
         print_json({"study": summary.study, "trained": summary.trained, "skipped": summary.skipped,
-                     "failed": list(summary.failed), **summary.report})  # fmt: skip
+                     FAILED: list(summary.failed), **summary.report})  # fmt: skip
     else:
         _print_validation(summary.study, summary.report)
     typer.echo(f"{summary.trained} long runs trained, {summary.skipped} reused from earlier runs", err=True)

@@ -44,6 +44,7 @@ from archsearch.evaluators.settings import (
 )
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts, param_counts
+from archsearch.trial import COMPLETE, FAILED, OUTCOMES, PRUNED, check_state
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class TokenData(Protocol):
 class TrainResult:
     """The outcome of one proxy run. Losses are nats per token on the held-out batches."""
 
-    status: str  # "complete", "pruned" or "failed"
+    status: str  # one of trial.OUTCOMES: complete, pruned or failed
     reason: str | None  # why a run failed or was pruned
     val_loss: float | None  # at the end of the run (or the last evaluation before it stopped)
     bits_per_byte: float | None  # val_loss / ln 2 / bytes per token, for byte-level data
@@ -91,6 +92,9 @@ class TrainResult:
     step_time_s: float | None = None
     step_time_steps: int = 0
     threads: int | None = None  # torch intra-op threads of a CPU run; None on CUDA (left alone)
+
+    def __post_init__(self) -> None:
+        check_state(self.status, OUTCOMES)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -312,7 +316,7 @@ def _train(
     def failed(reason: str) -> TrainResult:
         """A run that failed before its first step."""
         return TrainResult(
-            status="failed", reason=reason, val_loss=None, bits_per_byte=None, tokens=0, steps=0,
+            status=FAILED, reason=reason, val_loss=None, bits_per_byte=None, tokens=0, steps=0,
             wall_time_s=0.0, tokens_per_second=0.0, achieved_flops_per_second=0.0, mfu=None,
             peak_flops_per_second=None, **base,
         )  # fmt: skip
@@ -360,7 +364,7 @@ def _train(
     log_every = 10  # steps between host syncs: reading the loss waits for the device
     tokens = steps = 0
     eval_time = 0.0  # excluded from training time and throughput
-    status, reason = "complete", None
+    status, reason = COMPLETE, None
     pending_loss, pending_steps = torch.zeros((), device=device), 0
     clock = StepClock(device)
     start = time.perf_counter()
@@ -372,7 +376,7 @@ def _train(
             pending_loss.zero_()
             pending_steps = 0
             if not math.isfinite(mean_loss):
-                raise _Stop("failed", f"training loss is {mean_loss} at step {steps}")
+                raise _Stop(FAILED, f"training loss is {mean_loss} at step {steps}")
             loss_curve.append((tokens, mean_loss))
             # Reported at every sync, evaluations included: with evaluations closer together than
             # log_every steps (a tiny budget) the count below never reaches log_every.
@@ -396,11 +400,11 @@ def _train(
                 eval_time += time.perf_counter() - t_eval
                 val_curve.append((tokens, val_loss))
                 if not math.isfinite(val_loss):
-                    raise _Stop("failed", f"validation loss is {val_loss} after {tokens} tokens")
+                    raise _Stop(FAILED, f"validation loss is {val_loss} after {tokens} tokens")
                 if next_eval == len(eval_at) - 1:
                     break
                 if on_eval is not None and on_eval(tokens, val_loss):
-                    raise _Stop("pruned", f"pruned after {tokens} tokens at val_loss {val_loss:.4f}")
+                    raise _Stop(PRUNED, f"pruned after {tokens} tokens at val_loss {val_loss:.4f}")
                 next_eval += 1
                 continue
             lr_scale = schedule(done, settings.warmup, settings.min_lr)
@@ -425,7 +429,7 @@ def _train(
     except Exception as exc:
         if not is_memory_error(exc):
             raise
-        status, reason = "failed", f"out of memory after {steps} steps: {str(exc).splitlines()[0]}"
+        status, reason = FAILED, f"out of memory after {steps} steps: {str(exc).splitlines()[0]}"
     finally:
         del optimizer
         if device.type == "cuda":
@@ -438,7 +442,7 @@ def _train(
     peak = peak_matmul_flops(info, precision, cache) if tokens else None
     step_time, step_time_steps = clock.median()
     val_loss = val_curve[-1][1] if val_curve else None
-    if status == "failed":
+    if status == FAILED:
         val_loss = None
     bpb = data.bits_per_byte(val_loss) if val_loss is not None else None
     return TrainResult(
@@ -512,6 +516,6 @@ def measure_step(
         device=device, precision=precision, warmup=0.0, threads=torch.get_num_threads(),
     )  # fmt: skip
     result = train(cfg, _RandomTokens(cfg.vocab_size), settings, cache=cache)
-    if result.status != "complete" or result.step_time_s is None:
+    if result.status != COMPLETE or result.step_time_s is None:
         raise ProfilerError(f"could not time a training step of batch {batch}: {result.reason}")
     return result.step_time_s, result.step_time_steps

@@ -6,7 +6,8 @@ How a trial flows:
    overshoot the requested number.
 2. `study.ask()`; the space samples every knob and derives the shape. A point that is not a valid
    or in-budget config is recorded as rejected (Optuna state FAIL) before any compute is spent.
-3. A Ray task runs `worker.evaluate` on plain data. The driver renews the lease while it runs.
+3. A Ray task runs `worker.evaluate` on a `worker.TrialRequest` and returns a `trial.TrialOutcome`;
+   the driver renews the lease while it runs.
 4. The result is written in one transaction (`Storage.finish_trial`), then told to Optuna.
 
 Failure handling (BRIEF.md section 8):
@@ -34,7 +35,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,12 +47,13 @@ from archsearch.search.pruning import DEFAULT_REDUCTION_FACTOR, MultiObjectiveHa
 from archsearch.search.reaper import ray_reaped
 from archsearch.search.samplers import SAMPLERS, SEED_MAX
 from archsearch.search.spec import SearchSpec
+from archsearch.search.worker import TrialRequest, evaluate
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts
 from archsearch.space.objectives import OBJECTIVE_COLUMNS
 from archsearch.space.search_space import Rejected
-from archsearch.storage import Storage, StudyExistsError, TrialOutcome, TrialRecord
-from archsearch.storage.schema import COMPLETE, DUPLICATE, FAILED, INTERRUPTED, PRUNED, REJECTED, RUNNING
+from archsearch.storage import Storage, StudyExistsError, TrialRecord
+from archsearch.trial import COMPLETE, DUPLICATE, FAILED, INTERRUPTED, PRUNED, REJECTED, RUNNING, TrialOutcome
 
 if TYPE_CHECKING:
     import optuna
@@ -193,7 +195,7 @@ class _RayPool:
     is stopped when the driver ends, even by SIGKILL (`reaper`).
     """
 
-    def __init__(self, options: SearchOptions, evaluate_fn: Callable[..., dict]) -> None:
+    def __init__(self, options: SearchOptions, evaluate_fn: Callable[..., TrialOutcome]) -> None:
         self.options = options
         self.evaluate_fn = evaluate_fn
         self.owned = False
@@ -241,7 +243,7 @@ class _RayPool:
     def board(self, pruner: MultiObjectiveHalving) -> Any:
         return self.ray.remote(num_cpus=0)(_Board).remote(pruner)
 
-    def submit(self, request: dict[str, Any], known: Any, board: Any) -> Any:
+    def submit(self, request: TrialRequest, known: Any, board: Any) -> Any:
         return self.task.remote(request, known, board)
 
     def put(self, value: Any) -> Any:
@@ -256,8 +258,8 @@ class _RayPool:
             ready += more
         return ready
 
-    def result(self, ref: Any) -> tuple[dict[str, Any] | None, str | None, bool]:
-        """(result, failure reason, whether the worker died and a retry may help)."""
+    def result(self, ref: Any) -> tuple[TrialOutcome | None, str | None, bool]:
+        """(outcome, failure reason, whether the worker died and a retry may help)."""
         from ray import exceptions as rex
 
         try:
@@ -556,16 +558,16 @@ class _Driver:
             return None
         return _Running(slot=slot, trial=trial, config=cfg)
 
-    def _request(self, item: _Running) -> dict[str, Any]:
+    def _request(self, item: _Running) -> TrialRequest:
         spec = self.spec
-        return dict(
+        return TrialRequest(
             number=item.trial.number,
-            config=item.config.to_dict(),
-            proxy=asdict(spec.proxy),
+            config=item.config,
+            proxy=spec.proxy,
+            profile=spec.profile,
             data=spec.data,
-            profile=asdict(spec.profile),
             step_time_device=spec.step_time_device if "step_time" in spec.objectives else None,
-            rungs=list(spec.defaults.rungs),
+            rungs=spec.defaults.rungs,
             cpus=self.options.cpus_per_trial,  # caps a CPU trial's threads (worker.trial_cores)
         )
 
@@ -580,20 +582,16 @@ class _Driver:
         import optuna
 
         item = self.running.pop(ref)
-        result, reason, died = pool.result(ref)
-        if result is None:
+        outcome, reason, died = pool.result(ref)
+        if outcome is None:
             if died and item.attempt <= self.options.retries:
                 log.warning("trial %d: %s; retrying", item.trial.number, reason)
                 self._submit(pool, item, known_ref, board, note=f"attempt {item.attempt}: {reason}")
                 return []
             outcome = TrialOutcome(status=FAILED, reason=reason)
-        else:
-            outcome = TrialOutcome.from_dict(result)
         values = objective_values(self.spec, outcome, item.config) if outcome.status == COMPLETE else None
         if outcome.status == COMPLETE and values is None:
-            outcome = TrialOutcome(
-                **{**asdict(outcome), "status": FAILED, "reason": "an objective is missing"}
-            )
+            outcome = replace(outcome, status=FAILED, reason="an objective is missing")
         self.storage.finish_trial(item.slot, outcome)
         if outcome.reason:
             item.trial.set_user_attr(REASON_ATTR, outcome.reason)
@@ -657,7 +655,7 @@ def run_search(
     options: SearchOptions,
     *,
     on_update: Callable[[SearchProgress], None] | None = None,
-    evaluate_fn: Callable[..., dict] | None = None,
+    evaluate_fn: Callable[..., TrialOutcome] | None = None,
 ) -> SearchSummary:
     """Run (or resume) a search until the study has `options.trials` finished trials.
 
@@ -676,8 +674,6 @@ def run_search(
             sampler cannot find valid configs.
         ReadOnlyStorageError: the database cannot be written here.
     """
-    from archsearch.search import worker
-
     storage.require_writable()  # a read-only database fails here, before anything is written
     threads = spec.proxy.threads
     if threads is not None and threads > options.cpus_per_trial:
@@ -689,7 +685,7 @@ def run_search(
     driver = _Driver(spec, storage, options, on_update)
     driver.open_study()
     driver.sweep()
-    with _RayPool(options, evaluate_fn or worker.evaluate) as pool:
+    with _RayPool(options, evaluate_fn or evaluate) as pool:
         signum = driver.run(pool)
     return SearchSummary(
         study=options.study,

@@ -24,6 +24,7 @@ from archsearch.errors import ArchsearchError
 from archsearch.search.pareto import pareto_front
 from archsearch.space.export import EXPORT_FORMATS, parse_flops
 from archsearch.space.objectives import OBJECTIVE_COLUMNS
+from archsearch.trial import COMPLETE
 
 if TYPE_CHECKING:
     from archsearch.space.config import ArchConfig
@@ -113,7 +114,7 @@ def select(db: Storage, study: str, choice: Choice) -> Selection:
     if choice.trial is not None:
         members = [_numbered(db.trials(study), study, choice.trial)]
     else:
-        complete = db.trials(study, status="complete")
+        complete = db.trials(study, status=COMPLETE)
         if choice.exportable:
             complete = _exportable(complete, study, choice.fmt)
         if choice.flops_limit is not None:
@@ -153,7 +154,7 @@ def _numbered(trials: list[Any], study: str, number: int, use: str = "export") -
         span = f"trials {numbers[0]} to {numbers[-1]}" if numbers else "no trials"
         raise ArchsearchError(f"study {study!r} has no trial {number} ({span})")
     t = found[0]
-    if t.status != "complete" or t.config is None:
+    if t.status != COMPLETE or t.config is None:
         why = f" ({t.reason})" if t.reason else ""
         raise ArchsearchError(f"trial {number} of {study!r} is {t.status}{why}: only complete trials {use}")
     return t

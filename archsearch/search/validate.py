@@ -44,7 +44,7 @@ from archsearch.search.fidelity import (
     spearman,
 )
 from archsearch.search.pareto import hypervolume, pareto_mask, reference_point, scaled, study_front
-from archsearch.storage.schema import COMPLETE
+from archsearch.trial import COMPLETE
 
 if TYPE_CHECKING:
     from archsearch.storage import Storage, TrialRecord

@@ -1,8 +1,9 @@
 """What a Ray worker does for one trial: train the proxy, profile the step, return plain data.
 
-`evaluate` maps a plain request (the config and settings as dicts) to a plain result with the
-fields of `storage.TrialOutcome`. It never touches the database or Optuna: the driver owns both,
-so a retried or crashed task can never create, duplicate or strand a trial (BRIEF.md section 8).
+`evaluate` maps a `TrialRequest` (the shape and the search's settings, frozen) to a
+`trial.TrialOutcome`; Ray pickles both across the process boundary. It never touches the database
+or Optuna: the driver owns both, so a retried or crashed task can never create, duplicate or
+strand a trial (BRIEF.md section 8).
 
 Determinism: the proxy run is seeded (the same request gives the same loss on the same device);
 kernel times are medians of repeats and vary with machine load; modelled step times are exact
@@ -17,15 +18,75 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from archsearch.search.pruning import rung_at
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts
+from archsearch.trial import COMPLETE, FAILED, PRUNED, TrialOutcome
 
 if TYPE_CHECKING:
     from archsearch.evaluators.settings import TrainSettings
+    from archsearch.search.spec import ProfileSpec
+
+
+@dataclass(frozen=True)
+class TrialRequest:
+    """What the driver asks of a worker for one trial.
+
+    Attributes:
+        number: the trial's number (the pruning board's key).
+        config: the shape.
+        proxy: the proxy run's settings.
+        profile: where step times are measured (local) or modelled (devices).
+        data: the corpus path; None: the bundled corpus.
+        step_time_device: "local", a catalogue name, or None when step time is not an objective.
+        rungs: the pruning fractions of the proxy budget; empty: no pruning.
+        cpus: the CPUs Ray gave the trial, which cap its threads; None: see `trial_cores`.
+    """
+
+    number: int
+    config: ArchConfig
+    proxy: TrainSettings
+    profile: ProfileSpec
+    data: str | None = None
+    step_time_device: str | None = None
+    rungs: tuple[float, ...] = ()
+    cpus: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (JSON-ready): the config as `ArchConfig.to_dict`, settings as their fields."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out.update(
+            config=self.config.to_dict(),
+            proxy=dataclasses.asdict(self.proxy),
+            profile=dataclasses.asdict(self.profile),
+            rungs=list(self.rungs),
+        )
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrialRequest:
+        """The inverse of `to_dict`; settings are validated as they are built.
+
+        Raises:
+            ConfigError: an invalid shape. TrainError, SpecError: an invalid setting.
+        """
+        from archsearch.evaluators.settings import TrainSettings
+        from archsearch.search.spec import ProfileSpec
+
+        values = dict(data)
+        profile = dict(values["profile"])
+        profile["devices"] = tuple(profile.get("devices") or ())
+        values.update(
+            config=ArchConfig.from_dict(values["config"]),
+            proxy=TrainSettings(**values["proxy"]),
+            profile=ProfileSpec(**profile),
+            rungs=tuple(values.get("rungs") or ()),
+        )
+        return cls(**values)
 
 
 @functools.lru_cache(maxsize=4)
@@ -37,8 +98,8 @@ def _dataset(path: str | None, vocab_size: int, seq_len: int) -> Any:
 
 
 def evaluate(
-    request: dict[str, Any], known_kernels: dict[str, float] | None = None, board: Any = None
-) -> dict:
+    request: TrialRequest, known_kernels: dict[str, float] | None = None, board: Any = None
+) -> TrialOutcome:
     """The Ray task: `run_trial`, judged at the rungs by the driver's pruning actor `board`."""
     judge = None
     if board is not None:
@@ -69,57 +130,49 @@ def trial_cores(cpus: float | None) -> int | None:
 
 
 def run_trial(
-    request: dict[str, Any], known_kernels: dict[str, float] | None = None, judge: Judge | None = None
-) -> dict:
+    request: TrialRequest, known_kernels: dict[str, float] | None = None, judge: Judge | None = None
+) -> TrialOutcome:
     """Train and profile one candidate.
 
     Args:
-        request: plain data: "number" (the trial), "config" (`ArchConfig.to_dict()`), "proxy"
-            (`TrainSettings` fields), "data" (corpus path or None for the bundled corpus),
-            "profile" (local, devices, batch, dtype, min_run_time), "step_time_device"
-            ("local", a catalogue name or None), "rungs" (pruning fractions; empty: no pruning)
-            and "cpus" (the CPUs Ray gave the trial, which cap its threads; absent: see
-            `trial_cores`).
+        request: the shape and the search's settings.
         known_kernels: kernel seconds already measured (`Storage.measurements()`), so a shape is
             timed once per device across all trials and studies.
         judge: called as `judge(number, rung, loss, flops)` when the run reaches a pruning rung;
             returns the reason to stop it, or None to go on. None: no pruning.
 
     Returns:
-        `storage.TrialOutcome` fields as plain data; losses in nats per token, times in seconds.
-        Training failures (NaN, out of memory, too large) come back as status "failed"; a
-        pruned run as "pruned" with its rung.
+        The outcome; losses in nats per token, times in seconds. Training failures (NaN, out of
+        memory, too large) come back as status "failed"; a pruned run as "pruned" with its rung.
 
     Raises:
         Whatever a bug raises: the driver records it as the trial's failure reason.
     """
-    from archsearch.evaluators.settings import TrainSettings
     from archsearch.evaluators.trainer import intra_op_threads, run_threads
 
-    cfg = ArchConfig.from_dict(request["config"])
-    settings = TrainSettings(**request["proxy"])
-    threads = run_threads(cfg, settings, trial_cores(request.get("cpus")))
+    settings = request.proxy
+    threads = run_threads(request.config, settings, trial_cores(request.cpus))
     if threads is not None:
         settings = dataclasses.replace(settings, threads=threads)
     # Training and local profiling alike: the kernels are timed, and the device (whose
     # fingerprint counts CPU threads) described, on the threads the step trained on.
     with intra_op_threads(threads):
-        return _run_trial(request, cfg, settings, known_kernels, judge)
+        return _run_trial(request, settings, known_kernels, judge)
 
 
 def _run_trial(
-    request: dict[str, Any],
-    cfg: ArchConfig,
+    request: TrialRequest,
     settings: TrainSettings,
     known_kernels: dict[str, float] | None,
     judge: Judge | None,
-) -> dict:
+) -> TrialOutcome:
     from archsearch.evaluators.trainer import resolve_device, train
     from archsearch.storage.kernels import KernelCache
 
-    data = _dataset(request.get("data"), cfg.vocab_size, settings.seq_len or cfg.seq_len)
+    cfg = request.config
+    data = _dataset(request.data, cfg.vocab_size, settings.seq_len or cfg.seq_len)
     flops = float(flop_counts(cfg).forward)
-    rungs: list[float] = list(request.get("rungs") or ())
+    rungs = request.rungs
     judged: dict[str, Any] = {"evals": 0, "rung": -1, "pruned_rung": None, "reason": None}
 
     def on_eval(tokens: int, val_loss: float) -> bool:
@@ -132,30 +185,29 @@ def _run_trial(
         if rung is None or rung <= judged["rung"]:
             return False
         judged["rung"] = rung
-        reason = judge(request["number"], rung, val_loss, flops)
+        reason = judge(request.number, rung, val_loss, flops)
         if reason is not None:
             judged["pruned_rung"], judged["reason"] = rungs[rung], reason
         return reason is not None
 
     cache = KernelCache(known_kernels)  # kernel times and the MFU peak, shared through the database
     result = train(cfg, data, settings, on_eval=on_eval, cache=cache)
-    outcome: dict[str, Any] = dict(
+    outcome = TrialOutcome(
         status=result.status,
-        reason=judged["reason"] if result.status == "pruned" else result.reason,
+        reason=judged["reason"] if result.status == PRUNED else result.reason,
         train=result.to_dict(),
-        pruned_rung=judged["pruned_rung"] if result.status == "pruned" else None,
+        pruned_rung=judged["pruned_rung"] if result.status == PRUNED else None,
         measurements=tuple(cache.new),
     )
-    if result.status != "complete":
+    if result.status != COMPLETE:
         return outcome  # no profiling spent on a pruned or failed shape
     info = resolve_device(settings.device)
-    outcome["device"] = info.to_dict()
-    outcome.update(_profile(cfg, request, settings, result, str(info.torch_device), cache))
-    return outcome
+    profiled = _profile(request, settings, result, str(info.torch_device), cache)
+    return dataclasses.replace(outcome, device=info.to_dict(), **profiled)
 
 
 def _profile(
-    cfg: ArchConfig, request: dict[str, Any], settings: Any, result: Any, device: str, cache: Any
+    request: TrialRequest, settings: TrainSettings, result: Any, device: str, cache: Any
 ) -> dict[str, Any]:
     """Step times: measured here (the real step, its kernels as the breakdown) and modelled on the
     catalogued GPUs.
@@ -171,19 +223,19 @@ def _profile(
     from archsearch.evaluators.trainer import measure_step
     from archsearch.search.spec import modelled_dtype
 
-    spec = request["profile"]
-    batch, dtype = spec.get("batch") or settings.batch_size, spec["dtype"]
+    cfg, spec = request.config, request.profile
+    batch, dtype = spec.batch or settings.batch_size, spec.dtype
     local_dtype = result.precision if dtype == AUTO else dtype
     reports = {}
     try:
-        if spec.get("local"):
+        if spec.local:
             report = profile_step(
                 cfg,
                 batch,
                 device=device,
                 dtype=local_dtype,
                 cache=cache,
-                min_run_time=spec["min_run_time"],
+                min_run_time=spec.min_run_time,
             )
             if (batch, local_dtype) == (settings.batch_size, result.precision) and result.step_time_s:
                 step, steps = result.step_time_s, result.step_time_steps
@@ -191,9 +243,9 @@ def _profile(
                 step, steps = measure_step(cfg, batch, device, local_dtype, cache=cache)
             reports["local"] = report.with_measured_step(step, steps)
     except ProfilerError as exc:
-        return dict(status="failed", reason=f"profiling: {exc}", measurements=tuple(cache.new))
+        return dict(status=FAILED, reason=f"profiling: {exc}", measurements=tuple(cache.new))
     gpu_dtype = modelled_dtype(dtype)
-    for name in spec.get("devices") or ():
+    for name in spec.devices:
         reports[name] = predict_step(device_model(name), step_kernels(cfg, batch, gpu_dtype), gpu_dtype)
     profiles = tuple(
         dict(
@@ -207,11 +259,11 @@ def _profile(
         )
         for name, report in reports.items()
     )
-    target = request.get("step_time_device")
+    target = request.step_time_device
     step_time = reports[target].step_time_s if target in reports else None
     if target is not None and (step_time is None or not math.isfinite(step_time)):
         return dict(
-            status="failed",
+            status=FAILED,
             reason=f"no step time on {target!r}",
             profiles=profiles,
             measurements=tuple(cache.new),

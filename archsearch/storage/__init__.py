@@ -13,20 +13,17 @@ from archsearch.storage.db import (
     StorageError,
     StudyExistsError,
     StudyRecord,
-    TrialOutcome,
     TrialRecord,
     ValidationRecord,
     storage_url,
 )
 from archsearch.storage.kernels import KernelCache, measurement_row
 from archsearch.storage.query import QueryError, compile_filter, trials_frame
-from archsearch.storage.schema import FINISHED_STATES, SCHEMA_VERSION, STATES
+from archsearch.storage.schema import SCHEMA_VERSION
 
 __all__ = [
     "DEFAULT_STORAGE_URL",
-    "FINISHED_STATES",
     "SCHEMA_VERSION",
-    "STATES",
     "STORAGE_ENV",
     "KernelCache",
     "LongRunRecord",
@@ -37,7 +34,6 @@ __all__ = [
     "StorageError",
     "StudyExistsError",
     "StudyRecord",
-    "TrialOutcome",
     "TrialRecord",
     "ValidationRecord",
     "compile_filter",

@@ -36,7 +36,8 @@ from archsearch.errors import ArchsearchError, UnknownNameError, quoted
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts, kv_cache_bytes_per_token, param_counts
 from archsearch.storage import schema
-from archsearch.storage.schema import COMPLETE, FINISHED_STATES, RUNNING, SCHEMA_VERSION
+from archsearch.storage.schema import SCHEMA_VERSION
+from archsearch.trial import COMPLETE, FINISHED, RUNNING, TrialOutcome, check_state
 
 if TYPE_CHECKING:
     import optuna
@@ -86,7 +87,7 @@ class StudyRecord:
 
     @property
     def finished(self) -> int:
-        return sum(self.counts.get(s, 0) for s in FINISHED_STATES)
+        return sum(self.counts.get(s, 0) for s in FINISHED)
 
 
 @dataclass(frozen=True)
@@ -140,41 +141,6 @@ class ValidationRecord:
     seeds: int
     report: dict[str, Any]
     created_at: float
-
-
-@dataclass(frozen=True)
-class TrialOutcome:
-    """What one evaluation produced, in plain data (a worker's result, as the driver records it).
-
-    Attributes:
-        status: "complete", "pruned" or "failed".
-        reason: why it failed or was pruned.
-        train: `TrainResult.to_dict()` (None when the worker died before training ended).
-        profiles: one dict per device: device ("local" or a catalogue name), modelled, dtype,
-            batch, step_time_s, tokens_per_second, report (`ProfileReport.to_dict()`).
-        measurements: kernel times measured for this trial: key, fingerprint, dtype, kind, shape,
-            seconds (new entries for the shared kernel cache).
-        device: `DeviceInfo.to_dict()` of the worker's device.
-        step_time_s / step_time_device: the step-time objective and where it comes from.
-        pruned_rung: the fraction of the proxy budget at which it was pruned.
-    """
-
-    status: str
-    reason: str | None = None
-    train: dict[str, Any] | None = None
-    profiles: tuple[dict[str, Any], ...] = ()
-    measurements: tuple[dict[str, Any], ...] = ()
-    device: dict[str, Any] | None = None
-    step_time_s: float | None = None
-    step_time_device: str | None = None
-    pruned_rung: float | None = None
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> TrialOutcome:
-        values = dict(data)
-        for name in ("profiles", "measurements"):
-            values[name] = tuple(values.get(name) or ())
-        return cls(**values)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -601,7 +567,7 @@ class Storage:
             taken = s.scalar(
                 select(func.count())
                 .select_from(schema.Trial)
-                .where(schema.Trial.study == study, schema.Trial.status.in_((*FINISHED_STATES, RUNNING)))
+                .where(schema.Trial.study == study, schema.Trial.status.in_((*FINISHED, RUNNING)))
             )
             if taken >= limit:
                 return None
@@ -661,6 +627,7 @@ class Storage:
 
     def end_trial(self, trial_id: int, status: str, reason: str) -> None:
         """Close a trial that produced no results: rejected, interrupted, or failed before running."""
+        check_state(status)
         with self._session() as s:
             s.execute(
                 update(schema.Trial)

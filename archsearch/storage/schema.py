@@ -27,22 +27,6 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 SCHEMA_VERSION = 2  # 2: archsearch_long_runs and archsearch_validations (`archsearch validate`)
 ADDITIVE_SINCE = 1  # versions 1 .. SCHEMA_VERSION - 1 differ from this one only by missing tables
 
-# Trial states. "running" holds a lease; "rejected" was sampled but is not a valid or in-budget
-# config, and "duplicate" is a shape the study already evaluated (its result is told to Optuna
-# again): neither spends compute. "interrupted" was stopped by Ctrl-C / SIGTERM or a dead driver
-# and re-queued. Only complete, pruned and failed count as finished trials.
-RUNNING, COMPLETE, PRUNED, FAILED, REJECTED, DUPLICATE, INTERRUPTED = (
-    "running",
-    "complete",
-    "pruned",
-    "failed",
-    "rejected",
-    "duplicate",
-    "interrupted",
-)
-FINISHED_STATES = (COMPLETE, PRUNED, FAILED)
-STATES = (RUNNING, COMPLETE, PRUNED, FAILED, REJECTED, DUPLICATE, INTERRUPTED)
-
 
 class Base(DeclarativeBase):
     pass

@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 from archsearch.cli import app
 from archsearch.search.pareto import pareto_front
 from archsearch.space import ArchConfig, flop_counts, param_counts
-from archsearch.storage import Storage, TrialOutcome
+from archsearch.storage import Storage
+from archsearch.trial import TrialOutcome
 
 LLAMA = ArchConfig(
     vocab_size=256, seq_len=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64

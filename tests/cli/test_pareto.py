@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from archsearch.cli import app
 from archsearch.space.knobs import config_from_knobs
-from archsearch.storage import Storage, TrialOutcome
+from archsearch.storage import Storage
+from archsearch.trial import TrialOutcome
 
 SHAPES = [  # (d_model, n_layers, loss): losses fall with size, one shape is dominated
     (64, 1, 2.6), (128, 2, 2.4), (192, 3, 2.45), (256, 4, 2.2), (256, 8, 2.25),

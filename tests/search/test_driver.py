@@ -13,6 +13,7 @@ from ray import cloudpickle  # Ray vendors it
 from archsearch.search import driver as driver_module
 from archsearch.search.driver import SearchError, SearchOptions, run_search
 from archsearch.storage import Storage
+from archsearch.trial import TrialOutcome
 from tests.specs import tiny_spec
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers need not import tests/
@@ -27,9 +28,9 @@ def db(tmp_path):
 
 def _result(request, loss=None):
     """What a worker returns, without training: the loss grows with width (for the front)."""
-    cfg = request["config"]
-    loss = 1.0 + cfg["d_model"] / 1000 + cfg["n_layers"] / 100 if loss is None else loss
-    return {"status": "complete", "train": {"val_loss": loss, "tokens": 1, "val_curve": [[1, loss]]}}
+    cfg = request.config
+    loss = 1.0 + cfg.d_model / 1000 + cfg.n_layers / 100 if loss is None else loss
+    return TrialOutcome(status="complete", train={"val_loss": loss, "tokens": 1, "val_curve": [[1, loss]]})
 
 
 def instant(request, known=None, board=None):
@@ -76,7 +77,7 @@ def test_a_worker_killed_mid_trial_is_retried_and_the_crash_recorded(db, tmp_pat
     marker = tmp_path / "crashed"
 
     def crash_once(request, known=None, board=None):
-        if request["number"] == 1 and not marker.exists():
+        if request.number == 1 and not marker.exists():
             marker.touch()
             os.kill(os.getpid(), signal.SIGKILL)
         return _result(request)
@@ -90,7 +91,7 @@ def test_a_worker_killed_mid_trial_is_retried_and_the_crash_recorded(db, tmp_pat
 
 def test_without_retries_a_killed_worker_fails_its_trial_and_the_search_goes_on(db):
     def crash_on_one(request, known=None, board=None):
-        if request["number"] == 1:
+        if request.number == 1:
             os.kill(os.getpid(), signal.SIGKILL)
         return _result(request)
 
@@ -102,7 +103,7 @@ def test_without_retries_a_killed_worker_fails_its_trial_and_the_search_goes_on(
 
 def test_an_exception_in_the_evaluation_fails_that_trial_with_its_message(db):
     def broken(request, known=None, board=None):
-        if request["number"] == 0:
+        if request.number == 0:
             raise ValueError("boom")
         return _result(request)
 
@@ -138,10 +139,10 @@ def test_dominated_trials_are_pruned_at_a_rung_with_the_reason(db):
     def report_rung(request, known=None, board=None):
         import ray
 
-        loss = 1.0 + request["number"]
-        reason = ray.get(board.decide.remote(request["number"], 0, loss, 1e6))
+        loss = 1.0 + request.number
+        reason = ray.get(board.decide.remote(request.number, 0, loss, 1e6))
         if reason:
-            return {"status": "pruned", "reason": reason, "pruned_rung": 0.25, "train": {"val_loss": loss}}
+            return TrialOutcome(status="pruned", reason=reason, pruned_rung=0.25, train={"val_loss": loss})
         return _result(request, loss)
 
     run_search(spec, db, SearchOptions(study="s", trials=4, workers=1), evaluate_fn=report_rung)

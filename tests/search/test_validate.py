@@ -24,7 +24,8 @@ from archsearch.search.validate import (
     run_validate,
 )
 from archsearch.space.knobs import config_from_knobs
-from archsearch.storage import Storage, TrialOutcome
+from archsearch.storage import Storage
+from archsearch.trial import TrialOutcome
 from tests.specs import tiny_spec
 
 # (d_model, n_layers, proxy loss): the study's front in (loss, FLOPs) is trials 0, 1 and 3.

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from archsearch.evaluators import profiler
-from archsearch.evaluators.settings import usable_cores
-from archsearch.search.worker import run_trial, trial_cores
+from archsearch.evaluators.settings import TrainError, usable_cores
+from archsearch.search.worker import TrialRequest, run_trial, trial_cores
 from archsearch.space.knobs import config_from_knobs
 
 CFG = config_from_knobs(d_model=64, n_layers=1, head_dim=32, vocab_size=256, seq_len=32)
 
 
-def _request(**overrides):
+def _plain(**overrides):
     request = dict(
         number=3,
         config=CFG.to_dict(),
@@ -28,16 +28,27 @@ def _request(**overrides):
     return {**request, **overrides}
 
 
+def _request(**overrides):
+    return TrialRequest.from_dict(_plain(**overrides))
+
+
+def test_a_request_is_plain_data_both_ways():
+    request = _request()
+    assert TrialRequest.from_dict(json.loads(json.dumps(request.to_dict()))) == request
+    with pytest.raises(TrainError):
+        _request(proxy=dict(tokens=-1))  # settings are validated as the request is built
+
+
 def test_a_complete_trial_returns_plain_results_profiles_and_new_kernel_times():
     out = run_trial(_request())
-    json.dumps(out)  # plain data only: it crosses process boundaries
-    assert out["status"] == "complete" and out["train"]["tokens"] >= 4096
-    assert {p["device"]: p["modelled"] for p in out["profiles"]} == {"local": False, "h100-sxm": True}
-    assert out["step_time_device"] == "h100-sxm" and out["step_time_s"] > 0
-    assert out["measurements"] and out["device"]["fingerprint"]
-    known = {m["key"]: m["seconds"] for m in out["measurements"]}
+    json.dumps(out.to_dict())  # plain data only: it crosses process boundaries
+    assert out.status == "complete" and out.train["tokens"] >= 4096
+    assert {p["device"]: p["modelled"] for p in out.profiles} == {"local": False, "h100-sxm": True}
+    assert out.step_time_device == "h100-sxm" and out.step_time_s > 0
+    assert out.measurements and out.device["fingerprint"]
+    known = {m["key"]: m["seconds"] for m in out.measurements}
     again = run_trial(_request(), known)
-    assert again["measurements"] == ()  # every kernel came from the known times
+    assert again.measurements == ()  # every kernel came from the known times
 
 
 def test_the_cores_of_a_trial_are_the_whole_cpus_ray_gave_it():
@@ -49,13 +60,13 @@ def test_the_cores_of_a_trial_are_the_whole_cpus_ray_gave_it():
 
 def test_a_cpu_trial_trains_and_profiles_on_its_threads_and_restores_the_count(two_threads):
     out = run_trial(_request(cpus=1.0))
-    assert out["status"] == "complete"
-    assert out["train"]["threads"] == 1 and out["device"]["threads"] == 1  # capped by its one CPU
+    assert out.status == "complete"
+    assert out.train["threads"] == 1 and out.device["threads"] == 1  # capped by its one CPU
     assert torch.get_num_threads() == 2
     profile = dict(local=False, devices=["h100-sxm"], batch=None, dtype="bf16", min_run_time=0.002)
-    proxy = {**_request()["proxy"], "threads": 2}  # a space file's [proxy] threads, as given
+    proxy = {**_plain()["proxy"], "threads": 2}  # a space file's [proxy] threads, as given
     out = run_trial(_request(proxy=proxy, profile=profile, rungs=[], cpus=1.0))
-    assert out["train"]["threads"] == 2 and out["device"]["threads"] == 2
+    assert out.train["threads"] == 2 and out.device["threads"] == 2
     assert torch.get_num_threads() == 2
 
 
@@ -68,47 +79,47 @@ def test_the_judge_is_asked_once_per_rung_and_can_prune():
 
     out = run_trial(_request(), judge=judge)
     assert asked == [(3, 0), (3, 1)]
-    assert (out["status"], out["pruned_rung"], out["reason"]) == ("pruned", 0.5, "dominated at rung 0.5")
-    assert "profiles" not in out  # no profiling spent on a pruned shape
-    assert out["train"]["tokens"] < 4096
+    assert (out.status, out.pruned_rung, out.reason) == ("pruned", 0.5, "dominated at rung 0.5")
+    assert out.profiles == ()  # no profiling spent on a pruned shape
+    assert out.train["tokens"] < 4096
 
 
 def test_without_rungs_the_judge_is_never_asked():
     out = run_trial(_request(rungs=[]), judge=lambda *a: pytest.fail("asked"))
-    assert out["status"] == "complete"
+    assert out.status == "complete"
 
 
 def test_a_training_failure_comes_back_as_a_failed_result():
     out = run_trial(_request(proxy=dict(tokens=4096, batch_size=4, lr=1e30, precision="fp32", device="cpu")))
-    assert out["status"] == "failed" and "loss" in out["reason"].lower()
+    assert out.status == "failed" and "loss" in out.reason.lower()
 
 
 def test_the_local_step_time_is_the_trainers_measured_step_in_its_precision(monkeypatch):
     monkeypatch.setattr(profiler, "native_bf16", lambda device: False)  # any host: an AVX2-only CPU
     profile = dict(local=True, devices=["h100-sxm"], batch=None, dtype="auto", min_run_time=0.002)
     out = run_trial(_request(profile=profile, step_time_device="local", rungs=[]))
-    assert out["status"] == "complete", out["reason"]
-    train = out["train"]
-    assert out["step_time_device"] == "local"
-    assert out["step_time_s"] == train["step_time_s"] > 0
+    assert out.status == "complete", out.reason
+    train = out.train
+    assert out.step_time_device == "local"
+    assert out.step_time_s == train["step_time_s"] > 0
     assert train["step_time_steps"] == train["steps"] - 3
-    local = next(p for p in out["profiles"] if p["device"] == "local")
+    local = next(p for p in out.profiles if p["device"] == "local")
     assert local["dtype"] == train["precision"] == "fp32"  # profiled as trained: never emulated bf16
     assert local["step_time_s"] == train["step_time_s"]
     report = local["report"]
     parts = report["kernel_time_s"] + report["memory_time_s"] + report["residual_s"]
     assert parts == pytest.approx(report["measured_step_s"], rel=1e-12)
-    h100 = next(p for p in out["profiles"] if p["device"] == "h100-sxm")
+    h100 = next(p for p in out.profiles if p["device"] == "h100-sxm")
     assert h100["dtype"] == "bf16" and h100["report"]["residual_s"] is None  # modelled: no real step
     assert train["mfu"] is None or 0 < train["mfu"] <= 1
-    assert any(m["kind"] == "peak" for m in out["measurements"])  # the MFU peak goes to the database
+    assert any(m["kind"] == "peak" for m in out.measurements)  # the MFU peak goes to the database
 
 
 def test_a_profile_at_another_batch_times_its_own_real_step():
     profile = dict(local=True, devices=[], batch=2, dtype="fp32", min_run_time=0.002)
     proxy = dict(tokens=4096, batch_size=4, evals=4, eval_batches=1, device="cpu", precision="fp32")
     out = run_trial(_request(profile=profile, proxy=proxy, step_time_device="local", rungs=[]))
-    (local,) = out["profiles"]
-    assert local["batch"] == 2 and out["step_time_s"] == local["step_time_s"]
-    assert out["step_time_s"] != out["train"]["step_time_s"]  # a batch of 2, not the trainer's 4
+    (local,) = out.profiles
+    assert local["batch"] == 2 and out.step_time_s == local["step_time_s"]
+    assert out.step_time_s != out.train["step_time_s"]  # a batch of 2, not the trainer's 4
     assert local["report"]["measured_steps"] == 10  # trainer.MEASURE_STEPS

@@ -8,7 +8,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from archsearch.errors import UnknownNameError
 from archsearch.space.costs import flop_counts, param_counts
 from archsearch.space.knobs import config_from_knobs
-from archsearch.storage import Storage, TrialOutcome
+from archsearch.storage import Storage
 from archsearch.storage.query import (
     ALIASES,
     COLUMNS,
@@ -19,6 +19,7 @@ from archsearch.storage.query import (
     trials_frame,
 )
 from archsearch.storage.schema import Trial
+from archsearch.trial import TrialOutcome
 
 SPEC = dict(spec_fingerprint="f" * 64, spec_source="[model]\n", spec={}, objectives=("loss", "flops"))
 

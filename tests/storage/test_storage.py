@@ -21,9 +21,9 @@ from archsearch.storage import (
     Storage,
     StorageError,
     StudyExistsError,
-    TrialOutcome,
     storage_url,
 )
+from archsearch.trial import TrialOutcome
 from tests.readonly import read_only
 
 CFG = preset("byte-1m")
