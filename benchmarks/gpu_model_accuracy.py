@@ -137,7 +137,8 @@ def attention_backends(cfg: ArchConfig, batch: int, device: str) -> list[str]:
 def measure(device: str, min_run_time: float, train_steps: bool) -> dict[str, Any]:
     import torch
 
-    from archsearch.evaluators.profiler import InMemoryCache, detect_device, profile_step, time_gemm
+    from archsearch.evaluators.device import detect_device
+    from archsearch.evaluators.profiler import InMemoryCache, profile_step, time_gemm
 
     info = detect_device(device)
     cache = InMemoryCache()

@@ -19,6 +19,7 @@ import argparse
 import statistics
 import time
 
+from archsearch.evaluators.device import DeviceInfo, detect_device
 from archsearch.evaluators.hardware import (
     GemmMeasurement,
     calibrate,
@@ -27,7 +28,7 @@ from archsearch.evaluators.hardware import (
     prediction_errors,
 )
 from archsearch.evaluators.kernels import step_kernels
-from archsearch.evaluators.profiler import DeviceInfo, detect_device, time_gemm
+from archsearch.evaluators.profiler import time_gemm
 from archsearch.space.knobs import config_from_knobs
 
 FIT_SHAPES = [

@@ -22,13 +22,13 @@ import time
 import torch
 
 from archsearch.evaluators.data import load_dataset
+from archsearch.evaluators.device import resolve_device
 from archsearch.evaluators.model import ProxyLM
 from archsearch.evaluators.trainer import (
     TrainSettings,
     choose_precision,
     param_groups,
     peak_matmul_flops,
-    resolve_device,
     train,
 )
 from archsearch.space import ArchConfig, flop_counts

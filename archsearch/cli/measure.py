@@ -147,27 +147,29 @@ def profile(
     as_json: JsonFlag = False,
 ) -> None:
     """Kernel-by-kernel time of one training step: measured here, or modelled for a GPU."""
-    from archsearch.evaluators.hardware import modelled_profile
+    from archsearch.evaluators.catalogue import ACCELERATORS
+    from archsearch.evaluators.profiler import InMemoryCache, JsonFileCache
+    from archsearch.evaluators.step_time import step_profile
 
     cfg = resolve_config(config, preset_name)
-    report = modelled_profile(cfg, device, batch, dtype)
-    if report is None:  # a device measured here
-        from archsearch.evaluators.profiler import InMemoryCache, JsonFileCache, measured_profile
-
-        if cache is not None and storage is not None:
-            raise ConfigError("give --cache FILE or --storage URL, not both")
+    if cache is not None and storage is not None:
+        raise ConfigError("give --cache FILE or --storage URL, not both")
+    measure = functools.partial(
+        step_profile, cfg, device, batch, dtype, steps=steps, min_run_time=min_run_time
+    )
+    if device in ACCELERATORS:  # modelled: nothing to time, no cache
+        report = measure()
+    else:
         with steps_bar("profiling") as update:
-            measure = functools.partial(
-                measured_profile, cfg, batch, device, dtype, steps=steps, min_run_time=min_run_time,
-                progress=update,
-            )  # fmt: skip
             if storage is not None:
                 from archsearch.storage import KernelCache, Storage
 
-                with Storage.open(storage) as db:
-                    report = measure(KernelCache(db.measurements(), db))  # new times are written through
+                with Storage.open(storage) as db:  # new times are written through
+                    report = measure(KernelCache(db.measurements(), db), progress=update)
             else:
-                report = measure(JsonFileCache(cache) if cache is not None else InMemoryCache())
+                report = measure(
+                    JsonFileCache(cache) if cache is not None else InMemoryCache(), progress=update
+                )
     if as_json:
         print_json(report.to_dict())
         return

@@ -123,7 +123,7 @@ LOCAL_DEVICES = ("cpu", "cuda")  # measured here by the profiler (cuda:N too), n
 
 def modelled_profile(cfg: ArchConfig, device: str, batch: int, dtype: str) -> ProfileReport | None:
     """One training step of `cfg` on `batch` sequences, modelled on the catalogued GPU `device`;
-    None when `device` is one to measure here instead (cpu, cuda, cuda:N: `profiler.measured_profile`).
+    None when `device` is one to measure here instead (cpu, cuda, cuda:N: see `step_time.step_profile`).
 
     `dtype` "auto" is bf16 on a modelled GPU: what training runs in on every catalogued one.
 

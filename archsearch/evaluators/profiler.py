@@ -24,12 +24,9 @@ tensors are timed every run; the times themselves are measurements and vary run 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import math
-import os
-import platform
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,8 +36,14 @@ import torch
 import torch.nn.functional as F
 from torch.utils import benchmark
 
-from archsearch.errors import ArchsearchError
 from archsearch.evaluators import kernels
+from archsearch.evaluators.device import (
+    DeviceError,
+    DeviceInfo,
+    available_memory_bytes,
+    detect_device,
+    is_memory_error,
+)
 from archsearch.evaluators.kernels import KernelRow, MemoryRow, ProfileReport
 from archsearch.fileio import write_atomic
 from archsearch.registry import Registry
@@ -65,169 +68,12 @@ MEMORY_FRACTION = 0.5
 BANDWIDTH_BYTES = 1 << 27
 PROGRESS_MIN_KERNELS = 5  # show a progress bar only when more kernels than this need timing
 CACHE_FORMAT_VERSION = 1
-_MEMORY_ERROR_MARKERS = ("out of memory", "can't allocate memory", "not enough memory")
 
 
-class ProfilerError(ArchsearchError):
-    """A profile cannot be taken: no such device, dtype unsupported there, a kernel too large for
-    the device's memory, or an unreadable measurement cache. The message names what and why."""
-
-
-# ------------------------------------------------------------------------------------------------
-# The device
-# ------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    """Where a measurement was taken: everything that decides how fast a kernel runs.
-
-    Attributes:
-        type: "cpu" or "cuda".
-        index: CUDA device ordinal; None on CPU.
-        name: GPU name (`torch.cuda.get_device_name`) or CPU model (/proc/cpuinfo "model name").
-        units: streaming multiprocessors on CUDA; logical CPU cores (`os.cpu_count`) on CPU.
-        threads: torch intra-op threads (`torch.get_num_threads`) the CPU kernels run on.
-        capability: what decides the kernels picked: CUDA compute capability ("sm_90") or the
-            CPU SIMD level torch dispatches to ("AVX512").
-        cpu_capability: `torch.backends.cpu.get_cpu_capability()` of the host, on both types.
-        torch_version: `torch.__version__`, whose kernels and heuristics change between releases.
-        cuda_version: `torch.version.cuda`; None in CPU-only builds.
-        memory_bytes: total device memory (GPU) or physical RAM (CPU); 0 when unknown.
-    """
-
-    type: str
-    index: int | None
-    name: str
-    units: int
-    threads: int
-    capability: str
-    cpu_capability: str
-    torch_version: str
-    cuda_version: str | None
-    memory_bytes: int
-
-    @property
-    def torch_device(self) -> torch.device:
-        return torch.device(self.type, self.index) if self.index is not None else torch.device(self.type)
-
-    @property
-    def fingerprint(self) -> str:
-        """16 hex digits identifying the fields that change kernel speed; stable across runs.
-
-        The CUDA ordinal and the memory size are left out: two identical GPUs share measurements.
-        The thread count counts only on CPU, where it is what runs the kernels.
-        """
-        fields = {
-            "type": self.type,
-            "name": self.name,
-            "units": self.units,
-            "capability": self.capability,
-            "torch": self.torch_version,
-            "cuda": self.cuda_version,
-            "threads": self.threads if self.type == "cpu" else None,
-        }
-        digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
-        return digest[:16]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "type": self.type,
-            "index": self.index,
-            "name": self.name,
-            "units": self.units,
-            "threads": self.threads,
-            "capability": self.capability,
-            "cpu_capability": self.cpu_capability,
-            "torch_version": self.torch_version,
-            "cuda_version": self.cuda_version,
-            "memory_bytes": self.memory_bytes,
-            "fingerprint": self.fingerprint,
-        }
-
-
-def _cpu_model_name() -> str:
-    """The CPU model: /proc/cpuinfo on Linux, else what `platform` knows."""
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and value.strip():
-                    return value.strip()
-    return platform.processor() or platform.machine() or "unknown cpu"
-
-
-def _physical_memory_bytes() -> int:
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # not Linux / not POSIX
-        return 0
-
-
-def detect_device(device: str = "cpu") -> DeviceInfo:
-    """Describe `device` ("cpu", "cuda" or "cuda:N") for measurements taken on it.
-
-    Raises:
-        ProfilerError: the string is not a device, the type is neither CPU nor CUDA, or CUDA is
-            asked for where torch sees none (or not that ordinal).
-    """
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ProfilerError(f"not a device: {device!r}; use 'cpu', 'cuda' or 'cuda:N'") from exc
-    common = {
-        "threads": torch.get_num_threads(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "torch_version": str(torch.__version__),
-        "cuda_version": torch.version.cuda,
-    }
-    if dev.type == "cpu":
-        return DeviceInfo(
-            type="cpu",
-            index=None,
-            name=_cpu_model_name(),
-            units=os.cpu_count() or 1,
-            capability=common["cpu_capability"],
-            memory_bytes=_physical_memory_bytes(),
-            **common,
-        )
-    if dev.type != "cuda":
-        raise ProfilerError(f"cannot profile on {device!r}: only 'cpu' and 'cuda[:N]' are supported")
-    if not torch.cuda.is_available():
-        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a build without CUDA"
-        raise ProfilerError(
-            f"{device!r} asked for, but torch sees no CUDA device (torch {torch.__version__}, {build}); "
-            "use --device cpu"
-        )
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
-    count = torch.cuda.device_count()
-    if not 0 <= index < count:
-        raise ProfilerError(f"{device!r} asked for, but there are {count} CUDA devices (0..{count - 1})")
-    props = torch.cuda.get_device_properties(index)
-    return DeviceInfo(
-        type="cuda",
-        index=index,
-        name=torch.cuda.get_device_name(index),
-        units=props.multi_processor_count,
-        capability=f"sm_{props.major}{props.minor}",
-        memory_bytes=props.total_memory,
-        **common,
-    )
-
-
-def available_memory_bytes(info: DeviceInfo) -> int | None:
-    """Memory free for new tensors now: CUDA's free memory, or Linux's MemAvailable; None if unknown."""
-    if info.type == "cuda":
-        return torch.cuda.mem_get_info(info.index)[0]
-    with contextlib.suppress(OSError, ValueError):
-        with open("/proc/meminfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024  # the file counts kB
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+class ProfilerError(DeviceError):
+    """A profile cannot be taken: dtype unsupported on the device, a kernel too large for the
+    device's memory, or an unreadable measurement cache. The message names what and why. A device
+    that does not exist is a `DeviceError`, this class's base."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -428,14 +274,6 @@ def _copy_fn(nbytes: int, dev: torch.device) -> Callable[[], object]:
     src = torch.ones(nbytes, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
     return lambda: dst.copy_(src)
-
-
-def is_memory_error(exc: BaseException) -> bool:
-    """An allocation failure: CUDA's OutOfMemoryError, Python's MemoryError, or a CPU allocator's
-    RuntimeError ("can't allocate memory")."""
-    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
-        return True
-    return isinstance(exc, RuntimeError) and any(s in str(exc).lower() for s in _MEMORY_ERROR_MARKERS)
 
 
 @contextlib.contextmanager
@@ -829,33 +667,6 @@ def profile_step(
         bandwidth_bytes_per_s=bandwidth,
         min_run_time=min_run_time,
     )
-
-
-def measured_profile(
-    cfg: ArchConfig,
-    batch: int,
-    device: str,
-    dtype: str,
-    cache: MeasurementCache,
-    *,
-    steps: int,
-    min_run_time: float = DEFAULT_MIN_RUN_TIME,
-    progress: Callable[[int, int, str], None] | None = None,
-) -> ProfileReport:
-    """`profile_step`, and with `steps`, the real training step timed as well (the median of
-    `steps` steady-state steps, `trainer.measure_step`): the kernels become its breakdown, with
-    the residual line that makes them add up (what `archsearch profile` shows for cpu or cuda).
-
-    Raises:
-        ProfilerError: as `profile_step`, or the timed training run failed.
-    """
-    from archsearch.evaluators.trainer import measure_step  # the trainer imports this module
-
-    report = profile_step(cfg, batch, device, dtype, cache, min_run_time, progress=progress)
-    if not steps:
-        return report
-    seconds, timed = measure_step(cfg, batch, device, report.dtype, steps, cache=cache)
-    return report.with_measured_step(seconds, timed)
 
 
 def _check_memory(

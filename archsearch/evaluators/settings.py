@@ -59,7 +59,7 @@ SCHEDULES.register("cosine", _cosine)
 SCHEDULES.register("wsd", _wsd)
 SCHEDULES.register("constant", _constant)
 PRECISIONS = ("auto", "bf16", "fp32")
-# What `trainer.resolve_device` can run; checked here so a space file's `device = "tpu"` is refused
+# What `device.resolve_device` can run; checked here so a space file's `device = "tpu"` is refused
 # when it is read, not once per trial when the trial starts.
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 

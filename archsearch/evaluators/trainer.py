@@ -24,13 +24,11 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from archsearch.evaluators.device import DeviceInfo, is_memory_error, resolve_device
 from archsearch.evaluators.model import ProxyLM
 from archsearch.evaluators.profiler import (
-    DeviceInfo,
     MeasurementCache,
     ProfilerError,
-    detect_device,
-    is_memory_error,
     model_flops_utilisation,
     peak_matmul_flops,
     resolve_precision,
@@ -103,24 +101,13 @@ class TrainResult:
         return out
 
 
-def resolve_device(name: str) -> DeviceInfo:
-    """ "auto" is CUDA when present, else CPU; anything else as `profiler.detect_device` reads it.
-
-    Raises:
-        ProfilerError: an unknown device, or CUDA asked for where there is none.
-    """
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    return detect_device(name)
-
-
 def run_threads(cfg: ArchConfig, settings: TrainSettings, cores: int | None = None) -> int | None:
     """The intra-op threads a CPU run of `settings` uses: its `threads`, else `choose_threads` for
     the shape's micro-batch on `cores` (None: `available_cores()`, the free cores now). None on
     CUDA: the GPU runs the step, and the process's thread count is left as it is.
 
     Raises:
-        ProfilerError: an unknown device, or CUDA asked for where there is none.
+        DeviceError: an unknown device, or CUDA asked for where there is none.
     """
     if resolve_device(settings.device).type != "cpu":
         return None

@@ -217,36 +217,25 @@ def _profile(
     asked dtype is a different step: a short run (`trainer.measure_step`) times that one instead,
     so the report's lines always add up to a real step of what was profiled.
     """
-    from archsearch.evaluators.hardware import device_model, predict_step
-    from archsearch.evaluators.kernels import step_kernels
-    from archsearch.evaluators.profiler import AUTO, ProfilerError, profile_step
-    from archsearch.evaluators.trainer import measure_step
-    from archsearch.search.spec import modelled_dtype
+    from archsearch.evaluators.device import DeviceError
+    from archsearch.evaluators.profiler import AUTO
+    from archsearch.evaluators.step_time import step_profile
 
     cfg, spec = request.config, request.profile
     batch, dtype = spec.batch or settings.batch_size, spec.dtype
     local_dtype = result.precision if dtype == AUTO else dtype
+    same_step = (batch, local_dtype) == (settings.batch_size, result.precision) and result.step_time_s
+    trained = (result.step_time_s, result.step_time_steps) if same_step else None
     reports = {}
     try:
         if spec.local:
-            report = profile_step(
-                cfg,
-                batch,
-                device=device,
-                dtype=local_dtype,
-                cache=cache,
-                min_run_time=spec.min_run_time,
+            reports["local"] = step_profile(
+                cfg, device, batch, local_dtype, cache, trained=trained, min_run_time=spec.min_run_time
             )
-            if (batch, local_dtype) == (settings.batch_size, result.precision) and result.step_time_s:
-                step, steps = result.step_time_s, result.step_time_steps
-            else:
-                step, steps = measure_step(cfg, batch, device, local_dtype, cache=cache)
-            reports["local"] = report.with_measured_step(step, steps)
-    except ProfilerError as exc:
+    except DeviceError as exc:  # ProfilerError included
         return dict(status=FAILED, reason=f"profiling: {exc}", measurements=tuple(cache.new))
-    gpu_dtype = modelled_dtype(dtype)
     for name in spec.devices:
-        reports[name] = predict_step(device_model(name), step_kernels(cfg, batch, gpu_dtype), gpu_dtype)
+        reports[name] = step_profile(cfg, name, batch, dtype)
     profiles = tuple(
         dict(
             device=name,

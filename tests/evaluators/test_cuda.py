@@ -15,11 +15,11 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from archsearch.evaluators.data import load_dataset
+from archsearch.evaluators.device import detect_device
 from archsearch.evaluators.kernels import step_kernels
 from archsearch.evaluators.model import ProxyLM
 from archsearch.evaluators.profiler import (
     InMemoryCache,
-    detect_device,
     measure_bandwidth,
     profile_step,
     time_gemm,

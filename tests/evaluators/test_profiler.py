@@ -17,13 +17,13 @@ import torch
 
 from archsearch.errors import ArchsearchError
 from archsearch.evaluators import kernels, profiler
+from archsearch.evaluators.device import DeviceError, detect_device
 from archsearch.evaluators.profiler import (
     InMemoryCache,
     JsonFileCache,
     MeasurementCache,
     MeasurementKey,
     ProfilerError,
-    detect_device,
     measure_bandwidth,
     profile_step,
     time_gemm,
@@ -101,7 +101,7 @@ def test_fingerprint_tracks_what_changes_speed():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is present")
 @pytest.mark.parametrize("device", ["cuda", "cuda:0"])
 def test_cuda_without_cuda_is_a_clear_error(device):
-    with pytest.raises(ProfilerError, match="no CUDA device"):
+    with pytest.raises(DeviceError, match="no CUDA device"):
         detect_device(device)
     with pytest.raises(ArchsearchError, match="no CUDA device"):
         profile_step(TINY, BATCH, device=device)
@@ -109,7 +109,7 @@ def test_cuda_without_cuda_is_a_clear_error(device):
 
 @pytest.mark.parametrize("device", ["tpu", "not a device", "meta"])
 def test_other_devices_are_refused(device):
-    with pytest.raises(ProfilerError, match=re.escape(repr(device))):
+    with pytest.raises(DeviceError, match=re.escape(repr(device))):
         detect_device(device)
 
 

@@ -12,19 +12,21 @@ import math
 
 import pytest
 
+from archsearch.errors import ConfigError
 from archsearch.evaluators import profiler, trainer
 from archsearch.evaluators.data import load_dataset
+from archsearch.evaluators.device import DeviceError, detect_device
 from archsearch.evaluators.hardware import device_model, predict_step
 from archsearch.evaluators.kernels import step_kernels
 from archsearch.evaluators.profiler import (
     PEAK_KIND,
     InMemoryCache,
-    detect_device,
     model_flops_utilisation,
     peak_matmul_flops,
     profile_step,
     resolve_precision,
 )
+from archsearch.evaluators.step_time import step_profile
 from archsearch.evaluators.trainer import STEP_WARMUP, TrainSettings, measure_step, train
 from archsearch.space import ArchConfig
 from archsearch.storage.kernels import KernelCache
@@ -44,6 +46,27 @@ def corpus():
 def no_native_bf16(monkeypatch):
     """A CPU without native bf16, whatever the host: the case the issue measured (AVX2 only)."""
     monkeypatch.setattr(profiler, "native_bf16", lambda device: False)
+
+
+# --- one step time, measured or modelled (`step_time.step_profile`) ------------------------------
+
+
+def test_a_catalogued_gpu_is_modelled_and_a_local_device_measured_by_the_same_call():
+    modelled = step_profile(TINY, "h100-sxm", 4, "auto")
+    assert modelled.modelled and modelled.dtype == "bf16" and modelled.residual_s is None
+    assert modelled == predict_step(device_model("h100-sxm"), step_kernels(TINY, 4, "bf16"), "bf16")
+    kernels_only = step_profile(TINY, "cpu", 4, "fp32", steps=0, min_run_time=0.002)
+    assert not kernels_only.modelled and kernels_only.measured_step_s is None
+    trained = step_profile(TINY, "cpu", 4, "fp32", trained=(0.25, 7), min_run_time=0.002)
+    assert (trained.measured_step_s, trained.measured_steps, trained.step_time_s) == (0.25, 7, 0.25)
+    timed = step_profile(TINY, "cpu", 4, "fp32", steps=2, min_run_time=0.002)
+    assert timed.measured_steps >= 2 and timed.step_time_s == timed.measured_step_s > 0
+
+
+@pytest.mark.parametrize(("device", "error"), [("tpu-v5", ConfigError), ("cuda:99", DeviceError)])
+def test_a_device_neither_here_nor_catalogued_is_refused(device, error):
+    with pytest.raises(error):
+        step_profile(TINY, device, 4, "auto", steps=0)
 
 
 # --- the residual line ----------------------------------------------------------------------------
