@@ -25,6 +25,7 @@ Failure handling (BRIEF.md section 8):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -49,7 +50,7 @@ from archsearch.search.samplers import SAMPLERS, SEED_MAX
 from archsearch.search.spec import SearchSpec
 from archsearch.search.worker import TrialRequest, evaluate
 from archsearch.space.config import ArchConfig
-from archsearch.space.costs import flop_counts
+from archsearch.space.costs import flop_counts, param_counts
 from archsearch.space.objectives import OBJECTIVE_COLUMNS
 from archsearch.space.search_space import Rejected
 from archsearch.storage import Storage, StudyExistsError, TrialRecord
@@ -67,6 +68,11 @@ RAY_RESOURCE_UNIT = 1e-4  # the smallest fraction of a CPU or GPU Ray schedules
 # Where Ray's own log records go (appended), so a local search prints only archsearch's lines.
 RAY_LOG = Path(tempfile.gettempdir()) / "archsearch" / "ray.log"
 REASON_ATTR = "archsearch_reason"  # Optuna user attribute carrying a failed or pruned trial's reason
+# Optuna constraint (`Trial.set_constraint`) of a sample that trained nothing: 1.0, infeasible.
+# Samplers that read constraints (TPE, NSGA-II, GP) rank such points below every feasible one, and
+# `study.best_trials` leaves them out; they are told as PRUNED, so no tool counts them as failures
+# or as extra complete trials (a duplicate told COMPLETE again doubled its point on the front).
+SKIPPED_CONSTRAINT = {REJECTED: "valid_shape", DUPLICATE: "new_shape"}
 
 
 class SearchError(ArchsearchError):
@@ -362,7 +368,7 @@ class _Driver:
         self.last_renewal = time.monotonic()
         self.study: optuna.Study
         self._values: list[list[float]] | None = None  # objective values of complete trials
-        self._evaluated: dict[str, tuple[int, list[float] | None]] = {}  # shape -> (trial, values)
+        self._evaluated: dict[str, int] = {}  # shape -> the trial that trained it
 
     # --- setup -----------------------------------------------------------------------------------
     def open_study(self) -> None:
@@ -434,6 +440,9 @@ class _Driver:
                 return
         if record is not None and record.status == PRUNED:
             self._settle_optuna(number, state.PRUNED, record.reason)
+        elif record is not None and record.status in SKIPPED_CONSTRAINT:
+            with contextlib.suppress(ValueError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+                self._tell_skipped(self._trial_id(number), record.status, record.reason or record.status)
         else:
             self._settle_optuna(number, state.FAIL, record.reason if record else "never recorded")
 
@@ -463,10 +472,7 @@ class _Driver:
             board = pool.board(pruner)
         for record in records:
             if record.config is not None and record.status in (COMPLETE, PRUNED):
-                values = (
-                    objective_values(self.spec, record, record.config) if record.status == COMPLETE else None
-                )
-                self._evaluated.setdefault(record.config.to_json(indent=None), (record.number, values))
+                self._evaluated.setdefault(record.config.to_json(indent=None), record.number)
         known = self.storage.measurements()
         known_ref = pool.put(known)
         rejections = 0
@@ -534,8 +540,7 @@ class _Driver:
                 slot, number=trial.number, optuna_trial_id=trial._trial_id, params=trial.params, config=None
             )
             self.storage.end_trial(slot, REJECTED, str(exc))
-            trial.set_user_attr(REASON_ATTR, f"rejected: {exc}")
-            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            self._tell_skipped(trial._trial_id, REJECTED, f"rejected: {exc}")
             return None
         except BaseException:
             self.storage.end_trial(slot, INTERRUPTED, "stopped while sampling")
@@ -547,14 +552,9 @@ class _Driver:
         seen = self._evaluated.get(cfg.to_json(indent=None))
         if seen is not None:
             # Samplers re-propose points of small categorical spaces; a seeded proxy run would
-            # repeat the same result, so Optuna is told that result again and nothing is trained.
-            number, values = seen
-            self.storage.end_trial(slot, DUPLICATE, f"same shape as trial {number}: its result is reused")
-            trial.set_user_attr(REASON_ATTR, f"duplicate of trial {number}")
-            if values is None:
-                self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            else:
-                self.study.tell(trial, values)
+            # repeat the same result, so nothing is trained and the sampler is steered away.
+            self.storage.end_trial(slot, DUPLICATE, f"same shape as trial {seen}: its result is reused")
+            self._tell_skipped(trial._trial_id, DUPLICATE, f"duplicate of trial {seen}")
             return None
         return _Running(slot=slot, trial=trial, config=cfg)
 
@@ -593,11 +593,10 @@ class _Driver:
         if outcome.status == COMPLETE and values is None:
             outcome = replace(outcome, status=FAILED, reason="an objective is missing")
         self.storage.finish_trial(item.slot, outcome)
-        if outcome.reason:
-            item.trial.set_user_attr(REASON_ATTR, outcome.reason)
+        self._describe(item.trial, item.config, outcome)
         state = optuna.trial.TrialState
         if outcome.status in (COMPLETE, PRUNED):
-            self._evaluated.setdefault(item.config.to_json(indent=None), (item.trial.number, values))
+            self._evaluated.setdefault(item.config.to_json(indent=None), item.trial.number)
         if values is not None:
             self.study.tell(item.trial, values)
             if self._values is not None:
@@ -605,6 +604,36 @@ class _Driver:
         else:
             self.study.tell(item.trial, state=state.PRUNED if outcome.status == PRUNED else state.FAIL)
         return list(outcome.measurements)
+
+    def _tell_skipped(self, trial_id: int, status: str, reason: str) -> None:
+        """Tell Optuna of a sample that trained nothing (`SKIPPED_CONSTRAINT`)."""
+        import optuna
+
+        ostorage = self.study._storage
+        ostorage.set_trial_user_attr(trial_id, REASON_ATTR, reason)
+        ostorage.set_trial_system_attr(trial_id, f"constraints:{SKIPPED_CONSTRAINT[status]}", 1.0)
+        self.study.tell(ostorage.get_trial_number_from_id(trial_id), state=optuna.trial.TrialState.PRUNED)
+
+    @staticmethod
+    def _describe(trial: optuna.trial.Trial, cfg: ArchConfig, outcome: TrialOutcome) -> None:
+        """What Optuna's tools (optuna-dashboard) show of a trained trial: its eval curve as
+        intermediate values (step = tokens trained), and the shape, its size and cost, its step
+        time and the reason it stopped as user attributes."""
+        train = outcome.train or {}
+        for tokens, loss in train.get("val_curve") or ():
+            if math.isfinite(loss):
+                trial.storage.set_trial_intermediate_value(trial._trial_id, int(tokens), float(loss))
+        attrs = {
+            "shape": cfg.describe(),
+            "params": param_counts(cfg).total,
+            "flops_per_token": float(flop_counts(cfg).forward),
+            "step_time_s": outcome.step_time_s,
+            "step_time_device": outcome.step_time_device,
+            REASON_ATTR: outcome.reason,
+        }
+        for key, value in attrs.items():
+            if value is not None:
+                trial.set_user_attr(key, value)
 
     def _renew(self) -> None:
         if time.monotonic() - self.last_renewal >= self.options.lease_s / 4:

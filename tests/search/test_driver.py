@@ -70,7 +70,7 @@ def test_a_study_is_resumed_only_when_asked_and_only_from_the_same_space(db):
     run_search(spec, db, SearchOptions(study="s", trials=5, resume=True), evaluate_fn=instant)
     counts = db.counts("s")  # duplicates of earlier shapes do not count: 5 trained, none lost
     assert counts["complete"] == 5 and set(counts) <= {"complete", "duplicate"}
-    assert _optuna_states(db, "s") == ["COMPLETE"] * sum(counts.values())
+    assert _optuna_states(db, "s") == ["COMPLETE"] * 5 + ["PRUNED"] * counts.get("duplicate", 0)
 
 
 def test_a_worker_killed_mid_trial_is_retried_and_the_crash_recorded(db, tmp_path):
@@ -193,8 +193,13 @@ def test_a_shape_evaluated_before_is_not_trained_again(db, monkeypatch):
     duplicate = db.trials("s", "duplicate")[0]
     assert duplicate.reason.startswith("same shape as trial") and duplicate["loss"] is None
     study = optuna.load_study(study_name="s", storage=db.url)
-    originals = {t.params["d_model"]: t.values for t in study.trials if t.number < 2}
-    assert all(t.values == originals[t.params["d_model"]] for t in study.trials)
+    # Optuna is not told the result twice: a duplicate is an infeasible PRUNED sample, so the
+    # sampler is steered off the point and the front holds each shape once.
+    trained = {t.number for t in study.trials if t.state.name == "COMPLETE"}
+    assert trained == {0, 1} and {t.number for t in study.best_trials} <= trained
+    duplicates = [t for t in study.trials if t.number not in trained]
+    assert all(t.state.name == "PRUNED" and t.constraints == {"new_shape": 1.0} for t in duplicates)
+    assert all(t.user_attrs["archsearch_reason"].startswith("duplicate of trial") for t in duplicates)
 
 
 def _niceness():
@@ -206,3 +211,28 @@ def test_a_local_ray_runs_trials_at_the_driver_priority_not_ray_background_nice(
     import ray
 
     assert ray.get(ray.remote(_niceness).remote()) == os.nice(0)
+
+
+def test_optunas_own_view_of_the_study_matches_archsearchs(db):
+    """What optuna-dashboard and `optuna.load_study` read: no rejected sample as a failure, the
+    same front, learning curves and the shape of every trained trial."""
+    spec = tiny_spec(budget="params = { max = 200_000 }")
+    summary = run_search(spec, db, SearchOptions(study="s", trials=4, sampler="random"), evaluate_fn=instant)
+    records = {r.number: r for r in db.trials("s")}
+    rejected = [n for n, r in records.items() if r.status == "rejected"]
+    assert rejected  # the budget refuses some samples, which trained nothing
+    study = optuna.load_study(study_name="s", storage=db.url)
+    assert all(t.state.name != "FAIL" for t in study.trials)
+    assert {t.number for t in study.best_trials} == set(summary.front.front.numbers)
+    for t in study.trials:
+        record = records[t.number]
+        if record.status in ("rejected", "duplicate"):
+            constraint = {"rejected": "valid_shape", "duplicate": "new_shape"}[record.status]
+            assert t.state.name == "PRUNED" and t.constraints == {constraint: 1.0}
+            assert t.user_attrs["archsearch_reason"].startswith(record.status[:-1])
+        else:
+            assert t.state.name == "COMPLETE" and t.constraints == {}
+            assert t.intermediate_values == {1: pytest.approx(record["loss"])}  # the eval curve
+            assert t.user_attrs["shape"] == record.config.describe()
+            assert t.user_attrs["params"] == record["params_total"]
+            assert t.user_attrs["flops_per_token"] == record["flops_forward_per_token"]
