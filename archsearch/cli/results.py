@@ -122,6 +122,7 @@ def studies(storage: StorageOpt = None, as_json: JsonFlag = False) -> None:
 
     with Storage.open(storage, create=False) as db:
         records = db.studies()
+        runs = {s.name: db.search_runs(s.name) for s in records} if as_json else {}
     if as_json:
         print_json(
             [
@@ -130,6 +131,7 @@ def studies(storage: StorageOpt = None, as_json: JsonFlag = False) -> None:
                     "objectives": list(s.objectives),
                     "created_at": s.created_at,
                     "trials": s.counts,
+                    "runs": runs[s.name],  # each driver's settings, as run
                 }
                 for s in records
             ]

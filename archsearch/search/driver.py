@@ -36,7 +36,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -392,7 +392,9 @@ class _Driver:
         # Trials recorded so far (any driver's); counted from archsearch's table because another
         # driver may not have created Optuna's study yet.
         existing = sum(self.storage.counts(name).values())
-        sampler = SAMPLERS[self.options.sampler](self.options.seed + existing, len(spec.objectives))
+        seed = self.options.seed + existing  # drivers joining a study sample their own streams
+        sampler = SAMPLERS[self.options.sampler](seed, len(spec.objectives))
+        self.storage.add_search_run(name, {**asdict(self.options), "sampler_seed": seed})
         self.study = optuna.create_study(
             study_name=name,
             storage=ostorage,
@@ -616,11 +618,17 @@ class _Driver:
 
     @staticmethod
     def _describe(trial: optuna.trial.Trial, cfg: ArchConfig, outcome: TrialOutcome) -> None:
-        """What Optuna's tools (optuna-dashboard) show of a trained trial: its eval curve as
-        intermediate values (step = tokens trained), and the shape, its size and cost, its step
-        time and the reason it stopped as user attributes."""
+        """What Optuna's tools (optuna-dashboard) show of a trained trial: a complete trial's eval
+        curve as intermediate values (step = tokens trained), and the shape, its size and cost, its
+        step time and the reason it stopped as user attributes.
+
+        A pruned trial gets no intermediate values: TPE ranks pruned trials by their last one
+        through `study.direction`, which a multi-objective study does not have (Optuna 5.0 raises
+        at the next sample; the quick start's search crashed so once it had pruned a trial).
+        """
         train = outcome.train or {}
-        for tokens, loss in train.get("val_curve") or ():
+        curve = train.get("val_curve") or () if outcome.status == COMPLETE else ()
+        for tokens, loss in curve:
             if math.isfinite(loss):
                 trial.storage.set_trial_intermediate_value(trial._trial_id, int(tokens), float(loss))
         attrs = {

@@ -921,6 +921,33 @@ class Storage:
                 for r in rows
             ]
 
+    # --- search runs ------------------------------------------------------------------------------
+    def add_search_run(self, study: str, settings: Mapping[str, Any]) -> int:
+        """Record that a driver started on `study` with `settings` (what ran); returns its id."""
+        with self._session() as s:
+            row = schema.SearchRun(
+                study=study,
+                host=self.host[:256],
+                settings_json=json.dumps(dict(settings), sort_keys=True),
+                started_at=time.time(),
+            )
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def search_runs(self, study: str) -> list[dict[str, Any]]:
+        """`study`'s driver runs, oldest first: {"host" (name:pid), "started_at", "settings"}."""
+        with self._session(read_only=True) as s:
+            rows = s.scalars(
+                select(schema.SearchRun)
+                .where(schema.SearchRun.study == study)
+                .order_by(schema.SearchRun.started_at, schema.SearchRun.id)
+            ).all()
+            return [
+                {"host": r.host, "started_at": r.started_at, "settings": json.loads(r.settings_json)}
+                for r in rows
+            ]
+
     # --- kernel measurements (the profiler's shared cache) ----------------------------------------
     def measurements(self, fingerprint: str | None = None) -> dict[str, float]:
         """Measured kernel seconds by `MeasurementKey.to_str()`, for one device or all."""

@@ -24,7 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 2  # 2: archsearch_long_runs and archsearch_validations (`archsearch validate`)
+SCHEMA_VERSION = 3  # 2: archsearch_long_runs, archsearch_validations; 3: archsearch_search_runs
 ADDITIVE_SINCE = 1  # versions 1 .. SCHEMA_VERSION - 1 differ from this one only by missing tables
 
 
@@ -202,3 +202,16 @@ class Validation(Base):
     seeds: Mapped[int] = mapped_column(Integer)
     report_json: Mapped[str] = mapped_column(Text)
     created_at: Mapped[float] = mapped_column(Float)
+
+
+class SearchRun(Base):
+    """One driver's run of a study: the settings that ran, command-line overrides included (the
+    study's spec holds only the space file's `[search]` defaults)."""
+
+    __tablename__ = "archsearch_search_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    study: Mapped[str] = mapped_column(ForeignKey("archsearch_studies.name", ondelete="CASCADE"), index=True)
+    host: Mapped[str] = mapped_column(String(256))
+    settings_json: Mapped[str] = mapped_column(Text)  # sampler, seed, prune, trials, workers, ...
+    started_at: Mapped[float] = mapped_column(Float)

@@ -273,6 +273,18 @@ def test_studies_needs_an_existing_database(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_studies_json_lists_the_settings_each_driver_ran(tmp_path):
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    with Storage.open(url) as db:
+        db.create_study("s", spec_fingerprint="f", spec_source="", spec={}, objectives=("loss", "flops"))
+        db.add_search_run("s", {"sampler": "random", "seed": 1, "prune": False})
+    result = CliRunner().invoke(app, ["studies", "--storage", url, "--json"])
+    assert result.exit_code == 0, result.output
+    (study,) = json.loads(result.stdout)
+    (run,) = study["runs"]
+    assert run["settings"] == {"sampler": "random", "seed": 1, "prune": False} and run["host"]
+
+
 def test_space_check_prints_the_space_and_sampled_costs():
     result = CliRunner().invoke(app, ["space", "check", str(EXAMPLES / "tiny.toml"), "--samples", "3"])
     assert result.exit_code == 0, result.output

@@ -142,15 +142,20 @@ def test_dominated_trials_are_pruned_at_a_rung_with_the_reason(db):
         loss = 1.0 + request.number
         reason = ray.get(board.decide.remote(request.number, 0, loss, 1e6))
         if reason:
-            return TrialOutcome(status="pruned", reason=reason, pruned_rung=0.25, train={"val_loss": loss})
+            train = {"val_loss": loss, "val_curve": [[1, loss]]}
+            return TrialOutcome(status="pruned", reason=reason, pruned_rung=0.25, train=train)
         return _result(request, loss)
 
     run_search(spec, db, SearchOptions(study="s", trials=4, workers=1), evaluate_fn=report_rung)
     records = [r for r in db.trials("s") if r.status != "duplicate"]
     assert [r.status for r in records] == ["complete", "pruned", "pruned", "pruned"]
     assert all(r["pruned_rung"] == 0.25 and "dominated at rung 0.25" in r.reason for r in records[1:])
-    states = {t.number: t.state.name for t in optuna.load_study(study_name="s", storage=db.url).trials}
-    assert [states[r.number] for r in records] == ["COMPLETE", "PRUNED", "PRUNED", "PRUNED"]
+    trials = {t.number: t for t in optuna.load_study(study_name="s", storage=db.url).trials}
+    assert [trials[r.number].state.name for r in records] == ["COMPLETE", "PRUNED", "PRUNED", "PRUNED"]
+    # Their curves stay in archsearch's table: TPE reads a pruned trial's intermediate values
+    # through study.direction, which raises in a multi-objective study (`_Driver._describe`).
+    assert all(trials[r.number].intermediate_values == {} for r in records[1:])
+    assert trials[records[0].number].intermediate_values
 
 
 def test_a_stale_lease_is_swept_and_its_point_re_queued_on_resume(db):
@@ -236,3 +241,15 @@ def test_optunas_own_view_of_the_study_matches_archsearchs(db):
             assert t.user_attrs["shape"] == record.config.describe()
             assert t.user_attrs["params"] == record["params_total"]
             assert t.user_attrs["flops_per_token"] == record["flops_forward_per_token"]
+
+
+def test_each_run_records_the_settings_that_ran_not_the_space_files_defaults(db):
+    spec = tiny_spec()  # its [search] table: tpe, seed 0, pruning on
+    options = SearchOptions(study="s", trials=1, sampler="random", seed=1, prune=False)
+    run_search(spec, db, options, evaluate_fn=instant)
+    recorded = sum(db.counts("s").values())
+    run_search(spec, db, SearchOptions(study="s", trials=2, resume=True), evaluate_fn=instant)
+    first, second = (run["settings"] for run in db.search_runs("s"))
+    assert (first["sampler"], first["seed"], first["prune"], first["sampler_seed"]) == ("random", 1, False, 1)
+    assert (second["sampler"], second["resume"], second["trials"]) == ("tpe", True, 2)
+    assert second["sampler_seed"] == 0 + recorded  # its own stream: the seed plus the trials before it

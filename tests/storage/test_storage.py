@@ -277,12 +277,15 @@ def test_an_older_database_gains_the_new_tables(db_url):
     with engine.begin() as conn:  # what a version-1 database looked like
         conn.execute(text("DROP TABLE archsearch_long_runs"))
         conn.execute(text("DROP TABLE archsearch_validations"))
+        conn.execute(text("DROP TABLE archsearch_search_runs"))
         conn.execute(text("UPDATE archsearch_meta SET value = '1'"))
     engine.dispose()
     with Storage.open(db_url) as st:
         assert st.study("s") is not None
         assert _long_run(st)
         assert len(st.long_runs("s")) == 1
+        st.add_search_run("s", {"sampler": "tpe"})
+        assert [r["settings"] for r in st.search_runs("s")] == [{"sampler": "tpe"}]
     engine = create_engine(db_url)
     with engine.connect() as conn:
         assert conn.execute(text("SELECT value FROM archsearch_meta")).scalar_one() == str(SCHEMA_VERSION)
