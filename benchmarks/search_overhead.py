@@ -24,6 +24,8 @@ from pathlib import Path
 
 from archsearch.search.driver import SearchOptions, run_search
 from archsearch.search.spec import parse_spec
+from archsearch.search.worker import TrialRequest
+from archsearch.space import preset
 from archsearch.storage import Storage
 from archsearch.trial import TrialOutcome
 
@@ -60,7 +62,7 @@ def _parts(url: str, spec, n: int) -> dict[str, float]:
     import ray
 
     remote = ray.remote(no_work)
-    request = {"number": 0}
+    request = TrialRequest(0, preset("byte-1m"), spec.proxy, spec.profile)  # what a search sends
     ray.get(remote.remote(request))  # a warm worker, as in a search
     start = time.perf_counter()
     for _ in range(n):
