@@ -5,7 +5,9 @@ How a trial flows:
    `trials` are finished or running, in one transaction, so drivers sharing a study never
    overshoot the requested number.
 2. `study.ask()`; the space samples every knob and derives the shape. A point that is not a valid
-   or in-budget config is recorded as rejected (Optuna state FAIL) before any compute is spent.
+   or in-budget config is recorded as rejected before any compute is spent, and a shape already
+   trained as a duplicate; Optuna is told both as PRUNED with an infeasible constraint
+   (`SKIPPED_CONSTRAINT`).
 3. A Ray task runs `worker.evaluate` on a `worker.TrialRequest` and returns a `trial.TrialOutcome`;
    the driver renews the lease while it runs.
 4. The result is written in one transaction (`Storage.finish_trial`), then told to Optuna.
