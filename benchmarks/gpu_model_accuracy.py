@@ -14,8 +14,10 @@ Measures, in bf16 on `--device`:
 Then compares `hardware.predict_step(device_model(--model), step_kernels(cfg, batch, "bf16"))`
 kernel by kernel (relative error `predicted / measured - 1`: negative = the model is too fast),
 prints per-shape step errors, median and worst errors per kernel kind, the attention and
-alignment factors the measurements imply, and `hardware.calibrate` fitted on (a) the synthetic
-set and (b) all shapes but one, each tested on GEMMs it did not see.
+alignment factors the measurements imply, the step model fitted to the real steps
+(`step_fit.refit`, as `archsearch fit-device`: each shape also predicted by a fit on the others),
+and `hardware.calibrate` fitted on (a) the synthetic set and (b) all shapes but one, each tested
+on GEMMs it did not see. The kernel-by-kernel comparison uses the bare roofline (no fit).
 """
 
 from __future__ import annotations
@@ -191,7 +193,7 @@ def _stats(errors: list[float]) -> str:
 
 
 def analyse(raw: dict[str, Any], model_name: str, calibrate: bool) -> None:
-    model = hardware.device_model(model_name)
+    model = hardware.device_model(model_name, fitted=False)  # the bare roofline, before any fit
     dev = raw["device"]
     print(
         f"\n=== measured on {dev['name']} ({dev['capability']}, {dev['units']} SMs), torch {raw['torch']}, "
@@ -330,6 +332,7 @@ def analyse(raw: dict[str, Any], model_name: str, calibrate: bool) -> None:
             f"{base / per['d1024-ff2760']:.2f}x speed, 2750 (misaligned) {base / per['d1024-ff2750']:.2f}x "
             f"speed; model factors coarse {model.coarse_aligned_factor}, misaligned {model.misaligned_factor}"
         )
+    fitted_steps(raw, model_name)
     if not calibrate:
         return
     print("\n=== calibrate(): fitted on GEMMs, tested on GEMMs it did not see ===")
@@ -368,6 +371,35 @@ def analyse(raw: dict[str, Any], model_name: str, calibrate: bool) -> None:
             f"median {statistics.median(e):6.1%}, worst {max(e):6.1%} (n={len(e)})"
         )
     print(f"(b) all held-out shapes together: median {statistics.median(loo):.1%}, worst {max(loo):.1%}")
+
+
+def fitted_steps(raw: dict[str, Any], model_name: str) -> None:
+    """Real steps against the bare kernel sum and the step model fitted to this run
+    (`archsearch fit-device`): fitted on all shapes, and on all but the one predicted."""
+    from archsearch.evaluators.model import eager_kernel_count
+    from archsearch.evaluators.step_fit import refit
+
+    if not any(entry.get("train_step_s") for entry in raw["shapes"]):
+        return
+    result = refit(raw, model_name, eager_kernel_count, holdout=True)
+    print("\n=== step model fitted to the real steps (archsearch fit-device) ===")
+    print(f"{'shape':<16} {'launches':>8} {'real ms':>9} {'kernel sum':>11} {'fitted':>8} {'held out':>9}")
+    rows = zip(result.records, result.kernel_sums, result.predicted, result.holdout, strict=True)
+    for record, kernel_sum, predicted, held in rows:
+        real = record.real_step_s
+        print(
+            f"{record.label:<16} {record.launches:>8} {real * 1e3:>9.2f} {_err(kernel_sum, real):>+11.1%} "
+            f"{_err(predicted, real):>+8.1%} {held.error:>+9.1%}"
+        )
+    for name, values in (
+        (
+            "kernel sum",
+            [_err(k, r.real_step_s) for k, r in zip(result.kernel_sums, result.records, strict=True)],
+        ),
+        ("fitted", [_err(p, r.real_step_s) for p, r in zip(result.predicted, result.records, strict=True)]),
+        ("held out", [h.error for h in result.holdout]),
+    ):
+        print(f"{name:<11}: {_stats(values)}")
 
 
 def main() -> None:

@@ -135,20 +135,35 @@ def _scale_request(
 
 def _print_scaled(result: Any) -> None:
     """The scaled shape, its exact size, its modelled speed and what alignment gained."""
+    from archsearch.evaluators.catalogue import FITTED
+
     chosen, request = result.chosen, result.request
     cfg = chosen.config
     off = chosen.params / request.target_params - 1
-    low, high = result.eager_mfu_range
+    fit = FITTED.get(request.device)
+    what = "kernel sum" if fit is None else "eager step: kernels plus launch overhead, fitted to real steps"
     lines = [
         f"shape: {cfg.describe()}, vocab {cfg.vocab_size}, seq_len {cfg.seq_len}",
         f"parameters: {chosen.params:,} (exact; target {request.target_params:,}, {off:+.1%})",
         f"modelled on {result.device_name}, bf16, micro-batch {request.micro_batch} x {cfg.seq_len} "
-        f"(kernel sum): step {chosen.step_time_s * 1e3:.1f} ms, {chosen.tokens_per_second:,.0f} tokens/s, "
+        f"({what}): step {chosen.step_time_s * 1e3:.1f} ms, {chosen.tokens_per_second:,.0f} tokens/s, "
         f"MFU {chosen.mfu:.1%} of {result.peak_flops / 1e12:.1f} TFLOP/s",
-        f"  an eager PyTorch step measured 1.4-1.9x its kernel sum on H100: expect MFU {low:.0%}-{high:.0%}",
-        f"chosen among {len(result.closest)} of {result.considered} candidates within "
-        f"{request.tolerance:.0%} (the closest to the target, most tokens/s)",
     ]
+    if fit is None:
+        low, high = result.eager_mfu_range
+        lines.append(
+            f"  an eager PyTorch step measured 1.4-1.9x its kernel sum on H100: "
+            f"expect MFU {low:.0%}-{high:.0%}"
+        )
+    else:
+        lines.append(
+            f"  fitted on {fit.shapes} shapes of {fit.data}: a shape left out of the fit was predicted "
+            f"within {fit.holdout_median:.0%} at the median, {fit.holdout_worst:.0%} at worst"
+        )
+    lines.append(
+        f"chosen among {len(result.closest)} of {result.considered} candidates within "
+        f"{request.tolerance:.0%} (the closest to the target, most tokens/s)"
+    )
     for g in result.gains:
         lines.append(
             f"alignment: {g.dimension} {g.naive} -> {g.aligned}: modelled step {g.naive_step_s * 1e3:.1f} ms "

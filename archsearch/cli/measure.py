@@ -1,4 +1,5 @@
-"""Measurement commands: train a proxy, profile a step, check GEMM alignment, the GPU catalogue."""
+"""Measurement commands: train a proxy, profile a step, check GEMM alignment, the GPU catalogue,
+refit a GPU's step model to a recorded run."""
 
 from __future__ import annotations
 
@@ -253,3 +254,90 @@ def devices(as_json: JsonFlag = False) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
+
+
+@app.command("fit-device")
+def fit_device(
+    data: Annotated[
+        Path, typer.Argument(help="A recorded run of benchmarks/gpu_model_accuracy.py (--save).")
+    ],
+    device: Annotated[str, typer.Option(help="Catalogued device the run was measured on.")] = "h100-sxm",
+    holdout: Annotated[
+        bool, typer.Option("--holdout/--no-holdout", help="Also predict each shape from a fit on the others.")
+    ] = True,
+    as_json: JsonFlag = False,
+) -> None:
+    """Refit a device's step model to a recorded run: real steps, its kernels, launch overhead.
+
+    Prints the fitted constants, each shape's real step against the bare kernel sum and the
+    fitted model (and, with --holdout, against a fit that did not see it), and the
+    `catalogue.FITTED` entry to paste.
+    """
+    import hashlib
+    import json
+    import statistics
+
+    from archsearch.evaluators.catalogue import FITTED
+    from archsearch.evaluators.model import eager_kernel_count
+    from archsearch.evaluators.step_fit import fitted_fields, refit
+    from archsearch.fileio import read_text
+
+    text = read_text(data, "recorded run", ConfigError)
+    try:
+        raw = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ConfigError(f"{data}: not JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{data}: not a recorded gpu_model_accuracy run (a JSON object with 'shapes')")
+    result = refit(raw, device, eager_kernel_count, holdout=holdout)
+    sha256 = hashlib.sha256(text.encode()).hexdigest()
+    holdouts = {h.label: h for h in result.holdout}
+    shapes = [
+        {
+            "label": r.label,
+            "launches": r.launches,
+            "real_step_s": r.real_step_s,
+            "kernel_sum_s": kernel_sum,
+            "modelled_s": predicted,
+            "holdout_s": holdouts[r.label].predicted_s if r.label in holdouts else None,
+        }
+        for r, kernel_sum, predicted in zip(result.records, result.kernel_sums, result.predicted, strict=True)
+    ]
+    catalogued = FITTED.get(device)
+    if as_json:
+        print_json(
+            {
+                "device": device,
+                "data": str(data),
+                "sha256": sha256,
+                "fitted": fitted_fields(result.model),
+                "catalogued": None if catalogued is None else dict(catalogued.fields),
+                "shapes": shapes,
+            }
+        )
+        return
+    table = Table("constant", "fitted", "catalogued")
+    now = dict(catalogued.fields) if catalogued else {}
+    for name, value in fitted_fields(result.model).items():
+        table.add_row(
+            name,
+            f"{value:.4g}" if value is not None else "-",
+            f"{now[name]:.4g}" if now.get(name) is not None else "-",
+        )
+    stdout().print(table)
+    table = Table("shape", "launches", "real ms", "kernel sum", "fitted", "held out")
+
+    def cell(seconds: float | None, real: float) -> str:
+        return "-" if seconds is None else f"{seconds * 1e3:.2f} ({seconds / real - 1:+.1%})"
+
+    for row in shapes:
+        real = row["real_step_s"]
+        table.add_row(
+            row["label"], str(row["launches"]), f"{real * 1e3:.2f}",
+            cell(row["kernel_sum_s"], real), cell(row["modelled_s"], real), cell(row["holdout_s"], real),
+        )  # fmt: skip
+    stdout().print(table)
+    if result.holdout:
+        errors = [abs(h.error) for h in result.holdout]
+        typer.echo(f"held out: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%}")
+    typer.echo(result.entry(data.as_posix(), sha256))

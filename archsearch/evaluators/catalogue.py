@@ -213,3 +213,44 @@ ACCELERATORS.register(
         ),
     ),
 )
+
+
+# --- constants fitted to measured training steps ---
+@dataclass(frozen=True)
+class FittedModel:
+    """Modelling assumptions (`hardware.DeviceModel` fields) fitted to a recorded run, with the
+    run they came from: `archsearch fit-device DATA` refits them and prints this entry."""
+
+    fields: tuple[tuple[str, float | None], ...]  # DeviceModel field, fitted value
+    data: str  # the recorded run, relative to the repository root
+    sha256: str  # of that file
+    shapes: int  # shapes with a real step the fit used
+    # Each shape's step predicted by a fit on the others: median and worst |error| (fit-device --loo).
+    holdout_median: float
+    holdout_worst: float
+
+
+# benchmarks/gpu_model_accuracy_h100_2026-11-22.json: 8 shapes (GPT-2 small/medium, two ~1B
+# LLaMA-like, three d_ff alignments, a byte-level proxy), real steps and every GEMM/SDPA call,
+# measured on one H100 80GB HBM3 (SXM), torch 2.11.0+cu130, bf16 autocast, fused AdamW.
+FITTED: dict[str, FittedModel] = {}
+FITTED["h100-sxm"] = FittedModel(
+    fields=(
+        ("compute_efficiency", 0.7749),
+        ("bandwidth_efficiency", 0.8768),
+        ("launch_overhead_s", 9.71e-06),
+        ("misaligned_factor", 0.1913),
+        ("coarse_aligned_factor", 0.9929),
+        ("attention_efficiency", 1.402),
+        ("attention_backward_efficiency", 0.8621),
+        ("attention_seq_half", 2352.0),
+        ("misaligned_memory_factor", 0.1339),
+        ("eager_kernel_s", 1.66e-05),
+        ("host_kernel_s", 2.52e-05),
+    ),
+    data="benchmarks/gpu_model_accuracy_h100_2026-11-22.json",
+    sha256="093e4ca3875ccf680863fdba5117da38b12ff02c9aac1628d2d1ff836c2d1acd",
+    shapes=8,
+    holdout_median=0.050,
+    holdout_worst=0.214,
+)

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from archsearch.errors import ConfigError, UnknownNameError
-from archsearch.evaluators.catalogue import ACCELERATORS, COMPUTE_DTYPES, Accelerator
+from archsearch.evaluators.catalogue import ACCELERATORS, COMPUTE_DTYPES, FITTED, Accelerator
 from archsearch.evaluators.kernels import (
     AttentionCall,
     Gemm,
@@ -68,8 +68,9 @@ class DeviceModel:
     # and less backward (Dao 2023), against ~80% for GEMMs.
     attention_efficiency: float = 0.8
     # Alignment (assumed penalties; the guide shows the effect, its size varies by library and
-    # shape): off the 16-byte alignment a fallback kernel runs at about half speed; aligned to
-    # 16 bytes but not to `well_aligned_elements` costs a little (BRIEF.md section 5).
+    # shape): off the 16-byte alignment a fallback kernel runs at about half speed (at this
+    # factor when aligned to one element only, see `_alignment_factor`); aligned to 16 bytes but
+    # not to `well_aligned_elements` costs a little (BRIEF.md section 5).
     misaligned_factor: float = 0.5
     coarse_aligned_factor: float = 0.9
     well_aligned_elements: int = 64
@@ -80,13 +81,39 @@ class DeviceModel:
     max_split_k: int = 16  # split-K slices tried when one wave of output tiles leaves units idle
     fast_head_dims: tuple[int, ...] = (64, 128)  # flash kernels are tuned for these head sizes
     other_head_dim_factor: float = 0.85  # "mild" penalty for any other head_dim
+    # What a real eager step adds to the kernels (issue 12; `step_fit.fit_step_model` fits them
+    # to measured steps, `catalogue.FITTED` holds the fits with the data they came from). The
+    # defaults leave the bare kernel roofline:
+    # - the backward flash kernel's efficiency, when it differs from the forward's;
+    attention_backward_efficiency: float | None = None
+    # - flash kernels fill the device only for long sequences: efficiency * s / (s + half);
+    attention_seq_half: float = 0.0
+    # - elementwise ops over rows whose width is off the 16-byte alignment (vocab 50257) do not
+    #   vectorise: their bytes move at this fraction of the bandwidth;
+    misaligned_memory_factor: float = 1.0
+    # - GPU time per kernel an eager PyTorch step launches beyond the roofline's kernels (gaps
+    #   between kernels, the many small elementwise kernels the memory ops lump together);
+    eager_kernel_s: float = 0.0
+    # - host time to issue one (Python, dispatcher, autograd, launch): a step lasts at least
+    #   launches * host_kernel_s, so a small shape waits on the host, not the GPU.
+    host_kernel_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("compute_efficiency", "bandwidth_efficiency", "attention_efficiency"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
                 raise ConfigError(f"{name} must be a positive number, got {value!r}")
-        for name in ("misaligned_factor", "coarse_aligned_factor", "other_head_dim_factor"):
+        backward = self.attention_backward_efficiency
+        if backward is not None and not (isinstance(backward, int | float) and 0 < backward < math.inf):
+            raise ConfigError(f"attention_backward_efficiency must be a positive number, got {backward!r}")
+        if not (self.attention_seq_half >= 0 and self.eager_kernel_s >= 0 and self.host_kernel_s >= 0):
+            raise ConfigError("attention_seq_half, eager_kernel_s and host_kernel_s must be >= 0")
+        for name in (
+            "misaligned_factor",
+            "coarse_aligned_factor",
+            "other_head_dim_factor",
+            "misaligned_memory_factor",
+        ):
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise ConfigError(f"{name} must be in (0, 1], got {value!r}")
@@ -108,24 +135,34 @@ class DeviceModel:
         return self.device.memory_bandwidth * self.bandwidth_efficiency
 
 
-def device_model(name: str, **assumptions: Any) -> DeviceModel:
+def device_model(name: str, fitted: bool = True, **assumptions: Any) -> DeviceModel:
     """The model of catalogued device `name`, with any `DeviceModel` field overridden.
+
+    Args:
+        fitted: start from the constants fitted to real steps on the device (`catalogue.FITTED`),
+            where it has them; False: the bare roofline's round assumptions.
 
     Raises:
         UnknownNameError: `name` is not in ACCELERATORS (the message lists the valid names).
         ConfigError: an overridden assumption is out of range.
     """
-    return DeviceModel(device=ACCELERATORS[name], **assumptions)
+    device = ACCELERATORS[name]
+    base = dict(FITTED[name].fields) if fitted and name in FITTED else {}
+    return DeviceModel(device=device, **{**base, **assumptions})
 
 
 LOCAL_DEVICES = ("cpu", "cuda")  # measured here by the profiler (cuda:N too), not modelled
 
 
-def modelled_profile(cfg: ArchConfig, device: str, batch: int, dtype: str) -> ProfileReport | None:
+def modelled_profile(
+    cfg: ArchConfig, device: str, batch: int, dtype: str, launches: int = 0
+) -> ProfileReport | None:
     """One training step of `cfg` on `batch` sequences, modelled on the catalogued GPU `device`;
     None when `device` is one to measure here instead (cpu, cuda, cuda:N: see `step_time.step_profile`).
 
     `dtype` "auto" is bf16 on a modelled GPU: what training runs in on every catalogued one.
+    `launches`: kernels the eager step launches (`model.eager_kernel_count`), charged the device's
+    fitted overhead each.
 
     Raises:
         ConfigError: `device` is neither catalogued nor local.
@@ -138,7 +175,7 @@ def modelled_profile(cfg: ArchConfig, device: str, batch: int, dtype: str) -> Pr
             f"unknown device {device!r}; measured: cpu, cuda, cuda:N; modelled: {', '.join(ACCELERATORS)}"
         )
     dtype = "bf16" if dtype == "auto" else dtype
-    return predict_step(device_model(device), step_kernels(cfg, batch, dtype), dtype)
+    return predict_step(device_model(device), step_kernels(cfg, batch, dtype), dtype, launches)
 
 
 def local_cpu(
@@ -245,12 +282,29 @@ def _check_size(name: str, value: int) -> None:
 
 
 def _alignment_factor(model: DeviceModel, dims: Sequence[int], align: int) -> float:
-    """Speed factor of the worst-aligned dimension: one fallback kernel, not one per dimension."""
-    if any(d % align for d in dims):
-        return model.misaligned_factor
+    """Speed factor of the worst-aligned dimension: one fallback kernel, not one per dimension.
+
+    Pass n and k only: m is free. Measured on an H100 (benchmarks/gpu_model_accuracy_h100_*.json):
+    vocab 50257 or d_ff 2750 as n or k ran 2.5-5x slower, as m (the weight-gradient GEMM) at
+    full speed, as the leading dimensions of row-major operands in cuBLAS are n and k.
+
+    Off the alignment, kernels load narrower vectors: `misaligned_factor` is the speed of the
+    worst case (a dimension aligned to one element: vocab 50257 ran its GEMMs at 0.2), and each
+    doubling of the alignment takes an equal step back toward full speed (`misalignment`)."""
+    exponent = max(misalignment(d, align) for d in dims)
+    if exponent:
+        return model.misaligned_factor**exponent
     if any(d % model.well_aligned_elements for d in dims):
         return model.coarse_aligned_factor
     return 1.0
+
+
+def misalignment(size: int, align: int) -> float:
+    """How far `size` is off an alignment of `align` elements (a power of two), from 0 (aligned)
+    to 1 (aligned to one element): log2(align / largest power of two dividing both) / log2(align)."""
+    if align <= 1 or size % align == 0:
+        return 0.0
+    return math.log2(align / math.gcd(size, align)) / math.log2(align)
 
 
 def _tile_speeds(model: DeviceModel) -> dict[tuple[int, int], float]:
@@ -271,7 +325,7 @@ def _gemm_options(model: DeviceModel, m: int, n: int, k: int, dtype: str) -> lis
     device = model.device
     spec = COMPUTE_DTYPES[dtype]
     unit_rate = device.peak_flops(dtype) * model.compute_efficiency / device.units
-    align = _alignment_factor(model, (m, n, k), device.alignment_elements(dtype))
+    align = _alignment_factor(model, (n, k), device.alignment_elements(dtype))
     bandwidth = model.bandwidth
     operand_bytes = (m * k + k * n + m * n) * spec.bytes
     plans = []
@@ -333,7 +387,11 @@ def predict_attention(model: DeviceModel, call: AttentionCall, dtype: str = "bf1
     factor = 1.0 if call.head_dim in model.fast_head_dims else model.other_head_dim_factor
     if call.head_dim % device.alignment_elements(dtype):
         factor *= model.misaligned_factor
-    rate = device.peak_flops(dtype) * model.compute_efficiency * model.attention_efficiency * factor
+    factor *= call.seq_len / (call.seq_len + model.attention_seq_half)
+    efficiency = model.attention_efficiency
+    if call.name == "sdpa.bwd" and model.attention_backward_efficiency is not None:
+        efficiency = model.attention_backward_efficiency
+    rate = device.peak_flops(dtype) * model.compute_efficiency * efficiency * factor
     q = call.batch * call.n_heads * call.seq_len * call.head_dim
     kv = call.batch * call.n_kv_heads * call.seq_len * call.head_dim
     tensors = 2 if call.name == "sdpa.fwd" else 4  # per q-sized and per kv-sized tensor
@@ -343,16 +401,22 @@ def predict_attention(model: DeviceModel, call: AttentionCall, dtype: str = "bf1
     return call.count * (roofline + model.launch_s)
 
 
-def predict_memory_op(model: DeviceModel, op: MemoryOp) -> float:
-    """Predicted seconds of a memory-bound step: its bytes at achievable bandwidth, one launch.
+def predict_memory_op(model: DeviceModel, op: MemoryOp, dtype: str = "bf16") -> float:
+    """Predicted seconds of a memory-bound step: its bytes at achievable bandwidth, one launch;
+    at `misaligned_memory_factor` of it when its rows are off the 16-byte alignment.
 
     `MemoryOp` records bytes but not calls, so one launch overhead is charged per op.
     """
-    return op.bytes / model.bandwidth + model.launch_s
+    bandwidth = model.bandwidth
+    if op.row and op.row % model.device.alignment_elements(dtype):
+        bandwidth *= model.misaligned_memory_factor
+    return op.bytes / bandwidth + model.launch_s
 
 
 # --- a whole step ---
-def predict_step(model: DeviceModel, kernels: StepKernels, compute_dtype: str | None = None) -> ProfileReport:
+def predict_step(
+    model: DeviceModel, kernels: StepKernels, compute_dtype: str | None = None, launches: int = 0
+) -> ProfileReport:
     """Predict every kernel of one training step: the profiler's report, marked as modelled.
 
     Args:
@@ -360,6 +424,9 @@ def predict_step(model: DeviceModel, kernels: StepKernels, compute_dtype: str | 
         kernels: the step's inventory, from `kernels.step_kernels`.
         compute_dtype: math mode of GEMMs and attention; default the inventory's dtype (pass
             "tf32" for fp32 tensors with TF32 enabled).
+        launches: kernels the eager step launches (`model.eager_kernel_count`); the step is
+            then `max(kernels + launches * eager_kernel_s, launches * host_kernel_s)` and the
+            difference to the kernels its framework overhead (0: the kernels alone).
 
     Raises:
         UnknownNameError: the dtype is unknown or the device lacks it.
@@ -377,7 +444,12 @@ def predict_step(model: DeviceModel, kernels: StepKernels, compute_dtype: str | 
                   predict_attention(model, a, dtype) / a.count)
         for a in kernels.attention
     ]  # fmt: skip
-    memory = tuple(MemoryRow(op.name, op.bytes, predict_memory_op(model, op)) for op in kernels.memory_ops)
+    memory = tuple(
+        MemoryRow(op.name, op.bytes, predict_memory_op(model, op, dtype)) for op in kernels.memory_ops
+    )
+    kernel_sum = sum(row.total_s for row in rows) + sum(row.time_s for row in memory)
+    gpu = kernel_sum + launches * model.eager_kernel_s
+    overhead = max(gpu, launches * model.host_kernel_s) - kernel_sum
     device = model.device
     return ProfileReport(
         config=kernels.config,
@@ -390,6 +462,8 @@ def predict_step(model: DeviceModel, kernels: StepKernels, compute_dtype: str | 
         bandwidth_bytes_per_s=model.bandwidth,
         min_run_time=0.0,
         modelled=True,
+        launches=launches,
+        overhead_s=overhead,
     )
 
 

@@ -75,6 +75,7 @@ class MemoryOp:
 
     name: str
     bytes: int  # read + written, all calls of one step together
+    row: int = 0  # elements per row of the tensors it streams, where that width varies (vocab)
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,7 @@ def step_kernels(cfg: ArchConfig, batch: int, dtype: str = "bf16") -> StepKernel
         MemoryOp("activation", L * mlp_act * ((3 if cfg.gated else 2) + (5 if cfg.gated else 3))),
         MemoryOp("residual_add", L * 2 * act * (3 + 2)),
         # Logits are upcast to fp32 for the loss: softmax + cross-entropy read and write them.
-        MemoryOp("cross_entropy", M * cfg.vocab_size * (size + 4 * 3)),
+        MemoryOp("cross_entropy", M * cfg.vocab_size * (size + 4 * 3), row=cfg.vocab_size),
         MemoryOp("embedding", act * 3 + (act * 3 if POSITIONS[cfg.pos_embedding].learned_table else 0)),
         # AdamW on fp32 parameters: read param, grad, m, v; write param, m, v.
         MemoryOp("optimizer", param_counts(cfg).total * 4 * 7),
@@ -253,8 +254,10 @@ class ProfileReport:
     10): kernel launches, framework overhead, elementwise ops below peak bandwidth, the optimizer.
     So when the real step was measured (`measured_step_s`, the trainer's median step), it is the
     step time and the kernels are its breakdown: `residual_s` (measured minus the kernel sum) is
-    the line that makes the parts add up to it. Without a measurement (modelled devices, a bare
-    kernel profile) the step time is the kernel sum.
+    the line that makes the parts add up to it. A modelled step adds the framework overhead the
+    device model predicts for the `launches` kernels an eager step runs (`overhead_s`, fitted to
+    real steps where `catalogue.FITTED` has a fit for the device). A bare kernel profile's step
+    time is the kernel sum.
     """
 
     config: ArchConfig
@@ -269,6 +272,8 @@ class ProfileReport:
     modelled: bool = False  # measured by the profiler; predicted by the hardware model
     measured_step_s: float | None = None  # the real training step (median), when one was timed
     measured_steps: int = 0  # how many steady-state steps that median is of
+    launches: int = 0  # kernels the eager step launches (modelled steps)
+    overhead_s: float = 0.0  # modelled framework overhead of those launches
 
     @property
     def kernel_time_s(self) -> float:
@@ -291,7 +296,9 @@ class ProfileReport:
 
     @property
     def step_time_s(self) -> float:
-        return self.measured_step_s if self.measured_step_s is not None else self.kernel_sum_s
+        return (
+            self.measured_step_s if self.measured_step_s is not None else self.kernel_sum_s + self.overhead_s
+        )
 
     def with_measured_step(self, seconds: float, steps: int) -> ProfileReport:
         """This breakdown of a real step measured at `seconds` (the median of `steps` steps)."""
@@ -308,6 +315,8 @@ class ProfileReport:
         """Where `step_time_s` comes from, in words."""
         if self.measured_step_s is not None:
             return f"measured training step, median of {self.measured_steps}"
+        if self.overhead_s:
+            return f"modelled eager step: the kernels plus the overhead of {self.launches} launches"
         return "sum of the kernels" + ("" if self.modelled else "; real step not measured")
 
     def breakdown(self) -> tuple[tuple[str, float, str | None], ...]:
@@ -320,6 +329,10 @@ class ProfileReport:
         if self.residual_s is not None:
             holds = "launches, framework overhead, elementwise ops, optimizer"
             parts.append(("residual", self.residual_s, holds))
+        elif self.overhead_s:
+            each = self.overhead_s / self.launches * 1e6
+            holds = f"{self.launches} eager kernel launches, {each:.1f} us each (fitted)"
+            parts.append(("framework overhead", self.overhead_s, holds))
         return tuple(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -338,6 +351,8 @@ class ProfileReport:
             "measured_step_s": self.measured_step_s,
             "measured_steps": self.measured_steps,
             "residual_s": self.residual_s,
+            "launches": self.launches,
+            "overhead_s": self.overhead_s,
             "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
             "min_run_time": self.min_run_time,
             "kernels": [row.to_dict() for row in self.kernels],

@@ -10,6 +10,8 @@ Shapes in comments: B batch, T sequence, C d_model, H n_heads, K n_kv_heads, D h
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -17,6 +19,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import (
     flop_registry,
     register_flop_formula,
@@ -275,3 +278,51 @@ class ProxyLM(nn.Module):
 def count_parameters(model: nn.Module) -> int:
     """Distinct parameters (a tied matrix once), as `space.costs.param_counts(cfg).total`."""
     return sum(p.numel() for p in model.parameters())
+
+
+# --- kernels an eager step launches ---
+class _KernelCounter(TorchDispatchMode):
+    """Counts the ATen calls that run a kernel (views and detaches only re-label memory)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernels = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.kernels += not func.is_view
+        return func(*args, **(kwargs or {}))
+
+
+@functools.lru_cache(maxsize=256)
+def _kernels_per_step(structure: ArchConfig) -> int:
+    """Kernels one steady-state training step of `structure` runs: bf16 autocast forward, fp32
+    cross-entropy, backward, fused AdamW, gradients set to None (benchmarks/gpu_model_accuracy.py's
+    real step). Runs a step first so that the optimizer's state already exists."""
+    torch.manual_seed(0)
+    model = ProxyLM(structure)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    idx = torch.randint(0, structure.vocab_size, (1, structure.seq_len + 1))
+    counter = _KernelCounter()
+    for step in range(2):
+        with counter if step else contextlib.nullcontext():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = model(idx[:, :-1])
+            F.cross_entropy(logits.float().flatten(0, 1), idx[:, 1:].flatten()).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    return counter.kernels
+
+
+def eager_kernel_count(cfg: ArchConfig) -> int:
+    """How many kernels one eager training step of `cfg` launches, whatever its widths.
+
+    The count depends on the structure (activation, norms and their placement, positions, bias,
+    tying, qk-norm, parallel block) and the depth, not on widths: it is counted with PyTorch's
+    dispatcher on a one- and a two-layer copy of `cfg` at tiny widths, on the CPU (an instant,
+    cached per structure), and extended linearly in depth, as every block is the same. The
+    device models (`hardware.DeviceModel.eager_kernel_s`) charge each launch its host overhead.
+    """
+    tiny = dict(d_model=8 * cfg.n_heads, head_dim=8, d_ff=32, vocab_size=64, seq_len=16)
+    one = _kernels_per_step(dataclasses.replace(cfg, n_layers=1, **tiny))
+    two = _kernels_per_step(dataclasses.replace(cfg, n_layers=2, **tiny))
+    return one + (cfg.n_layers - 1) * (two - one)

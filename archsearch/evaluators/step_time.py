@@ -4,15 +4,18 @@ One answer for every caller (a search's worker, `archsearch profile`): a device 
 ("cpu", "cuda", "cuda:N") is measured, its kernels timed (`profiler.profile_step`) and, with
 steps, the real training step timed too, so the kernels read as its breakdown with a residual
 line; a catalogued GPU ("h100-sxm", see `archsearch devices`) is modelled by the roofline
-(`hardware.modelled_profile`). Either way the result is a `ProfileReport`.
+(`hardware.modelled_profile`), with the framework overhead of the kernels its eager step
+launches (`model.eager_kernel_count`). Either way the result is a `ProfileReport`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from archsearch.evaluators.catalogue import ACCELERATORS
 from archsearch.evaluators.hardware import modelled_profile
 from archsearch.evaluators.kernels import ProfileReport
+from archsearch.evaluators.model import eager_kernel_count
 from archsearch.evaluators.profiler import DEFAULT_MIN_RUN_TIME, InMemoryCache, MeasurementCache, profile_step
 from archsearch.evaluators.trainer import MEASURE_STEPS, measure_step
 from archsearch.space.config import ArchConfig
@@ -48,9 +51,9 @@ def step_profile(
         ProfilerError: the dtype is not supported there, a kernel does not fit, or the timed
             training run failed.
     """
-    modelled = modelled_profile(cfg, device, batch, dtype)
-    if modelled is not None:
-        return modelled
+    if device in ACCELERATORS:
+        return modelled_profile(cfg, device, batch, dtype, launches=eager_kernel_count(cfg))
+    modelled_profile(cfg, device, batch, dtype)  # raises on a device neither here nor catalogued
     cache = InMemoryCache() if cache is None else cache
     report = profile_step(cfg, batch, device, dtype, cache, min_run_time, progress=progress)
     if trained is None and steps:

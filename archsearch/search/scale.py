@@ -9,8 +9,9 @@ choices; here each is scored with the roofline model of a catalogued GPU
 Then each alignment choice of the pick is priced against naive rounding (vocab padding, d_ff
 rounded up to a tile multiple, d_model a multiple of 128), one dimension at a time.
 
-All numbers are modelled: the step is the sum of its kernels on one stream. A real eager PyTorch
-step on an H100 ran 1.4-1.9x its kernel sum at GPT-2 to 1B sizes (BRIEF.md section 10).
+All numbers are modelled: the step is the sum of its kernels on one stream plus the framework
+overhead of the kernels an eager step launches, where the device has constants fitted to real
+steps (`catalogue.FITTED`: the H100, whose eager steps ran 1.4-5.6x their kernel sums).
 """
 
 from __future__ import annotations
@@ -129,8 +130,9 @@ def score(model: DeviceModel, cfg: ArchConfig, batch: int) -> Scored:
     """`cfg`'s modelled training step on `batch` sequences."""
     from archsearch.evaluators.hardware import predict_step
     from archsearch.evaluators.kernels import step_kernels
+    from archsearch.evaluators.model import eager_kernel_count
 
-    report = predict_step(model, step_kernels(cfg, batch, DTYPE), DTYPE)
+    report = predict_step(model, step_kernels(cfg, batch, DTYPE), DTYPE, eager_kernel_count(cfg))
     tokens_per_second = report.tokens_per_second
     mfu = flop_counts(cfg).train * tokens_per_second / model.device.peak_flops(DTYPE)
     return Scored(cfg, param_counts(cfg).total, report.step_time_s, tokens_per_second, mfu)

@@ -53,12 +53,14 @@ def test_an_unknown_device_is_refused():
 
 
 def test_llama2_7b_modelled_mfu_on_one_h100():
-    # Llama-2-7B at seq 4096 (the preset). The model's step is the kernel sum, no launch gaps or
-    # framework overhead, so MFU reads high: 59% at micro-batch 1, 70.5% at 4 (16k tokens, the
-    # default), 73% at 8. Published H100 training of 7B models reports ~40-55%; a measured eager
-    # step ran 1.4-1.9x its kernel sum (BRIEF.md section 10), which puts 70.5% at 37-50%. Pinned
-    # here as found, not tuned.
-    model = device_model("h100-sxm")
+    # Llama-2-7B at seq 4096 (the preset). The bare roofline's step is the kernel sum, no launch
+    # gaps or framework overhead, so MFU read high: 59% at micro-batch 1, 70.5% at 4. With the
+    # constants fitted to real H100 steps (catalogue.FITTED) the modelled eager step reads 47% and
+    # 63%; published H100 training of 7B models reports ~40-55%. Pinned as found, not tuned.
     cfg = preset("llama2-7b")
-    assert score(model, cfg, 1).mfu == pytest.approx(0.591, abs=0.005)
-    assert score(model, cfg, 4).mfu == pytest.approx(0.705, abs=0.005)
+    bare = device_model("h100-sxm", fitted=False)
+    assert score(bare, cfg, 1).mfu == pytest.approx(0.591, abs=0.005)
+    assert score(bare, cfg, 4).mfu == pytest.approx(0.705, abs=0.005)
+    model = device_model("h100-sxm")
+    assert score(model, cfg, 1).mfu == pytest.approx(0.472, abs=0.005)
+    assert score(model, cfg, 4).mfu == pytest.approx(0.633, abs=0.005)

@@ -1,0 +1,349 @@
+"""Fit a device model to measured training steps, so that modelled steps predict real ones.
+
+The roofline of `evaluators.hardware` sums kernels; a real eager step is 1.4-5.6x longer on an
+H100 (BRIEF.md section 10; benchmarks/gpu_model_accuracy_h100_2026-11-22.json). `fit_step_model`
+fits, from a recorded run of `benchmarks/gpu_model_accuracy.py` (its kernels and its real steps),
+what the roofline lacks, in four stages, each on the data that shows it:
+1. GEMMs: compute rate, bandwidth and launch (`hardware.calibrate`) on the aligned GEMMs, then
+   the speed of GEMMs whose n or k is off the 16-byte alignment (m is free) and of those aligned
+   to 16 bytes but not to 64 elements, each the median of what its GEMMs imply; the bandwidth
+   is then the device-to-device copy's the run measured (GEMMs that L2 serves imply more than
+   the memory has);
+2. flash attention: forward and backward efficiency and the sequence length at which the
+   kernel reaches half of it (`efficiency * s / (s + half)`), least squares on log time;
+3. whole steps: per kernel an eager step launches (`model.eager_kernel_count`), the GPU's gap
+   between kernels and the host's time to issue one (a step waits on the slower of the two),
+   and the bandwidth of elementwise ops over rows off the alignment (vocab 50257): least
+   squares on the relative error of the real steps.
+Pure: numpy only; kernel counts come with the records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from archsearch.errors import ConfigError
+from archsearch.evaluators.hardware import (
+    DeviceModel,
+    GemmMeasurement,
+    calibrate,
+    device_model,
+    misalignment,
+    predict_attention,
+    predict_gemm,
+    predict_step,
+)
+from archsearch.evaluators.kernels import step_kernels
+from archsearch.space.config import ArchConfig
+
+FIT_FIELDS = (
+    "compute_efficiency",
+    "bandwidth_efficiency",
+    "launch_overhead_s",
+    "misaligned_factor",
+    "coarse_aligned_factor",
+    "attention_efficiency",
+    "attention_backward_efficiency",
+    "attention_seq_half",
+    "misaligned_memory_factor",
+    "eager_kernel_s",
+    "host_kernel_s",
+)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One shape measured on the device: its kernels and its real training step."""
+
+    label: str
+    config: ArchConfig
+    batch: int
+    dtype: str
+    gemms: tuple[GemmMeasurement, ...]  # one per distinct GEMM call of the step
+    attention: tuple[tuple[str, float], ...]  # (sdpa.fwd | sdpa.bwd, seconds per call)
+    real_step_s: float  # the measured training step (median)
+    launches: int  # kernels the eager step launches (`model.eager_kernel_count`)
+    copy_bandwidth: float | None = None  # bytes/s a device-to-device copy reached in the run
+
+
+def records_from_benchmark(raw: dict[str, Any], launches: dict[str, int]) -> list[StepRecord]:
+    """The shapes of a `benchmarks/gpu_model_accuracy.py` run that have a real step timed.
+
+    Args:
+        raw: the run's JSON (`--save`).
+        launches: kernels per step by shape label.
+
+    Raises:
+        ConfigError: the file is not such a run.
+    """
+    try:
+        records = []
+        for entry in raw["shapes"]:
+            if entry.get("train_step_s") is None:
+                continue
+            report = entry["report"]
+            rows = report["kernels"]
+            records.append(
+                StepRecord(
+                    label=entry["label"],
+                    config=ArchConfig.from_dict(entry["config"]),
+                    batch=int(entry["batch"]),
+                    dtype=report["dtype"],
+                    gemms=tuple(
+                        GemmMeasurement(r["m"], r["n"], r["k"], report["dtype"], r["time_s"])
+                        for r in rows
+                        if r["kind"] == "gemm"
+                    ),
+                    attention=tuple((r["kind"], r["time_s"]) for r in rows if r["kind"].startswith("sdpa")),
+                    real_step_s=float(entry["train_step_s"]),
+                    launches=launches[entry["label"]],
+                    copy_bandwidth=report.get("bandwidth_bytes_per_s"),
+                )
+            )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"not a recorded gpu_model_accuracy run: {exc!r}") from exc
+    return records
+
+
+def _aligned(model: DeviceModel, x: GemmMeasurement, multiple: int) -> bool:
+    return x.n % multiple == 0 and x.k % multiple == 0
+
+
+def _fit_gemms(base: DeviceModel, gemms: Sequence[GemmMeasurement]) -> DeviceModel:
+    align = base.device.alignment_elements(gemms[0].dtype)
+    well = [x for x in gemms if _aligned(base, x, base.well_aligned_elements)]
+    if len(well) < 3:
+        raise ConfigError(f"the fit needs at least 3 well-aligned GEMMs, got {len(well)}")
+    model = calibrate(base, well).model
+    free = dataclasses.replace(model, misaligned_factor=1.0, coarse_aligned_factor=1.0)
+
+    def slowdown(x: GemmMeasurement) -> float:
+        return predict_gemm(free, x.m, x.n, x.k, x.dtype) / x.seconds
+
+    # Off the 16 bytes: speed = misaligned_factor ** misalignment, so each GEMM implies a log factor.
+    misaligned = [x for x in gemms if not _aligned(base, x, align)]
+    factor = model.misaligned_factor
+    if misaligned:
+        logs = [
+            math.log(slowdown(x)) / max(misalignment(x.n, align), misalignment(x.k, align))
+            for x in misaligned
+        ]
+        factor = min(1.0, math.exp(statistics.median(logs)))
+    coarse = [
+        x for x in gemms if _aligned(base, x, align) and not _aligned(base, x, base.well_aligned_elements)
+    ]
+    coarse_factor = (
+        min(1.0, statistics.median(slowdown(x) for x in coarse)) if coarse else model.coarse_aligned_factor
+    )
+    return dataclasses.replace(model, misaligned_factor=factor, coarse_aligned_factor=coarse_factor)
+
+
+def _fit_attention(model: DeviceModel, records: Sequence[StepRecord]) -> DeviceModel:
+    """Forward and backward efficiency and the half-efficiency sequence length."""
+    unit = dataclasses.replace(
+        model, attention_efficiency=1.0, attention_backward_efficiency=None, attention_seq_half=0.0
+    )
+    calls: dict[str, list[tuple[float, int, float]]] = {"sdpa.fwd": [], "sdpa.bwd": []}
+    for record in records:
+        inventory = step_kernels(record.config, record.batch, record.dtype)
+        measured = dict(record.attention)
+        for call in inventory.attention:
+            if call.name in measured:
+                at_unit = predict_attention(unit, call, record.dtype) / call.count - unit.launch_s
+                calls[call.name].append((at_unit, call.seq_len, measured[call.name] - unit.launch_s))
+    if not calls["sdpa.fwd"] or not calls["sdpa.bwd"]:
+        return model
+    best: tuple[float, float, float, float] | None = None
+    for half in np.linspace(0.0, 8192.0, 513):
+        loss, efficiency = 0.0, {}
+        for name, rows in calls.items():
+            # time = at_unit * (s + half) / s / e  ->  log e = mean(log(at_unit (s+half)/s) - log t)
+            logs = [math.log(u * (s + half) / s) - math.log(max(t, 1e-9)) for u, s, t in rows]
+            log_e = sum(logs) / len(logs)
+            efficiency[name] = math.exp(log_e)
+            loss += sum((v - log_e) ** 2 for v in logs)
+        if best is None or loss < best[0]:
+            best = (loss, efficiency["sdpa.fwd"], efficiency["sdpa.bwd"], float(half))
+    assert best is not None
+    return dataclasses.replace(
+        model, attention_efficiency=best[1], attention_backward_efficiency=best[2], attention_seq_half=best[3]
+    )
+
+
+def _kernel_step(model: DeviceModel, record: StepRecord) -> tuple[float, float]:
+    """(the kernels' predicted step, the part of it in ops over misaligned rows)."""
+    report = predict_step(model, step_kernels(record.config, record.batch, record.dtype))
+    align = model.device.alignment_elements(record.dtype)
+    misaligned = sum(
+        op.bytes / model.bandwidth
+        for op in step_kernels(record.config, record.batch, record.dtype).memory_ops
+        if op.row and op.row % align
+    )
+    return report.kernel_sum_s, misaligned
+
+
+def _fit_overheads(model: DeviceModel, records: Sequence[StepRecord]) -> DeviceModel:
+    """Per-launch GPU gap, per-launch host time and the misaligned-row bandwidth, from real steps.
+
+    The step is `max(kernels + misaligned extra + launches * gap, launches * host)`: the GPU
+    runs its kernels with a gap each, while the host issues them; a small shape waits on the
+    host. Least squares on relative error over a grid, refined around the best point.
+    """
+    flat = dataclasses.replace(model, misaligned_memory_factor=1.0, eager_kernel_s=0.0, host_kernel_s=0.0)
+    rows = np.array([[*_kernel_step(flat, r), r.launches, r.real_step_s] for r in records])
+    kernels, misaligned, launches, real = rows.T
+
+    def loss(gap: np.ndarray, host: np.ndarray, extra: np.ndarray) -> np.ndarray:
+        g, h, c = (v[:, None] for v in (gap, host, extra))
+        step = np.maximum(kernels + misaligned * c + launches * g, launches * h)
+        return ((step / real - 1) ** 2).sum(axis=1)
+
+    # (gap s, host s, extra bandwidth cost); each round a 21^3 grid, then a window 1/5 as wide.
+    low, high = np.zeros(3), np.array([50e-6, 50e-6, 20.0 if misaligned.any() else 0.0])
+    best = None
+    for _ in range(12):
+        axes = [np.linspace(lo, hi, 21) for lo, hi in zip(low, high, strict=True)]
+        grid = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, 3)
+        best = grid[np.argmin(loss(grid[:, 0], grid[:, 1], grid[:, 2]))]
+        span = (high - low) / 10
+        low, high = np.maximum(best - span, 0.0), best + span
+    assert best is not None
+    return dataclasses.replace(
+        model,
+        eager_kernel_s=float(best[0]),
+        host_kernel_s=float(best[1]),
+        misaligned_memory_factor=1.0 / (1.0 + float(best[2])),
+    )
+
+
+def fit_step_model(
+    base: DeviceModel, records: Sequence[StepRecord], extra_gemms: Sequence[GemmMeasurement] = ()
+) -> DeviceModel:
+    """`base` with every field of `FIT_FIELDS` fitted to `records` (see the module's docstring).
+
+    Args:
+        base: the catalogued device's model (its tiles, units and peaks shape the fit).
+        records: at least 2 shapes with kernels and real steps.
+        extra_gemms: more GEMM measurements for stage 1 (the benchmark's synthetic set).
+
+    Raises:
+        ConfigError: fewer than 2 records or 3 well-aligned GEMMs.
+    """
+    if len(records) < 2:
+        raise ConfigError(f"the fit needs at least 2 shapes with a real step, got {len(records)}")
+    gemms = [g for r in records for g in r.gemms] + list(extra_gemms)
+    model = _fit_gemms(base, gemms)
+    copies = [r.copy_bandwidth for r in records if r.copy_bandwidth]
+    if copies:  # memory-bound ops stream at the copy bandwidth measured, not at what GEMMs imply
+        model = dataclasses.replace(
+            model, bandwidth_efficiency=statistics.median(copies) / base.device.memory_bandwidth
+        )
+    model = _fit_attention(model, records)
+    return _fit_overheads(model, records)
+
+
+def predicted_step(model: DeviceModel, record: StepRecord) -> float:
+    """The modelled real step of a record's shape: its kernels plus its launches' overhead."""
+    inventory = step_kernels(record.config, record.batch, record.dtype)
+    return predict_step(model, inventory, launches=record.launches).step_time_s
+
+
+@dataclass(frozen=True)
+class Holdout:
+    """One shape predicted by a model fitted on all the others."""
+
+    label: str
+    real_step_s: float
+    predicted_s: float
+
+    @property
+    def error(self) -> float:
+        return self.predicted_s / self.real_step_s - 1
+
+
+def leave_one_out(
+    base: DeviceModel, records: Sequence[StepRecord], extra_gemms: Sequence[GemmMeasurement] = ()
+) -> list[Holdout]:
+    """Each shape's step predicted by `fit_step_model` on the other shapes (their kernels too)."""
+    out = []
+    for i, record in enumerate(records):
+        others = [r for j, r in enumerate(records) if j != i]
+        model = fit_step_model(base, others, extra_gemms)
+        out.append(Holdout(record.label, record.real_step_s, predicted_step(model, record)))
+    return out
+
+
+def fitted_fields(model: DeviceModel) -> dict[str, float | None]:
+    """The fitted assumptions of `model`, by field name (what `catalogue.FITTED` stores)."""
+    values = {name: getattr(model, name) for name in FIT_FIELDS}
+    return {name: None if value is None else float(value) for name, value in values.items()}
+
+
+@dataclass(frozen=True)
+class Refit:
+    """A device model fitted to a recorded run, with how well it predicts the run's steps."""
+
+    device: str  # catalogue key
+    model: DeviceModel
+    records: tuple[StepRecord, ...]
+    predicted: tuple[float, ...]  # each record's modelled step, fitted on all records
+    kernel_sums: tuple[float, ...]  # the bare roofline's kernel sum of each record (before)
+    holdout: tuple[Holdout, ...]  # empty unless asked
+
+    def entry(self, data: str, sha256: str) -> str:
+        """The `catalogue.FITTED` entry for this fit, as Python source (4 significant digits)."""
+        fields = ", ".join(
+            f'("{name}", {value if value is None else float(f"{value:.4g}")!r})'
+            for name, value in fitted_fields(self.model).items()
+        )
+        errors = [abs(h.error) for h in self.holdout]
+        median = f"{statistics.median(errors):.3f}" if errors else "nan"
+        worst = f"{max(errors):.3f}" if errors else "nan"
+        return (
+            f'FITTED["{self.device}"] = FittedModel(\n    fields=({fields}),\n    data="{data}",\n'
+            f'    sha256="{sha256}",\n    shapes={len(self.records)},\n'
+            f"    holdout_median={median},\n    holdout_worst={worst},\n)"
+        )
+
+
+def refit(
+    raw: dict[str, Any], device: str, count: Callable[[ArchConfig], int], holdout: bool = False
+) -> Refit:
+    """Fit catalogued `device` to a recorded `benchmarks/gpu_model_accuracy.py` run.
+
+    Args:
+        raw: the run's JSON.
+        device: the catalogue key the fit is for (its bare model is the starting point).
+        count: kernels an eager step of a config launches (`model.eager_kernel_count`).
+        holdout: also predict each shape from a fit on the others (one fit per shape).
+
+    Raises:
+        ConfigError: the file is not such a run, or has too few shapes.
+        UnknownNameError: `device` is not catalogued.
+    """
+    try:
+        shapes = raw["shapes"]
+        launches = {entry["label"]: count(ArchConfig.from_dict(entry["config"])) for entry in shapes}
+        extra = [GemmMeasurement(m, n, k, "bf16", t) for m, n, k, t in raw.get("fit_gemms", [])]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"not a recorded gpu_model_accuracy run: {exc!r}") from exc
+    records = records_from_benchmark(raw, launches)
+    base = device_model(device, fitted=False)
+    model = fit_step_model(base, records, extra)
+    return Refit(
+        device=device,
+        model=model,
+        records=tuple(records),
+        predicted=tuple(predicted_step(model, r) for r in records),
+        kernel_sums=tuple(
+            predict_step(base, step_kernels(r.config, r.batch, r.dtype)).step_time_s for r in records
+        ),
+        holdout=tuple(leave_one_out(base, records, extra)) if holdout else (),
+    )
