@@ -22,7 +22,11 @@ Failure handling (BRIEF.md section 8):
   search returns the signal, and the CLI exits 130 / 143. Nothing is left RUNNING.
 - A driver killed outright leaves running rows whose lease then expires; the next driver on the
   study (`--resume`) marks them interrupted and re-queues them, and settles Optuna trials left
-  RUNNING between the two writes.
+  RUNNING between the two writes. A resume that finds such a row before its lease expires waits
+  for it (it says how long), sweeping as it goes, so it ends with the trials asked for finished
+  and nothing running; rows whose leases are being renewed belong to live drivers, not waited on.
+- A shape already running or trained in the study, by this driver or another, is not trained
+  again: `Storage.assign_trial` checks under the study's lock and the point is a duplicate.
 """
 
 from __future__ import annotations
@@ -370,7 +374,8 @@ class _Driver:
         self.last_renewal = time.monotonic()
         self.study: optuna.Study
         self._values: list[list[float]] | None = None  # objective values of complete trials
-        self._evaluated: dict[str, int] = {}  # shape -> the trial that trained it
+        self._leases_seen: dict[int, float | None] = {}  # other drivers' trials: lease at first sight
+        self._waited = False  # the wait for a dead driver's leases was announced
 
     # --- setup -----------------------------------------------------------------------------------
     def open_study(self) -> None:
@@ -466,17 +471,14 @@ class _Driver:
     # --- the loop ---------------------------------------------------------------------------------
     def run(self, pool: _RayPool) -> int | None:
         opts, spec = self.options, self.spec
-        records = self.storage.trials(opts.study)  # what earlier runs finished: rungs and shapes
         board = None
         if opts.prune and spec.defaults.rungs:
+            records = self.storage.trials(opts.study)  # the rungs earlier runs reached
             pruner = MultiObjectiveHalving(
                 spec.defaults.rungs, spec.defaults.prune_min_trials, DEFAULT_REDUCTION_FACTOR
             )
             self._restore_rungs(pruner, records)
             board = pool.board(pruner)
-        for record in records:
-            if record.config is not None and record.status in (COMPLETE, PRUNED):
-                self._evaluated.setdefault(record.config.to_json(indent=None), record.number)
         known = self.storage.measurements()
         known_ref = pool.put(known)
         rejections = 0
@@ -492,6 +494,8 @@ class _Driver:
                         if item is None:
                             rejections += 1
                             if rejections >= MAX_REJECTIONS:
+                                if self.running:
+                                    break  # wait: a running trial that fails frees its shape
                                 raise SearchError(
                                     f"the {opts.sampler} sampler proposed {rejections} rejected or already "
                                     "evaluated configs in a row: the space may be exhausted; widen it or "
@@ -503,6 +507,8 @@ class _Driver:
                     if len(self.running) > started:
                         self._notify()  # displays count running trials from the first one on
                     if not self.running:
+                        if self.stop.signum is None and self._wait_for_dead_leases():
+                            continue
                         break
                     ready = pool.wait(list(self.running), WAIT_S)
                     for ref in ready:
@@ -517,6 +523,36 @@ class _Driver:
                 self._interrupt_all(pool)
         self._notify()
         return self.stop.signum
+
+    def _wait_for_dead_leases(self) -> bool:
+        """Nothing to claim and nothing running here: wait while trials another driver left
+        running may be a dead driver's, sweeping them once their leases expire; False once there
+        is nothing left to wait for.
+
+        A trial whose lease was renewed since this driver first saw it has a live driver, which
+        records it; one whose lease only runs out was left by a driver that stopped, and is
+        re-queued here when it expires (at most `lease_s` from its last renewal), so a resume
+        ends with the trials asked for finished and nothing running.
+        """
+        pending = []
+        for record in self.storage.trials(self.options.study, RUNNING):
+            lease = record["lease_expires_at"]
+            first = self._leases_seen.setdefault(record.id, lease)
+            if lease is not None and first is not None and lease <= first:
+                pending.append((lease, record))
+        if not pending:
+            return False
+        if not self._waited:
+            lease, record = min(pending, key=lambda item: item[0])
+            log.warning(
+                "%d trial(s) left running by a driver that may have stopped (trial %s, host %s): "
+                "waiting up to %.0f s for the lease to expire, then running it here",
+                len(pending), record.number, record["host"], max(0.0, lease - time.time()),
+            )  # fmt: skip
+            self._waited = True
+        time.sleep(WAIT_S)
+        self.sweep()
+        return True
 
     def _restore_rungs(self, pruner: MultiObjectiveHalving, records: list[TrialRecord]) -> None:
         """Seed the pruner with the rung losses of trials a previous run finished."""
@@ -550,15 +586,16 @@ class _Driver:
             self.storage.end_trial(slot, INTERRUPTED, "stopped while sampling")
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
             raise
-        self.storage.assign_trial(
+        same = self.storage.assign_trial(
             slot, number=trial.number, optuna_trial_id=trial._trial_id, params=trial.params, config=cfg
         )
-        seen = self._evaluated.get(cfg.to_json(indent=None))
-        if seen is not None:
-            # Samplers re-propose points of small categorical spaces; a seeded proxy run would
-            # repeat the same result, so nothing is trained and the sampler is steered away.
-            self.storage.end_trial(slot, DUPLICATE, f"same shape as trial {seen}: its result is reused")
-            self._tell_skipped(trial._trial_id, DUPLICATE, f"duplicate of trial {seen}")
+        if same is not None:
+            # Samplers re-propose points of small categorical spaces, and drivers sharing a study
+            # sample the same points; a seeded proxy run would repeat the same result, so nothing
+            # is trained twice (running or finished, here or in another driver: the storage
+            # checks under the study's lock) and the sampler is steered away.
+            self.storage.end_trial(slot, DUPLICATE, f"same shape as trial {same}: its result is reused")
+            self._tell_skipped(trial._trial_id, DUPLICATE, f"duplicate of trial {same}")
             return None
         return _Running(slot=slot, trial=trial, config=cfg)
 
@@ -599,8 +636,6 @@ class _Driver:
         self.storage.finish_trial(item.slot, outcome)
         self._describe(item.trial, item.config, outcome)
         state = optuna.trial.TrialState
-        if outcome.status in (COMPLETE, PRUNED):
-            self._evaluated.setdefault(item.config.to_json(indent=None), item.trial.number)
         if values is not None:
             self.study.tell(item.trial, values)
             if self._values is not None:

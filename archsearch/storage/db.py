@@ -37,7 +37,7 @@ from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts, kv_cache_bytes_per_token, param_counts
 from archsearch.storage import schema
 from archsearch.storage.schema import SCHEMA_VERSION
-from archsearch.trial import COMPLETE, FINISHED, RUNNING, TrialOutcome, check_state
+from archsearch.trial import COMPLETE, FINISHED, PRUNED, RUNNING, TrialOutcome, check_state
 
 if TYPE_CHECKING:
     import optuna
@@ -591,8 +591,14 @@ class Storage:
         optuna_trial_id: int,
         params: Mapping[str, Any],
         config: ArchConfig | None,
-    ) -> None:
-        """Attach Optuna's trial and the sampled shape (with its exact costs) to a claimed row."""
+    ) -> int | None:
+        """Attach Optuna's trial and the sampled shape (with its exact costs) to a claimed row.
+
+        Returns:
+            The number of another trial of the study with the same shape that is running or was
+            trained (complete or pruned), else None: checked in the same transaction, under the
+            study's lock, so two drivers sampling one shape at once cannot both miss the other.
+        """
         values: dict[str, Any] = dict(
             number=number,
             optuna_trial_id=optuna_trial_id,
@@ -601,7 +607,25 @@ class Storage:
         if config is not None:
             values.update(_config_columns(config))
         with self._session() as s:
+            row = s.get(schema.Trial, trial_id)
+            if row is None:
+                raise StorageError(f"no trial row {trial_id}")
+            same = None
+            if config is not None:
+                s.execute(select(schema.Study.name).where(schema.Study.name == row.study).with_for_update())
+                same = s.scalar(
+                    select(schema.Trial.number)
+                    .where(
+                        schema.Trial.study == row.study,
+                        schema.Trial.id != trial_id,
+                        schema.Trial.config_json == values["config_json"],
+                        schema.Trial.status.in_((RUNNING, COMPLETE, PRUNED)),
+                    )
+                    .order_by(schema.Trial.id)
+                    .limit(1)
+                )
             s.execute(update(schema.Trial).where(schema.Trial.id == trial_id).values(**values))
+            return same
 
     def start_attempt(self, trial_id: int, lease_s: float, note: str | None = None) -> int:
         """Count one more worker run of a trial, renew its lease; `note` keeps a retry's cause."""

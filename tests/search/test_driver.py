@@ -158,19 +158,25 @@ def test_dominated_trials_are_pruned_at_a_rung_with_the_reason(db):
     assert trials[records[0].number].intermediate_values
 
 
-def test_a_stale_lease_is_swept_and_its_point_re_queued_on_resume(db):
+def _study_with_a_dead_drivers_trial(db, lease_s: float):
+    """One complete trial, then a driver that died mid-trial: Optuna RUNNING, archsearch running
+    with a lease `lease_s` from now (negative: already expired)."""
     spec = tiny_spec()
     run_search(spec, db, SearchOptions(study="s", trials=1), evaluate_fn=instant)
-    # A driver that died mid-trial: Optuna RUNNING, archsearch running with an expired lease.
     study = optuna.load_study(study_name="s", storage=db.optuna_storage())
     first = db.trials("s")[0].params
     study.enqueue_trial({**first, "d_model": 192 - first["d_model"]})  # the other width: no duplicate
     trial = study.ask()
     cfg = spec.space.sample(trial)
-    slot = db.claim_trial("s", 10, lease_s=-1)
+    slot = db.claim_trial("s", 10, lease_s=lease_s)
     db.assign_trial(
         slot, number=trial.number, optuna_trial_id=trial._trial_id, params=trial.params, config=cfg
     )
+    return spec
+
+
+def test_a_stale_lease_is_swept_and_its_point_re_queued_on_resume(db):
+    spec = _study_with_a_dead_drivers_trial(db, lease_s=-1)
     run_search(spec, db, SearchOptions(study="s", trials=3, resume=True), evaluate_fn=instant)
     records = [r for r in db.trials("s") if r.status != "duplicate"]  # the sampler may repeat a shape
     assert [r.status for r in records] == ["complete", "interrupted", "complete", "complete"]
@@ -205,6 +211,45 @@ def test_a_shape_evaluated_before_is_not_trained_again(db, monkeypatch):
     duplicates = [t for t in study.trials if t.number not in trained]
     assert all(t.state.name == "PRUNED" and t.constraints == {"new_shape": 1.0} for t in duplicates)
     assert all(t.user_attrs["archsearch_reason"].startswith("duplicate of trial") for t in duplicates)
+
+
+def test_a_shape_running_in_another_slot_is_not_trained_twice(db, monkeypatch):
+    # One point in the space and two workers: the second sample is the shape the first worker
+    # is training, recorded as its duplicate at once instead of training it again.
+    monkeypatch.setattr(driver_module, "MAX_REJECTIONS", 5)
+    spec = tiny_spec(model="vocab_size = 256\nseq_len = 32\nd_model = [64]\naspect_ratio = 32\nhead_dim = 32")
+    with pytest.raises(SearchError, match="space may be exhausted"):
+        run_search(
+            spec, db, SearchOptions(study="s", trials=3, workers=2, sampler="random"), evaluate_fn=instant
+        )
+    records = db.trials("s")
+    assert [r.status for r in records].count("complete") == 1
+    assert records[1].status == "duplicate" and records[1].reason.startswith("same shape as trial 0")
+
+
+def test_a_resume_waits_for_a_dead_drivers_lease_and_ends_with_nothing_running(db, caplog):
+    # A driver killed mid-trial 4 s ago (its lease has 4 s left): the resume used to stop with
+    # that row still running, one trial short. Now it waits for the lease, re-runs the point.
+    spec = _study_with_a_dead_drivers_trial(db, lease_s=4)
+    with caplog.at_level("WARNING", logger=driver_module.__name__):
+        run_search(spec, db, SearchOptions(study="s", trials=3, resume=True), evaluate_fn=instant)
+    counts = db.counts("s")
+    assert counts["complete"] == 3 and counts["interrupted"] == 1 and "running" not in counts
+    assert "waiting up to" in caplog.text and "for the lease to expire" in caplog.text
+
+
+def test_a_live_drivers_running_trial_is_not_waited_for(db):
+    # A lease that is renewed belongs to a driver at work: the idle driver stops watching it.
+    spec = tiny_spec()
+    run_search(spec, db, SearchOptions(study="s", trials=1), evaluate_fn=instant)
+    slot = db.claim_trial("s", 10, lease_s=3600)
+    driver = driver_module._Driver(spec, db, SearchOptions(study="s", trials=2, resume=True), None)
+    driver.open_study()
+    assert driver._wait_for_dead_leases()  # first sight: it may be a dead driver's
+    assert driver._wait_for_dead_leases()  # not renewed yet: still waiting
+    db.renew_leases([slot], lease_s=3600)
+    assert not driver._wait_for_dead_leases()  # renewed: its driver is alive and will record it
+    assert db.counts("s")["running"] == 1
 
 
 def _niceness():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import multiprocessing
 import re
@@ -108,6 +109,26 @@ def test_expired_leases_are_found_and_renewed_ones_are_not(storage):
     storage.renew_leases([old, live], lease_s=60)
     assert storage.stale_trials("s") == []
     assert [r.id for r in storage.stale_trials("s", now=time.time() + 120)] == [old, live]
+
+
+def test_a_shape_running_or_trained_is_reported_when_a_trial_takes_it_again(storage):
+    # Checked under the study's lock with the write, so two drivers cannot both miss each other.
+    first = _assigned(storage, number=0)
+    slot = storage.claim_trial("s", 10, lease_s=60)
+    args = dict(optuna_trial_id=9, params={"d_model": 128}, config=CFG)
+    assert storage.assign_trial(slot, number=1, **args) == 0  # trial 0 is running it
+    storage.end_trial(slot, "duplicate", "same shape as trial 0")
+    storage.finish_trial(first, OUTCOME)
+    slot = storage.claim_trial("s", 10, lease_s=60)
+    assert storage.assign_trial(slot, number=2, **args) == 0  # trial 0 trained it
+    storage.end_trial(slot, "duplicate", "same shape as trial 0")
+    other = dataclasses.replace(CFG, n_layers=CFG.n_layers + 1)
+    slot = storage.claim_trial("s", 10, lease_s=60)
+    assert storage.assign_trial(slot, number=3, optuna_trial_id=10, params={}, config=other) is None
+    storage.end_trial(slot, "failed", "crashed")  # a failed shape may be tried again
+    slot = storage.claim_trial("s", 10, lease_s=60)
+    assert storage.assign_trial(slot, number=4, optuna_trial_id=11, params={}, config=other) is None
+    assert storage.assign_trial(slot, number=4, optuna_trial_id=11, params={}, config=None) is None
 
 
 def test_retry_notes_and_attempts_accumulate(storage):
