@@ -66,6 +66,8 @@ def space_check(
         )
         for reason, count in feasibility.reasons:
             console.print(f"  rejected {count:,}: {escape(reason)}")
+        if feasibility.exhaustive:
+            console.print("samples: feasible by construction (each knob is offered the values left feasible)")
         console.print(
             f"objectives: {', '.join(spec.objectives)}; proxy: {_budget_text(spec.proxy)}; "
             f"sampler {spec.defaults.sampler}, {spec.defaults.trials} trials"

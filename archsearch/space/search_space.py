@@ -4,7 +4,9 @@ A point of the space is a dict of knob values, one per `Domain`, whose names are
 parameter names. `config_from_params` turns a point into an `ArchConfig` through
 `knobs.config_from_knobs`, or raises `Rejected` with the reason: knobs that do not fit together
 (a head_dim that does not divide d_model, a GQA group that does not divide the heads) or a shape
-outside the `Budget`. Every domain is suggested on every trial, so Optuna sees a static space.
+outside the `Budget`. Every domain is suggested on every trial. Where the space can be
+enumerated, `sample` proposes only feasible points: each knob among the values that still lead
+to a valid, in-budget shape, under a name that says so when that is fewer than all of them.
 
 Knobs, in the canonical order (`KNOBS`) that domains are suggested in:
 vocab_size, seq_len (fixed), d_model, aspect_ratio (`n_layers = max(1, round(d_model / ratio))`),
@@ -15,11 +17,12 @@ norm_placement, pos_embedding, parallel_block, bias, tie_embeddings, qk_norm.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import random
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -136,6 +139,8 @@ for _knob in (
 ):
     KNOBS.register(_knob.name, _knob)
 REQUIRED = tuple(k.name for _, k in KNOBS.items() if k.default is None)
+CONDITION = "|"  # joins a knob's name and the values it was narrowed to (`Domain.suggest_among`)
+MAX_ENUMERATE = 100_000  # spaces up to this many points are enumerated (feasibility, sampling)
 SINGLE_VALUED = ("vocab_size", "seq_len")  # the data fixes them; searching them compares apples to pears
 # ArchConfig fields the space derives, with the knob that sets each (for a helpful error).
 DERIVED = {
@@ -235,6 +240,29 @@ class Domain:
         if self.step is None:
             return rng.uniform(self.low, self.high)
         return round(self.low + rng.randrange(self.count()) * self.step, 12)
+
+    def suggest_among(self, trial: Any, allowed: Collection[Any]) -> Any:
+        """Ask `trial` for this knob's value among `allowed`, a non-empty subset of `values()`.
+
+        All of them: under the knob's own name, as `suggest`. Fewer: under a name that says which
+        (`d_model|128..256`, `attention_layout|mha/mqa`), since Optuna keeps one set of choices
+        per parameter name; a contiguous run of an int range stays an int range for the sampler.
+        """
+        values = self.values() or ()
+        if len(allowed) == len(values):
+            return self._snap(self.suggest(trial), values)
+        kept = [v for v in values if v in allowed]
+        start = values.index(kept[0])
+        if self.kind == "int" and tuple(kept) == values[start : start + len(kept)]:
+            name = f"{self.name}{CONDITION}{kept[0]}..{kept[-1]}"
+            return trial.suggest_int(name, kept[0], kept[-1], step=self.step or 1, log=self.log)
+        return trial.suggest_categorical(f"{self.name}{CONDITION}{'/'.join(map(str, kept))}", kept)
+
+    def _snap(self, value: Any, values: tuple[Any, ...]) -> Any:
+        """A suggested number as the `values()` entry it is (Optuna's 2.0 + 3 * 0.1 vs 2.3)."""
+        if self.kind == "categorical" or not values:
+            return value
+        return min(values, key=lambda v: abs(v - value))
 
     def describe(self) -> str:
         """`[128, 192, 256]`, `64..512 step 64` or `1.5..6.0 (log)`."""
@@ -486,7 +514,8 @@ class SearchSpace:
         """The config at a point of the space.
 
         Args:
-            params: every domain's name -> its value (an Optuna trial's `params`).
+            params: every domain's name -> its value (an Optuna trial's `params`; a name narrowed
+                by `sample`, such as `attention_layout|mha/mqa`, stands for its knob).
 
         Returns:
             The `ArchConfig`, valid and within the budget.
@@ -495,7 +524,7 @@ class SearchSpace:
             Rejected: the knobs do not make a valid config, or it breaks the budget.
             SpaceError: `params` does not name exactly the domains (a caller's bug).
         """
-        cfg = self._build(params)
+        cfg = self._build({name.partition(CONDITION)[0]: value for name, value in params.items()})
         broken = self.budget._check(param_counts(cfg).total, flop_counts(cfg).forward)
         if broken:
             raise Rejected(broken[1], broken[0])
@@ -504,10 +533,44 @@ class SearchSpace:
     def sample(self, trial: Any) -> ArchConfig:
         """Suggest every domain on `trial` in order, always all of them, then build the config.
 
+        Feasible by construction where the space can be enumerated (`feasible_points`): each
+        knob is suggested among the values that some valid, in-budget point has with the knobs
+        already chosen (`Domain.suggest_among`), so a head count gets only the KV layouts that
+        divide it and a width only the depths its budget allows, and every proposal is a shape
+        to train. A space too large or continuous to enumerate is suggested as is, and an
+        infeasible point is rejected.
+
         Raises:
-            Rejected: as `config_from_params`.
+            Rejected: as `config_from_params` (only for spaces that cannot be enumerated).
         """
-        return self.config_from_params({d.name: d.suggest(trial) for d in self.domains})
+        points = self.feasible_points
+        if points is None:
+            return self.config_from_params({d.name: d.suggest(trial) for d in self.domains})
+        if not points:
+            raise Rejected("no point of the space is valid and within the budget", "no feasible point")
+        params = {}
+        for i, domain in enumerate(self.domains):
+            value = domain.suggest_among(trial, {p[i] for p in points})
+            params[domain.name] = value
+            points = tuple(p for p in points if p[i] == value)
+        return self.config_from_params(params)
+
+    @functools.cached_property
+    def feasible_points(self) -> tuple[tuple[Any, ...], ...] | None:
+        """Every valid, in-budget point (its domains' values, in order), or None when the space
+        has more than `MAX_ENUMERATE` points or a continuous domain. Computed once per space."""
+        size = self.size()
+        if size is None or size > MAX_ENUMERATE:
+            return None
+        names = [d.name for d in self.domains]
+        feasible = []
+        for values in itertools.product(*(d.values() for d in self.domains)):
+            try:
+                self.config_from_params(dict(zip(names, values, strict=True)))
+            except Rejected:
+                continue
+            feasible.append(values)
+        return tuple(feasible)
 
     def size(self) -> int | None:
         """Number of distinct points, None when a domain is continuous."""
@@ -524,7 +587,9 @@ class SearchSpace:
         rng = random.Random(seed)
         return ({d.name: d.draw(rng) for d in self.domains} for _ in range(draws)), False
 
-    def feasibility(self, *, max_enumerate: int = 100_000, draws: int = 2_000, seed: int = 0) -> Feasibility:
+    def feasibility(
+        self, *, max_enumerate: int = MAX_ENUMERATE, draws: int = 2_000, seed: int = 0
+    ) -> Feasibility:
         """Count the valid, in-budget points: all of them when few enough, else a random sample.
 
         Args:
@@ -595,7 +660,7 @@ class SearchSpace:
 
 
 def sample_configs(
-    space: SearchSpace, n: int, seed: int = 0, *, max_enumerate: int = 100_000
+    space: SearchSpace, n: int, seed: int = 0, *, max_enumerate: int = MAX_ENUMERATE
 ) -> list[ArchConfig]:
     """Up to `n` distinct feasible configs drawn at random, smallest (total params) first.
 

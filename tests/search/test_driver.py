@@ -113,8 +113,26 @@ def test_an_exception_in_the_evaluation_fails_that_trial_with_its_message(db):
     assert first.reason == "error in the evaluation: ValueError: boom"
 
 
-def test_points_outside_the_budget_are_rejected_before_any_compute(db):
+# A continuous knob: the space cannot be enumerated, so it is sampled as is and the budget
+# rejects points (an enumerable space proposes only feasible ones: `SearchSpace.sample`).
+CONTINUOUS = """vocab_size = 256
+seq_len = 32
+d_model = [64, 128]
+aspect_ratio = [32, 64]
+activation = ["gelu", "swiglu"]
+head_dim = [32]
+d_ff_ratio = { min = 2.0, max = 4.0 }"""
+
+
+def test_an_enumerable_space_under_a_budget_proposes_only_shapes_to_train(db):
     spec = tiny_spec(budget="params = { max = 200_000 }")
+    run_search(spec, db, SearchOptions(study="s", trials=3, sampler="random"), evaluate_fn=instant)
+    counts = db.counts("s")
+    assert counts["complete"] == 3 and "rejected" not in counts, counts
+
+
+def test_points_outside_the_budget_are_rejected_before_any_compute(db):
+    spec = tiny_spec(model=CONTINUOUS, budget="params = { max = 200_000 }")
 
     def record(request, known=None, board=None):
         return _result(request)
@@ -266,7 +284,7 @@ def test_a_local_ray_runs_trials_at_the_driver_priority_not_ray_background_nice(
 def test_optunas_own_view_of_the_study_matches_archsearchs(db):
     """What optuna-dashboard and `optuna.load_study` read: no rejected sample as a failure, the
     same front, learning curves and the shape of every trained trial."""
-    spec = tiny_spec(budget="params = { max = 200_000 }")
+    spec = tiny_spec(model=CONTINUOUS, budget="params = { max = 200_000 }")
     summary = run_search(spec, db, SearchOptions(study="s", trials=4, sampler="random"), evaluate_fn=instant)
     records = {r.number: r for r in db.trials("s")}
     rejected = [n for n, r in records.items() if r.status == "rejected"]

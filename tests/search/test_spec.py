@@ -17,7 +17,7 @@ from archsearch.search.spec import (
     parse_spec,
 )
 from archsearch.space.objectives import DEFAULT_OBJECTIVES, OBJECTIVES
-from archsearch.space.search_space import Domain, Rejected, SpaceError, sample_configs
+from archsearch.space.search_space import Domain, SpaceError, sample_configs
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -89,17 +89,17 @@ qk_norm = [true, false]
     assert (fixed["norm"], fixed["aspect_ratio"], fixed["attention_layout"]) == ("rmsnorm", 32, "mqa")
 
 
-def test_sampling_a_parsed_space_uses_the_knob_names_as_optuna_parameters():
-    spec = load_spec(EXAMPLES / "tiny.toml")
+@pytest.mark.parametrize("example", ["tiny.toml", "tiny-hf.toml"])
+def test_sampling_a_parsed_space_uses_the_knob_names_as_optuna_parameters(example):
+    # Both examples propose only shapes to train (issue 13 asks at least 95%): each knob among
+    # the values still feasible, under its name or, narrowed, its name and those values.
+    spec = load_spec(EXAMPLES / example)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-    for _ in range(10):
+    for _ in range(30):
         trial = study.ask()
-        try:
-            cfg = spec.space.sample(trial)
-        except Rejected:
-            cfg = None
-        assert set(trial.params) == {d.name for d in spec.space.domains}
-        assert cfg is None or cfg.d_model == trial.params["d_model"]
+        cfg = spec.space.sample(trial)  # never Rejected
+        assert [n.partition("|")[0] for n in trial.params] == [d.name for d in spec.space.domains]
+        assert cfg.d_model == trial.params["d_model"] and spec.space.config_from_params(trial.params) == cfg
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
 

@@ -93,8 +93,32 @@ def test_bad_domains_are_rejected_naming_the_knob(kwargs, match):
         Domain("d_ff_ratio", **kwargs)
 
 
-def test_optuna_sees_every_knob_under_its_own_name_on_every_trial():
-    s = space(**WIDE)
+def test_proposals_are_feasible_by_construction_with_every_knob_suggested_on_every_trial():
+    # 64-256 wide with heads of 32 or 64: 1 to 8 heads, so gqa:2 fits only even head counts and
+    # mqa needs two heads or more; the 1M budget leaves wide shapes few depths.
+    s = space(budget=Budget(params_max=1_000_000), **WIDE)
+    assert 0 < len(s.feasible_points) < s.size()  # a third of the grid is infeasible
+    for sampler in (optuna.samplers.RandomSampler(seed=0), optuna.samplers.TPESampler(seed=0)):
+        study = optuna.create_study(sampler=sampler)
+        narrowed = set()
+        for _ in range(60):
+            trial = study.ask()
+            cfg = s.sample(trial)  # never Rejected: only feasible values are offered
+            p = trial.params
+            assert [name.partition("|")[0] for name in p] == [d.name for d in s.domains] == list(WIDE)
+            narrowed |= {name for name in p if "|" in name}
+            assert s.config_from_params(p) == cfg
+            assert cfg.d_model % cfg.head_dim == 0 and cfg.n_heads % cfg.n_kv_heads == 0
+            study.tell(trial, cfg.d_model / 1000 + 1 / cfg.n_layers)
+        # Knobs narrowed by what came before: a name per set of values left, so Optuna keeps
+        # one set of choices per name (an int range narrowed to a run stays a range).
+        assert any(n.startswith("attention_layout|") for n in narrowed)
+        assert any(n.startswith("aspect_ratio|") for n in narrowed)
+
+
+def test_a_space_too_large_to_enumerate_is_suggested_as_is_and_may_reject():
+    s = space(**{**WIDE, "d_ff_ratio": Domain("d_ff_ratio", "float", low=2.0, high=6.0)})  # continuous
+    assert s.feasible_points is None
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     outcomes = []
     for _ in range(40):
@@ -105,16 +129,8 @@ def test_optuna_sees_every_knob_under_its_own_name_on_every_trial():
             outcomes.append(exc.kind)
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             continue
-        # Every domain is suggested, also on rejected points, so the space stays static.
-        assert list(trial.params) == [d.name for d in s.domains] == list(WIDE)
-        p = trial.params
-        assert (cfg.d_model, cfg.head_dim, cfg.tie_embeddings) == (
-            p["d_model"],
-            p["head_dim"],
-            p["tie_embeddings"],
-        )
-        assert cfg.attention_layout == p["attention_layout"].split(":")[0]
-        assert s.config_from_params(p) == cfg
+        assert list(trial.params) == list(WIDE)  # every knob under its own name
+        assert s.config_from_params(trial.params) == cfg
         outcomes.append("ok")
         study.tell(trial, 1.0)
     assert "ok" in outcomes and len(set(outcomes)) > 1
