@@ -2,7 +2,9 @@
 
 `evaluators.hardware` models a training step on these parts; `archsearch devices` lists them.
 A modelling assumption (achievable fractions of peak, penalties) belongs to the model
-(`hardware.DeviceModel`), never here.
+(`hardware.DeviceModel`), never to a part's published numbers; where such assumptions were fitted
+to measurements on a device, the fit lives here apart (`FITTED`), with the recorded run it came
+from, so that the numbers a model uses always name their source.
 """
 
 from __future__ import annotations
