@@ -290,7 +290,7 @@ def fit_device(
     if not isinstance(raw, dict):
         raise ConfigError(f"{data}: not a recorded gpu_model_accuracy run (a JSON object with 'shapes')")
     result = refit(raw, device, eager_kernel_count, holdout=holdout)
-    sha256 = hashlib.sha256(text.encode()).hexdigest()
+    sha256 = hashlib.sha256(data.read_bytes()).hexdigest()  # the file as committed, byte for byte
     holdouts = {h.label: h for h in result.holdout}
     shapes = [
         {

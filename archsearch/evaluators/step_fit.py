@@ -112,13 +112,14 @@ def records_from_benchmark(raw: dict[str, Any], launches: dict[str, int]) -> lis
     return records
 
 
-def _aligned(model: DeviceModel, x: GemmMeasurement, multiple: int) -> bool:
+def _aligned(x: GemmMeasurement, multiple: int) -> bool:
+    """n and k multiples of `multiple` (m is free of the alignment penalty)."""
     return x.n % multiple == 0 and x.k % multiple == 0
 
 
 def _fit_gemms(base: DeviceModel, gemms: Sequence[GemmMeasurement]) -> DeviceModel:
     align = base.device.alignment_elements(gemms[0].dtype)
-    well = [x for x in gemms if _aligned(base, x, base.well_aligned_elements)]
+    well = [x for x in gemms if _aligned(x, base.well_aligned_elements)]
     if len(well) < 3:
         raise ConfigError(f"the fit needs at least 3 well-aligned GEMMs, got {len(well)}")
     model = calibrate(base, well).model
@@ -128,7 +129,7 @@ def _fit_gemms(base: DeviceModel, gemms: Sequence[GemmMeasurement]) -> DeviceMod
         return predict_gemm(free, x.m, x.n, x.k, x.dtype) / x.seconds
 
     # Off the 16 bytes: speed = misaligned_factor ** misalignment, so each GEMM implies a log factor.
-    misaligned = [x for x in gemms if not _aligned(base, x, align)]
+    misaligned = [x for x in gemms if not _aligned(x, align)]
     factor = model.misaligned_factor
     if misaligned:
         logs = [
@@ -136,9 +137,7 @@ def _fit_gemms(base: DeviceModel, gemms: Sequence[GemmMeasurement]) -> DeviceMod
             for x in misaligned
         ]
         factor = min(1.0, math.exp(statistics.median(logs)))
-    coarse = [
-        x for x in gemms if _aligned(base, x, align) and not _aligned(base, x, base.well_aligned_elements)
-    ]
+    coarse = [x for x in gemms if _aligned(x, align) and not _aligned(x, base.well_aligned_elements)]
     coarse_factor = (
         min(1.0, statistics.median(slowdown(x) for x in coarse)) if coarse else model.coarse_aligned_factor
     )
@@ -179,14 +178,10 @@ def _fit_attention(model: DeviceModel, records: Sequence[StepRecord]) -> DeviceM
 
 def _kernel_step(model: DeviceModel, record: StepRecord) -> tuple[float, float]:
     """(the kernels' predicted step, the part of it in ops over misaligned rows)."""
-    report = predict_step(model, step_kernels(record.config, record.batch, record.dtype))
+    inventory = step_kernels(record.config, record.batch, record.dtype)
     align = model.device.alignment_elements(record.dtype)
-    misaligned = sum(
-        op.bytes / model.bandwidth
-        for op in step_kernels(record.config, record.batch, record.dtype).memory_ops
-        if op.row and op.row % align
-    )
-    return report.kernel_sum_s, misaligned
+    misaligned = sum(op.bytes / model.bandwidth for op in inventory.memory_ops if op.row and op.row % align)
+    return predict_step(model, inventory).kernel_sum_s, misaligned
 
 
 def _fit_overheads(model: DeviceModel, records: Sequence[StepRecord]) -> DeviceModel:
