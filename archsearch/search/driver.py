@@ -24,7 +24,8 @@ Failure handling (BRIEF.md section 8):
   study (`--resume`) marks them interrupted and re-queues them, and settles Optuna trials left
   RUNNING between the two writes. A resume that finds such a row before its lease expires waits
   for it (it says how long), sweeping as it goes, so it ends with the trials asked for finished
-  and nothing running; rows whose leases are being renewed belong to live drivers, not waited on.
+  and nothing running; a row whose lease is renewed (every quarter lease) belongs to a live
+  driver, which records it: the resume stops waiting for it once it sees the renewal.
 - A shape already running or trained in the study, by this driver or another, is not trained
   again: `Storage.assign_trial` checks under the study's lock and the point is a duplicate.
 """
