@@ -190,11 +190,11 @@ def _study_with_a_dead_drivers_trial(db, lease_s: float):
     db.assign_trial(
         slot, number=trial.number, optuna_trial_id=trial._trial_id, params=trial.params, config=cfg
     )
-    return spec
+    return spec, slot
 
 
 def test_a_stale_lease_is_swept_and_its_point_re_queued_on_resume(db):
-    spec = _study_with_a_dead_drivers_trial(db, lease_s=-1)
+    spec, _ = _study_with_a_dead_drivers_trial(db, lease_s=-1)
     run_search(spec, db, SearchOptions(study="s", trials=3, resume=True), evaluate_fn=instant)
     records = [r for r in db.trials("s") if r.status != "duplicate"]  # the sampler may repeat a shape
     assert [r.status for r in records] == ["complete", "interrupted", "complete", "complete"]
@@ -245,10 +245,19 @@ def test_a_shape_running_in_another_slot_is_not_trained_twice(db, monkeypatch):
     assert records[1].status == "duplicate" and records[1].reason.startswith("same shape as trial 0")
 
 
-def test_a_resume_waits_for_a_dead_drivers_lease_and_ends_with_nothing_running(db, caplog):
-    # A driver killed mid-trial 4 s ago (its lease has 4 s left): the resume used to stop with
-    # that row still running, one trial short. Now it waits for the lease, re-runs the point.
-    spec = _study_with_a_dead_drivers_trial(db, lease_s=4)
+def test_a_resume_waits_for_a_dead_drivers_lease_and_ends_with_nothing_running(db, caplog, monkeypatch):
+    # A driver killed mid-trial, its lease still running when the resume starts: the resume used
+    # to stop with that row still running, one trial short. Now it waits for the lease, then
+    # re-runs the point. The lease runs out once the resume is waiting (not on a clock: no race).
+    spec, slot = _study_with_a_dead_drivers_trial(db, lease_s=3600)
+    wait = driver_module._Driver._wait_for_dead_leases
+
+    def lease_runs_out_while_waiting(self):
+        waiting = wait(self)
+        db.renew_leases([slot], lease_s=-1)
+        return waiting
+
+    monkeypatch.setattr(driver_module._Driver, "_wait_for_dead_leases", lease_runs_out_while_waiting)
     with caplog.at_level("WARNING", logger=driver_module.__name__):
         run_search(spec, db, SearchOptions(study="s", trials=3, resume=True), evaluate_fn=instant)
     counts = db.counts("s")
