@@ -418,6 +418,21 @@ class _Driver:
         """Settle what a dead driver left: expired leases and Optuna trials left RUNNING."""
         import optuna
 
+        self._sweep_leases()
+        by_number = {r.number: r for r in self.storage.trials(self.options.study) if r.number is not None}
+        horizon = time.time() - self.options.lease_s
+        for frozen in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            record = by_number.get(frozen.number)
+            if record is not None and record.status == RUNNING:
+                continue  # a live driver's trial
+            if record is None and frozen.datetime_start and frozen.datetime_start.timestamp() > horizon:
+                continue  # may be another driver's, asked a moment ago
+            self._tell_recorded(frozen.number, record)
+
+    def _sweep_leases(self) -> None:
+        """Re-queue the trials whose lease expired: their driver stopped without closing them."""
+        import optuna
+
         for record in self.storage.stale_trials(self.options.study):
             self.storage.end_trial(
                 record.id,
@@ -428,15 +443,6 @@ class _Driver:
                 self._settle_optuna(record.number, optuna.trial.TrialState.FAIL, reason="driver died")
                 if record.params:
                     self.study.enqueue_trial(record.params, user_attrs={"requeued_from": record.number})
-        by_number = {r.number: r for r in self.storage.trials(self.options.study) if r.number is not None}
-        horizon = time.time() - self.options.lease_s
-        for frozen in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            record = by_number.get(frozen.number)
-            if record is not None and record.status == RUNNING:
-                continue  # a live driver's trial
-            if record is None and frozen.datetime_start and frozen.datetime_start.timestamp() > horizon:
-                continue  # may be another driver's, asked a moment ago
-            self._tell_recorded(frozen.number, record)
 
     def _tell_recorded(self, number: int, record: TrialRecord | None) -> None:
         """Tell Optuna what archsearch's table already holds for a trial Optuna still has RUNNING."""
@@ -552,7 +558,9 @@ class _Driver:
             )  # fmt: skip
             self._waited = True
         time.sleep(WAIT_S)
-        self.sweep()
+        # Leases only: settling Optuna trials left RUNNING here could tell a live driver's trial
+        # between its database write and its own tell, over and over (`sweep` does it at start).
+        self._sweep_leases()
         return True
 
     def _restore_rungs(self, pruner: MultiObjectiveHalving, records: list[TrialRecord]) -> None:
@@ -634,15 +642,20 @@ class _Driver:
         values = objective_values(self.spec, outcome, item.config) if outcome.status == COMPLETE else None
         if outcome.status == COMPLETE and values is None:
             outcome = replace(outcome, status=FAILED, reason="an objective is missing")
-        self.storage.finish_trial(item.slot, outcome)
+        # Optuna's attributes first: once the row is finished, another driver's start-up sweep may
+        # tell Optuna this trial from the database, after which its attributes are read-only.
         self._describe(item.trial, item.config, outcome)
+        self.storage.finish_trial(item.slot, outcome)
         state = optuna.trial.TrialState
+        # skip_if_finished: another driver starting up may have told Optuna this trial from the
+        # database already, between the write above and this tell (`sweep`).
         if values is not None:
-            self.study.tell(item.trial, values)
+            self.study.tell(item.trial, values, skip_if_finished=True)
             if self._values is not None:
                 self._values.append(values)
         else:
-            self.study.tell(item.trial, state=state.PRUNED if outcome.status == PRUNED else state.FAIL)
+            final = state.PRUNED if outcome.status == PRUNED else state.FAIL
+            self.study.tell(item.trial, state=final, skip_if_finished=True)
         return list(outcome.measurements)
 
     def _tell_skipped(self, trial_id: int, status: str, reason: str) -> None:
