@@ -17,6 +17,10 @@ loss, parameter count, the size-adjusted proxy loss (`loss - beta ln(params / 1M
 equal-weight beta over the 14 shapes, `archsearch.search.fidelity.size_adjusted_losses`) and the
 rank sum (proxy-loss rank + parameter-count rank). Neither combination is fitted to the long runs.
 
+A third table scores the size-adjusted loss at fixed betas (`--betas`), the form a search tells
+Optuna (`[objectives].size_beta`: a per-trial value needs a beta that does not depend on the
+other trials): Spearman against 10x and the front shared with the 10x front, per variant and beta.
+
     python benchmarks/proxy_fidelity.py [--variants reference,batch8] [--out results.json]
     python benchmarks/proxy_fidelity.py --out benchmarks/data/proxy_fidelity_cpu_2026-11-23.json \
         --variants reference,tokens2x-constant     # the recorded runs of README's tables: no training
@@ -143,6 +147,7 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"any of {', '.join(VARIANTS)}")
     parser.add_argument("--out", default="proxy_fidelity_results.json", help="results (resumable)")
     parser.add_argument("--smoke", action="store_true", help="3 shapes, 4k tokens: checks the script runs")
+    parser.add_argument("--betas", default="0,0.05,0.1,0.15,0.2,0.3,0.4", help="fixed betas to score")
     args = parser.parse_args()
     names = [n.strip() for n in args.variants.split(",") if n.strip()]
     unknown = [n for n in names if n not in VARIANTS]
@@ -212,6 +217,22 @@ def main() -> None:
         iso = " ".join(f"{s[k]['iso_agree']:>2d} of {s[k]['iso_pairs']:<2d}" for k in ("proxy", "adjusted"))
         front = " ".join(f"{s[k]['front_shared']:>2d} of {s[k]['front']:>2d}" for k in ("proxy", "adjusted"))
         print(f"{name:26s} {beta:6.3f} {sp}  {kt}  {iso}  {front}")
+    betas = [float(b) for b in args.betas.split(",") if b.strip()]
+    print()
+    print("fixed beta (the size-adjusted loss a search tells Optuna): Spearman vs 10x, front members")
+    print("shared with the 10x front of (its front / the 10x front)")
+    print(f"{'variant':26s} " + " ".join(f"{f'beta {b:g}':>16s}" for b in betas))
+    for name in combined:
+        runs = [results[name]["runs"][str(t["trial"])]["val_loss"] for t in trials]
+        losses = np.array([np.inf if loss is None else loss for loss in runs])
+        ok = np.isfinite(losses)
+        cells = []
+        for beta in betas:
+            adjusted = np.full_like(losses, np.inf)
+            adjusted[ok] = size_adjusted_losses(losses[ok], params[ok], beta)[0]
+            s = scores(adjusted, trials)
+            cells.append(f"{s['spearman_10x']:.3f} {s['front_shared']} of {s['front']}/{s['front_10x']}")
+        print(f"{name:26s} " + " ".join(f"{c:>16s}" for c in cells))
     if not args.smoke:
         print(f"results in {os.path.abspath(out)}")
 

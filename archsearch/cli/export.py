@@ -22,7 +22,10 @@ def export(
     knee: Annotated[bool, typer.Option("--knee", help="Export the knee of the Pareto front.")] = False,
     best_under_flops: Annotated[
         str | None,
-        typer.Option(help="Export the lowest-loss trial with forward FLOPs/token <= F (e.g. 1e9 or 2G)."),
+        typer.Option(
+            help="Export the trial with the lowest loss objective (the study's: size-adjusted "
+            "when it has a size_beta) with forward FLOPs/token <= F (e.g. 1e9 or 2G)."
+        ),
     ] = None,
     front: Annotated[
         bool, typer.Option("--front", help="Export every front member to trial-N/ folders, plus index.json.")

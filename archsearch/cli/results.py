@@ -41,13 +41,13 @@ def pareto(
         ),
     ] = None,
     loss: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="proxy: rank the proxy loss as stored; adjusted: the proxy loss credited for size, "
-            "loss - beta ln(params / 1M), beta over the complete trials (README: it ranked 10x-longer "
-            "training better on the tiny calibration set)."
+            "loss - beta ln(params / 1M), with the study's [objectives].size_beta, else beta over the "
+            'complete trials (README, "The loss objective"). Default: the study\'s loss objective.'
         ),
-    ] = "proxy",
+    ] = None,
     plot: Annotated[Path | None, typer.Option(help="Write a plot: FILE.png or FILE.html.")] = None,
     storage: StorageOpt = None,
     as_json: JsonFlag = False,
@@ -108,10 +108,8 @@ def print_study_front(f: Any, long: dict[int, tuple[float, float, int]] | None =
     axes = ", ".join(("adjusted loss" if adjusted and o == "loss" else o) for o in objectives)
     console.print(f"hypervolume {f.front.hypervolume:.4g} against reference ({ref}) in ({axes}){scale}")
     if adjusted:
-        console.print(
-            f"adjusted loss = loss - {f.size_beta:.4f} ln(params / 1M), beta = sd(loss) / sd(ln params) "
-            "over the complete trials of the studies shown"
-        )
+        rule = escape(f.beta_rule or "")
+        console.print(f"adjusted loss = loss - {f.size_beta:.4f} ln(params / 1M), beta: {rule}")
 
 
 @app.command()

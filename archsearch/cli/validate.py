@@ -27,6 +27,13 @@ def validate(
     seeds: Annotated[int, typer.Option(help="Long runs per trial (seeds 0..R-1); > 1 measures noise.")] = 1,
     workers: Annotated[int, typer.Option(help="Long runs at once.")] = 1,
     seed: Annotated[int, typer.Option(help="Seed of the calibration sample.")] = 0,
+    size_beta: Annotated[
+        float | None,
+        typer.Option(
+            help="Beta of the size-adjusted predictor, loss - beta ln(params / 1M) (default: the study's "
+            "[objectives].size_beta, else sd(loss) / sd(ln params) over the set). Report only."
+        ),
+    ] = None,
     address: Annotated[
         str | None, typer.Option(help="Ray cluster to join (default: start one here).")
     ] = None,
@@ -45,7 +52,7 @@ def validate(
 
     options = ValidateOptions(
         study=study, trials=trials, numbers=tuple(trial or ()), multiplier=multiplier, seeds=seeds,
-        workers=workers, sample_seed=seed, address=address, cpus_per_trial=cpus_per_run,
+        workers=workers, sample_seed=seed, size_beta=size_beta, address=address, cpus_per_trial=cpus_per_run,
         gpus_per_trial=gpus_per_run,
     )  # fmt: skip
     with Storage.open(storage, create=False) as db, validate_display() as update:
@@ -93,6 +100,8 @@ def _print_validation(study: str, report: dict[str, Any]) -> None:
     names = {"proxy": "proxy loss", "params": "-params", "flops": "-FLOPs"}
     if "adjusted" in report["correlations"]:  # reports stored before it lack this predictor
         names["adjusted"] = f"size-adjusted proxy (beta {report['size_beta']:.3f})"
+    objective = report.get("objective", "proxy")  # reports from before size betas: the proxy loss
+    names[objective] += ": the study's objective"
     for key, label in names.items():
         c = report["correlations"][key]
         iso = report["iso_pairs"].get(key)

@@ -58,7 +58,7 @@ from archsearch.search.spec import SearchSpec
 from archsearch.search.worker import TrialRequest, evaluate
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts, param_counts
-from archsearch.space.objectives import OBJECTIVE_COLUMNS
+from archsearch.space.objectives import OBJECTIVE_COLUMNS, size_adjusted_loss
 from archsearch.space.search_space import Rejected
 from archsearch.storage import Storage, StudyExistsError, TrialRecord
 from archsearch.trial import COMPLETE, DUPLICATE, FAILED, INTERRUPTED, PRUNED, REJECTED, RUNNING, TrialOutcome
@@ -347,12 +347,18 @@ def _first_line(exc: BaseException) -> str:
 def objective_values(
     spec: SearchSpec, record: TrialRecord | TrialOutcome, cfg: ArchConfig
 ) -> list[float] | None:
-    """The Optuna values of a complete trial in the spec's objective order, or None if any is missing."""
+    """The Optuna values of a complete trial in the spec's objective order, or None if any is missing.
+
+    The loss is the spec's loss objective: the proxy loss, credited for size when the spec has a
+    size beta (`objectives.size_adjusted_loss`); the trial's row keeps the proxy loss as measured.
+    """
     if isinstance(record, TrialOutcome):
         loss = (record.train or {}).get("val_loss")
         step_time = record.step_time_s
     else:
         loss, step_time = record["loss"], record["step_time_s"]
+    if loss is not None:
+        loss = size_adjusted_loss(loss, param_counts(cfg).total, spec.size_beta)
     by_name = {"loss": loss, "flops": float(flop_counts(cfg).forward), "step_time": step_time}
     values = [by_name[name] for name in spec.objectives]
     if any(v is None or not math.isfinite(v) for v in values):
@@ -374,7 +380,8 @@ class _Driver:
         self.start = time.monotonic()
         self.last_renewal = time.monotonic()
         self.study: optuna.Study
-        self._values: list[list[float]] | None = None  # objective values of complete trials
+        # Complete trials' proxy loss then their objective values (the loss objective may credit size).
+        self._values: list[list[float]] | None = None
         self._leases_seen: dict[int, float | None] = {}  # other drivers' trials: lease at first sight
         self._waited = False  # the wait for a dead driver's leases was announced
 
@@ -489,6 +496,7 @@ class _Driver:
         known = self.storage.measurements()
         known_ref = pool.put(known)
         rejections = 0
+        finished = False  # a trial ended since the last display: show it once the slot is refilled
         with _signals(self.stop):
             try:
                 while self.stop.signum is None:
@@ -511,8 +519,9 @@ class _Driver:
                             continue
                         rejections = 0
                         self._submit(pool, item, known_ref, board)
-                    if len(self.running) > started:
+                    if finished or len(self.running) > started:
                         self._notify()  # displays count running trials from the first one on
+                        finished = False
                     if not self.running:
                         if self.stop.signum is None and self._wait_for_dead_leases():
                             continue
@@ -524,8 +533,7 @@ class _Driver:
                             known.update({m["key"]: m["seconds"] for m in new})
                             known_ref = pool.put(known)
                     self._renew()
-                    if ready:
-                        self._notify()
+                    finished = bool(ready)
             finally:
                 self._interrupt_all(pool)
         self._notify()
@@ -570,12 +578,14 @@ class _Driver:
             if record.status not in (COMPLETE, PRUNED) or record.config is None:
                 continue
             flops = float(flop_counts(record.config).forward)
+            params = param_counts(record.config).total
             val = self.storage.curves(record.id)["val"]
             judged = -1
             for k, (_tokens, loss) in enumerate(val, start=1):
                 rung = pruner.rung_at(k / evals)
                 if rung is not None and rung > judged:
-                    pruner.record(record.number, rung, loss, flops)
+                    told = size_adjusted_loss(loss, params, self.spec.size_beta)
+                    pruner.record(record.number, rung, told, flops)
                     judged = rung
 
     def _ask(self, slot: int) -> _Running | None:
@@ -618,6 +628,7 @@ class _Driver:
             data=spec.data,
             step_time_device=spec.step_time_device if "step_time" in spec.objectives else None,
             rungs=spec.defaults.rungs,
+            size_beta=spec.size_beta,
             cpus=self.options.cpus_per_trial,  # caps a CPU trial's threads (worker.trial_cores)
         )
 
@@ -652,7 +663,7 @@ class _Driver:
         if values is not None:
             self.study.tell(item.trial, values, skip_if_finished=True)
             if self._values is not None:
-                self._values.append(values)
+                self._values.append([float(outcome.train["val_loss"]), *values])
         else:
             final = state.PRUNED if outcome.status == PRUNED else state.FAIL
             self.study.tell(item.trial, state=final, skip_if_finished=True)
@@ -688,6 +699,7 @@ class _Driver:
             "flops_per_token": float(flop_counts(cfg).forward),
             "step_time_s": outcome.step_time_s,
             "step_time_device": outcome.step_time_device,
+            "proxy_loss": train.get("val_loss") if outcome.status == COMPLETE else None,  # the row's loss
             REASON_ATTR: outcome.reason,
         }
         for key, value in attrs.items():
@@ -717,18 +729,23 @@ class _Driver:
             del self.running[ref]
 
     def progress(self) -> SearchProgress:
-        """Counts from the database (every driver's trials); best loss and front size from the
-        complete trials' objective values, kept in memory (no records are read per event)."""
+        """Counts from the database (every driver's trials); the best proxy loss and the front's
+        size (over the objectives Optuna is told) from the complete trials' values, kept in memory
+        (no records are read per event)."""
         if self._values is None:
-            columns = [OBJECTIVE_COLUMNS[o] for o in self.spec.objectives]
-            _, rows = self.storage.complete_values(self.options.study, columns)
-            self._values = [[math.nan if x is None else float(x) for x in row] for row in rows]
-        values = np.array(self._values, dtype=float).reshape(-1, len(self.spec.objectives))
+            self._values = []
+            columns = ["params_total", *(OBJECTIVE_COLUMNS[o] for o in self.spec.objectives)]  # loss first
+            for params, *row in self.storage.complete_values(self.options.study, columns)[1]:
+                told = [math.nan if x is None else float(x) for x in row]
+                if params and math.isfinite(told[0]):
+                    told[0] = size_adjusted_loss(told[0], params, self.spec.size_beta)
+                self._values.append([math.nan if row[0] is None else float(row[0]), *told])
+        values = np.array(self._values, dtype=float).reshape(-1, 1 + len(self.spec.objectives))
         return SearchProgress(
             target=self.options.trials,
             counts={**self.storage.counts(self.options.study), RUNNING: len(self.running)},
             best_loss=float(np.nanmin(values[:, 0])) if len(values) else None,
-            front_size=int(pareto_mask(values).sum()),
+            front_size=int(pareto_mask(values[:, 1:]).sum()),
             elapsed_s=time.monotonic() - self.start,
         )
 

@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from archsearch.space.objectives import PARAMS_UNIT
+
 
 def _pair(a: Sequence[float], b: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
     x = np.asarray(a, dtype=float).ravel()
@@ -172,9 +174,6 @@ def noise_floor(
     if dof == 0:
         return None
     return float(np.sqrt(ss / dof))
-
-
-PARAMS_UNIT = 1e6  # size enters as ln(params / 1M): a constant shift that changes no ranking
 
 
 def size_adjusted_losses(

@@ -12,10 +12,12 @@ step times span orders of magnitude, so the knee and the hypervolume see them on
   `(log10 value)` for log objectives. Two searches compare by it only with the same reference
   point, so the reference is always stated with the number.
 
-A study's front ranks the proxy loss as stored, or (`loss="adjusted"`) the proxy loss credited
-for size, `fidelity.size_adjusted_losses` with its beta over the trials ranked: on the tiny
-calibration set that ranks 10x-longer training better than the proxy loss alone (README, "The
-proxy: chosen by measured fidelity").
+A study's front ranks its own loss objective by default: the proxy loss as stored, or, for a
+study with a size beta (`[objectives].size_beta`), the proxy loss credited for size,
+`loss - beta ln(params / 1M)`, which ranks 10x-longer training better than the proxy loss alone
+(README, "The loss objective"). Either can be asked for: `loss="proxy"`, or `loss="adjusted"`
+(with the study's beta, else `fidelity.size_adjusted_losses`'s equal-weight beta over the trials
+ranked).
 """
 
 from __future__ import annotations
@@ -205,8 +207,9 @@ class StudyFront:
     trial_values: np.ndarray  # and their objective values
     throughput: dict[int, tuple[float, str, bool]]  # number -> (tokens/s, device, modelled)
     # Set when the loss column of the values is the size-adjusted loss, its beta (nats per e-fold
-    # of parameters); None when it is the proxy loss as stored.
+    # of parameters) and where it came from; None when it is the proxy loss as stored.
     size_beta: float | None = None
+    beta_rule: str | None = None
 
     def to_dict(self, long: dict[int, tuple[float, float, int]] | None = None) -> dict[str, Any]:
         """JSON-ready; `long` (`Storage.long_run_losses`) adds each member's long-run loss.
@@ -250,6 +253,21 @@ class StudyFront:
         }
 
 
+def loss_measure(storage: Storage, study: str, loss: str | None) -> tuple[str, float | None]:
+    """(the loss a front of `study` ranks, its fixed beta or None): `loss` None is the study's own
+    loss objective; "adjusted" takes the study's beta where it has one.
+
+    Raises:
+        ArchsearchError: an unknown study or `loss`.
+    """
+    if loss is not None and loss not in LOSS_MEASURES:
+        raise ArchsearchError(f"--loss must be one of {', '.join(LOSS_MEASURES)}, got {loss!r}")
+    beta = storage.require_study(study).size_beta
+    if loss is None:
+        loss = "proxy" if beta is None else "adjusted"
+    return loss, beta if loss == "adjusted" else None
+
+
 def _ranked(
     storage: Storage, study: str, objectives: Sequence[str] | None, loss: str
 ) -> tuple[tuple[str, ...], list[int], np.ndarray, np.ndarray]:
@@ -257,8 +275,6 @@ def _ranked(
 
     Complete trials with every objective, and with a parameter count when `loss` is "adjusted".
     """
-    if loss not in LOSS_MEASURES:
-        raise ArchsearchError(f"--loss must be one of {', '.join(LOSS_MEASURES)}, got {loss!r}")
     record = storage.require_study(study)
     names = parse_objectives(objectives or record.objectives)
     numbers, rows = storage.complete_values(study, [*(OBJECTIVE_COLUMNS[o] for o in names), "params_total"])
@@ -276,8 +292,9 @@ def study_front(
     study: str,
     objectives: Sequence[str] | None = None,
     reference: Sequence[float] | None = None,
-    loss: str = "proxy",
+    loss: str | None = None,
     size_beta: float | None = None,
+    beta_rule: str = "given",
 ) -> StudyFront | None:
     """The Pareto front of `study`'s complete trials (None when none has every objective).
 
@@ -287,14 +304,21 @@ def study_front(
         objectives: default: the study's own objectives.
         reference: the hypervolume reference point in raw units (default: see `reference_point`);
             its loss is the adjusted loss when `loss` is "adjusted".
-        loss: "proxy": rank the proxy loss as stored; "adjusted": the proxy loss credited for
-            size, `loss - beta ln(params / 1M)` (`fidelity.size_adjusted_losses`).
-        size_beta: the adjusted loss's beta; default: the equal-weight beta over the trials ranked
-            (the complete trials with every objective).
+        loss: None: the study's own loss objective (`loss_measure`); "proxy": the proxy loss as
+            stored; "adjusted": the proxy loss credited for size, `loss - beta ln(params / 1M)`.
+        size_beta: the adjusted loss's beta; default: the study's, else the equal-weight beta over
+            the trials ranked (the complete trials with every objective;
+            `fidelity.size_adjusted_losses`).
+        beta_rule: how a given `size_beta` was chosen, for the reader.
 
     Raises:
         ArchsearchError: an unknown study or `loss`, or a reference point of the wrong length.
     """
+    loss, own_beta = loss_measure(storage, study, loss)
+    if size_beta is None and own_beta is not None:
+        size_beta, beta_rule = own_beta, "the study's [objectives].size_beta"
+    elif size_beta is None:
+        beta_rule = "sd(loss) / sd(ln params) over the complete trials"
     objectives, numbers, values, params = _ranked(storage, study, objectives, loss)
     if reference is not None and len(reference) != len(objectives):
         raise ArchsearchError(f"the reference point needs {len(objectives)} values, one per objective")
@@ -314,7 +338,8 @@ def study_front(
                 p = profiles[name]
                 throughput[r.number] = (p["tokens_per_second"], name, p["modelled"])
                 break
-    return StudyFront(study, front, records, tuple(numbers), values, throughput, beta)
+    rule = beta_rule if beta is not None else None
+    return StudyFront(study, front, records, tuple(numbers), values, throughput, beta, rule)
 
 
 def study_fronts(
@@ -322,24 +347,33 @@ def study_fronts(
     studies: Sequence[str],
     objectives: Sequence[str] | None = None,
     reference: Sequence[float] | None = None,
-    loss: str = "proxy",
+    loss: str | None = None,
 ) -> list[StudyFront]:
     """The fronts of several studies against one reference point, so their hypervolumes compare.
 
-    Without `reference`, the default point is taken over every study's trials pooled. With `loss`
-    "adjusted", one beta is taken over every study's ranked trials pooled, for the same reason:
-    the studies' adjusted losses then share one axis.
+    Without `reference`, the default point is taken over every study's trials pooled. `loss` None
+    ranks the studies' own loss objective, which must then be the same. With the adjusted loss
+    and studies that do not share one fixed beta, one beta is taken over every study's ranked
+    trials pooled, for the same reason: the studies' adjusted losses then share one axis.
 
     Raises:
-        ArchsearchError: as `study_front`; studies with different objectives and none given; a
-            study with no complete trial that has every objective.
+        ArchsearchError: as `study_front`; studies with different objectives and none given, or
+            different loss objectives and no `loss`; a study with no complete trial that has
+            every objective.
     """
-    beta = None
-    if loss == "adjusted" and len(studies) > 1:
+    measures = {loss_measure(storage, s, loss) for s in studies}
+    if len(measures) > 1 and loss is None:
+        raise ArchsearchError("the studies rank different loss objectives: pass --loss proxy or adjusted")
+    loss, beta = measures.pop() if len(measures) == 1 else (loss, None)
+    rule = "the studies' [objectives].size_beta"
+    if loss == "adjusted" and beta is None and len(studies) > 1:
         ranked = [_ranked(storage, s, objectives, loss) for s in studies]
         losses = np.concatenate([values[:, 0] for _, _, values, _ in ranked])
         beta = size_adjusted_losses(losses, np.concatenate([params for *_, params in ranked]))[1]
-    fronts = [study_front(storage, s, objectives, reference, loss, beta) for s in studies]
+        rule = "sd(loss) / sd(ln params) over the complete trials of the studies shown"
+    if len(studies) == 1:
+        beta = None  # the study's own, or over its trials (study_front says which)
+    fronts = [study_front(storage, s, objectives, reference, loss, beta, rule) for s in studies]
     missing = [s for s, f in zip(studies, fronts, strict=True) if f is None]
     if missing:
         raise ArchsearchError(f"no complete trial with every objective in {', '.join(map(repr, missing))}")
@@ -349,7 +383,6 @@ def study_fronts(
             raise ArchsearchError("studies with different objectives: pass --objectives")
         names = found[0].front.objectives
         pooled = reference_point(np.concatenate([f.trial_values for f in found]), names)
-        found = [
-            f for f in (study_front(storage, s, names, pooled, loss, beta) for s in studies) if f is not None
-        ]
+        again = (study_front(storage, s, names, pooled, loss, beta, rule) for s in studies)
+        found = [f for f in again if f is not None]
     return found

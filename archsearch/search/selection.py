@@ -4,7 +4,8 @@ The formats are pure (`space.export`: an ArchConfig and a provenance dict in, fi
 module chooses trials the way `pareto` ranks them and lays out what `export` writes:
 
 - a selector picks the trials: one by number, the knee of the Pareto front, the lowest loss under
-  a FLOPs limit, or the whole front;
+  a FLOPs limit, or the whole front; "loss" is the study's loss objective (credited for size
+  when the study has a size beta), as Optuna was told it and `pareto` ranks it;
 - `exportable=True` first drops the trials the format cannot represent, so "the knee" means the
   knee of the front of the trials that export, the best a user can actually train;
 - `export_plan` turns the chosen trials into files (one folder per member for a front, with an
@@ -23,7 +24,7 @@ import numpy as np
 from archsearch.errors import ArchsearchError
 from archsearch.search.pareto import pareto_front
 from archsearch.space.export import EXPORT_FORMATS, parse_flops
-from archsearch.space.objectives import OBJECTIVE_COLUMNS
+from archsearch.space.objectives import OBJECTIVE_COLUMNS, size_adjusted_loss
 from archsearch.trial import COMPLETE
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ def select(db: Storage, study: str, choice: Choice) -> Selection:
         if choice.exportable:
             complete = _exportable(complete, study, choice.fmt)
         if choice.flops_limit is not None:
-            members = [_best_under(complete, study, choice.flops_limit)]
+            members = [_best_under(complete, record, choice.flops_limit)]
         else:
             members, knee = _front(complete, record)
             if choice.knee:
@@ -160,25 +161,39 @@ def _numbered(trials: list[Any], study: str, number: int, use: str = "export") -
     return t
 
 
-def _best_under(complete: list[Any], study: str, limit: float) -> Any:
-    """The lowest-loss complete trial within the FLOPs limit; ties go to the lower trial number."""
+def _objective(t: Any, column: str, beta: float | None) -> float:
+    """A trial's value of an objective column; the loss as the study's loss objective (credited
+    for size when the study has a size beta, `objectives.size_adjusted_loss`). NaN when missing."""
+    value = t[column]
+    if value is None:
+        return float("nan")
+    if column == "loss" and beta is not None:
+        return size_adjusted_loss(value, t["params_total"], beta) if t["params_total"] else float("nan")
+    return float(value)
+
+
+def _best_under(complete: list[Any], record: Any, limit: float) -> Any:
+    """The complete trial with the lowest loss objective within the FLOPs limit; ties go to the
+    lower trial number."""
+    study, beta = record.name, record.size_beta
     costed = [t for t in complete if t["loss"] is not None and t["flops_forward_per_token"] is not None]
     within = [t for t in costed if t["flops_forward_per_token"] <= limit]
     if not within:
         cheapest = min((t["flops_forward_per_token"] for t in costed), default=None)
         hint = f"; the cheapest has {cheapest:.4g}" if cheapest is not None else ""
         raise ArchsearchError(f"no complete trial of {study!r} has forward FLOPs/token <= {limit:.4g}{hint}")
-    return min(within, key=lambda t: (t["loss"], t.number))
+    return min(within, key=lambda t: (_objective(t, "loss", beta), t.number))
 
 
 def _front(complete: Sequence[Any], record: Any) -> tuple[list[Any], int]:
-    """The Pareto front of `complete` over the study's objectives, in front order, and its knee."""
+    """The Pareto front of `complete` over the study's objectives (its loss objective as Optuna
+    was told it), in front order, and its knee."""
     unknown = [o for o in record.objectives if o not in OBJECTIVE_COLUMNS]
     if unknown or not record.objectives:
         raise ArchsearchError(f"study {record.name!r} has objectives {record.objectives!r}: no front to rank")
     columns = [OBJECTIVE_COLUMNS[o] for o in record.objectives]
     values = np.array(
-        [[np.nan if t[c] is None else t[c] for c in columns] for t in complete], dtype=float
+        [[_objective(t, c, record.size_beta) for c in columns] for t in complete], dtype=float
     ).reshape(len(complete), len(columns))
     result = pareto_front([t.number for t in complete], values, record.objectives)
     if result is None:

@@ -38,6 +38,9 @@ Every table and key is optional unless marked; unknown tables or keys are errors
     [objectives]
     minimize = ["loss", "flops"]   # loss, flops, step_time; loss is required
     step_time_device = "local"     # with step_time: "local" or a name from [profile].devices
+    size_beta = 0.15               # the loss objective is loss - size_beta * ln(params / 1M):
+                                   # the proxy loss credited for size (README, "The loss
+                                   # objective"); left out: the proxy loss as it is
     [search]
     sampler = "tpe"        # tpe, nsga2, random or gp
     seed = 0
@@ -158,8 +161,9 @@ class SearchSpec:
     """A parsed search spec. Validated on construction, across tables.
 
     Raises:
-        SpecError: objectives that are unknown, lack loss, or need an unprofiled device; rungs
-            that are not evaluation points of the proxy; a vocab the bundled corpus cannot use.
+        SpecError: objectives that are unknown, lack loss, or need an unprofiled device; a
+            negative size beta; rungs that are not evaluation points of the proxy; a vocab the
+            bundled corpus cannot use.
     """
 
     name: str  # the file's stem
@@ -169,6 +173,9 @@ class SearchSpec:
     profile: ProfileSpec
     objectives: tuple[str, ...] = DEFAULT_OBJECTIVES
     step_time_device: str | None = None  # "local" or a [profile].devices name; with step_time only
+    # The loss objective credits size: loss - size_beta * ln(params / 1M) (objectives.size_adjusted_loss);
+    # None: the proxy loss as it is.
+    size_beta: float | None = None
     defaults: SearchDefaults = SearchDefaults()
     source: str = ""  # the TOML text as read
 
@@ -178,6 +185,8 @@ class SearchSpec:
         except ArchsearchError as exc:
             raise SpecError(str(exc), "[objectives].minimize") from None
         self._check_step_time()
+        if self.size_beta is not None and not (math.isfinite(self.size_beta) and self.size_beta >= 0):
+            raise SpecError(f"must be a finite number >= 0, got {self.size_beta}", "[objectives].size_beta")
         if self.defaults.prune:
             # The trainer reports losses only at its evaluation points, (i + 1) / evals.
             points = [i / self.proxy.evals for i in range(1, self.proxy.evals)]
@@ -221,6 +230,7 @@ class SearchSpec:
             "profile": {**dataclasses.asdict(self.profile), "devices": list(self.profile.devices)},
             "objectives": list(self.objectives),
             "step_time_device": self.step_time_device,
+            "size_beta": self.size_beta,
             "search": {**dataclasses.asdict(self.defaults), "rungs": list(self.defaults.rungs)},
         }
 
@@ -233,12 +243,14 @@ class SearchSpec:
         trial runs, not what it computes (the same losses at 1 and 2 threads in
         `benchmarks/threads.py`; each trial's device fingerprint records its thread count), so a
         study resumes on a machine with other cores, and the files written before the setting
-        existed keep their fingerprint. The sampler and seeds stay in: they decide which points
-        are tried. `data` is the resolved path; the corpus's contents have their own
-        fingerprint, checked when it is loaded.
+        existed keep their fingerprint (as do those without `size_beta`). The sampler and seeds
+        stay in: they decide which points are tried. `data` is the resolved path; the corpus's
+        contents have their own fingerprint, checked when it is loaded.
         """
         canonical = self.to_dict()
         del canonical["name"], canonical["search"]["trials"], canonical["proxy"]["threads"]
+        if canonical["size_beta"] is None:
+            del canonical["size_beta"]
         text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -285,7 +297,7 @@ _TYPES = {  # schema type -> (what it says in errors, test)
 _RANGE = {"min": "number", "max": "number", "step": "number", "log": "bool"}
 _RULES = {"multiple_of": "int", "gated_parity": "bool", "export": "list[str]"}
 _PROFILE = {"local": "bool", "devices": "list[str]", "batch": "int", "dtype": "str", "min_run_time": "float"}
-_OBJECTIVES = {"minimize": "list[str]", "step_time_device": "str"}
+_OBJECTIVES = {"minimize": "list[str]", "step_time_device": "str", "size_beta": "float"}
 _SEARCH = {
     "sampler": "str",
     "seed": "int",
@@ -417,5 +429,6 @@ def _parse(text: str, source: str, base_dir: Path) -> SearchSpec:
     return SearchSpec(
         name=Path(source).stem, space=space, proxy=proxy, data=data, profile=profile,
         objectives=objectives.get("minimize", DEFAULT_OBJECTIVES),
-        step_time_device=objectives.get("step_time_device"), defaults=defaults, source=text,
+        step_time_device=objectives.get("step_time_device"), size_beta=objectives.get("size_beta"),
+        defaults=defaults, source=text,
     )  # fmt: skip

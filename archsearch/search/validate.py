@@ -14,13 +14,16 @@ trials for `multiplier` x the proxy's token budget and compares rankings:
    return plain data. Every finished run is stored at once (`Storage.add_long_run`); a rerun
    skips the (trial, multiplier, seed) runs already stored, and Ctrl-C keeps what finished.
 3. The report: Spearman and Kendall of the proxy loss, of -params, of -FLOPs and of the
-   size-adjusted proxy loss (`fidelity.size_adjusted_losses`, its beta over the calibration set)
-   against the long-run loss (seed mean); iso-parameter pair agreement of the proxy, of -params
-   and of the adjusted loss; the seed noise floor; how many members the proxy front, the
-   adjusted front and the long-run front (loss vs forward FLOPs, over the calibration set)
-   share; and the long-run hypervolume of each front with one reference point. It is stored
+   size-adjusted proxy loss (`fidelity.size_adjusted_losses`: with `size_beta`, else the study's
+   `[objectives].size_beta`, else its beta over the calibration set) against the long-run loss
+   (seed mean), naming which of the two losses is the study's objective; iso-parameter pair
+   agreement of the proxy, of -params and of the adjusted loss; the seed noise floor; how many
+   members the proxy front, the adjusted front and the long-run front (loss vs forward FLOPs,
+   over the calibration set) share; and the long-run hypervolume of each front with one
+   reference point. It is stored
    with the study (`Storage.add_validation`) as JSON; reports stored before the size-adjusted
-   predictor lack its keys (`adjusted`, `size_beta`).
+   predictor lack its keys (`adjusted`, `size_beta`), and before studies had a size beta, the
+   `objective` key (their objective was the proxy loss).
 """
 
 from __future__ import annotations
@@ -73,6 +76,9 @@ class ValidateOptions:
     seeds: int = 1  # long runs per trial, seeds 0..seeds-1
     workers: int = 1  # long runs at once
     sample_seed: int = 0  # seeds the choice of the non-front trials
+    # The size-adjusted predictor's beta; None: the study's [objectives].size_beta, else the
+    # equal-weight beta over the calibration set. Changes the report only, never a long run.
+    size_beta: float | None = None
     # Ray, as `SearchOptions` names them (the driver's pool reads these four).
     address: str | None = None
     cpus_per_trial: float = 1.0
@@ -96,6 +102,8 @@ class ValidateOptions:
             raise ValidateError(f"--trials must be at least {MIN_TRIALS}, got {self.trials}")
         if len(set(self.numbers)) != len(self.numbers):
             raise ValidateError("a --trial number is given twice")
+        if self.size_beta is not None and not (math.isfinite(self.size_beta) and self.size_beta >= 0):
+            raise ValidateError(f"--size-beta must be a finite number >= 0, got {self.size_beta}")
         if self.cpus_per_trial <= 0 or self.gpus_per_trial < 0 or self.retries < 0:
             raise ValidateError("--cpus-per-run must be > 0, --gpus-per-run and --retries >= 0")
 
@@ -246,12 +254,20 @@ def long_run(request: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------
 # The metrics
 # ------------------------------------------------------------------------------------------------
-def fidelity_report(rows: Sequence[dict[str, Any]], multiplier: float, seeds: int) -> dict[str, Any]:
+def fidelity_report(
+    rows: Sequence[dict[str, Any]],
+    multiplier: float,
+    seeds: int,
+    size_beta: float | None = None,
+    objective: str = "proxy",
+) -> dict[str, Any]:
     """The rank-fidelity report of a calibration set.
 
     Args:
         rows: one per trial: number, params_total, flops (forward per token), proxy_loss and
             long_losses (one per seed; trials without any are left out of the measures).
+        size_beta: the size-adjusted predictor's beta; None: the equal-weight beta over the set.
+        objective: which predictor is the study's loss objective, "proxy" or "adjusted".
 
     Returns:
         Plain data (JSON-ready): see the module docstring; NaN correlations become None.
@@ -266,7 +282,7 @@ def fidelity_report(rows: Sequence[dict[str, Any]], multiplier: float, seeds: in
     def finite(x: float) -> float | None:
         return float(x) if math.isfinite(x) else None
 
-    adjusted, beta = size_adjusted_losses(proxy, params)  # beta over the ranked set, no long runs
+    adjusted, beta = size_adjusted_losses(proxy, params, size_beta)  # never fitted to the long runs
     # Lower predicted = better.
     predictors = {"proxy": proxy, "params": -params, "flops": -flops, "adjusted": adjusted}
     correlations = {
@@ -313,6 +329,8 @@ def fidelity_report(rows: Sequence[dict[str, Any]], multiplier: float, seeds: in
         "correlations": correlations,
         "iso_pairs": iso,
         "size_beta": beta,  # the adjusted loss: proxy_loss - size_beta * ln(params_total / 1M)
+        "size_beta_fixed": size_beta is not None,  # given (or the study's), not taken over the set
+        "objective": objective,  # the predictor the study told Optuna: "proxy" or "adjusted"
         "noise_floor": floor,
         "fronts": fronts,
         "rows": [
@@ -465,4 +483,7 @@ def _report(storage: Storage, options: ValidateOptions, chosen: list[TrialRecord
         )
         for r in chosen
     ]
-    return fidelity_report(rows, options.multiplier, options.seeds)
+    own = storage.require_study(options.study).size_beta
+    beta = options.size_beta if options.size_beta is not None else own
+    objective = "proxy" if own is None else "adjusted"
+    return fidelity_report(rows, options.multiplier, options.seeds, beta, objective)

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from archsearch.search.pruning import rung_at
 from archsearch.space.config import ArchConfig
-from archsearch.space.costs import flop_counts
+from archsearch.space.costs import flop_counts, param_counts
+from archsearch.space.objectives import size_adjusted_loss
 from archsearch.trial import COMPLETE, FAILED, PRUNED, TrialOutcome
 
 if TYPE_CHECKING:
@@ -44,6 +45,8 @@ class TrialRequest:
         data: the corpus path; None: the bundled corpus.
         step_time_device: "local", a catalogue name, or None when step time is not an objective.
         rungs: the pruning fractions of the proxy budget; empty: no pruning.
+        size_beta: the study's loss objective credits size by it, at the rungs too
+            (`objectives.size_adjusted_loss`); None: the proxy loss as it is.
         cpus: the CPUs Ray gave the trial, which cap its threads; None: see `trial_cores`.
     """
 
@@ -54,6 +57,7 @@ class TrialRequest:
     data: str | None = None
     step_time_device: str | None = None
     rungs: tuple[float, ...] = ()
+    size_beta: float | None = None
     cpus: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -172,6 +176,7 @@ def _run_trial(
     cfg = request.config
     data = _dataset(request.data, cfg.vocab_size, settings.seq_len or cfg.seq_len)
     flops = float(flop_counts(cfg).forward)
+    params = param_counts(cfg).total
     rungs = request.rungs
     judged: dict[str, Any] = {"evals": 0, "rung": -1, "pruned_rung": None, "reason": None}
 
@@ -185,7 +190,8 @@ def _run_trial(
         if rung is None or rung <= judged["rung"]:
             return False
         judged["rung"] = rung
-        reason = judge(request.number, rung, val_loss, flops)
+        # Judged on the study's loss objective, as the finished trials it is compared with.
+        reason = judge(request.number, rung, size_adjusted_loss(val_loss, params, request.size_beta), flops)
         if reason is not None:
             judged["pruned_rung"], judged["reason"] = rungs[rung], reason
         return reason is not None

@@ -7,6 +7,7 @@ aliases). Every objective is minimised.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -48,6 +49,29 @@ OBJECTIVES.register(
 DEFAULT_OBJECTIVES = ("loss", "flops")
 OBJECTIVE_COLUMNS = {name: o.column for name, o in OBJECTIVES.items()}
 LOG_OBJECTIVES = frozenset(name for name, o in OBJECTIVES.items() if o.log_scale)
+
+
+PARAMS_UNIT = 1e6  # size enters as ln(params / 1M): a 1M-parameter shape keeps its loss
+
+
+def size_adjusted_loss(loss: float, params: float, beta: float | None) -> float:
+    """The loss objective of a study with a size beta: `loss - beta * ln(params / 1M)`.
+
+    A short proxy run under-credits capacity, which longer training rewards; crediting the proxy
+    loss with `beta` nats per e-fold of parameters ranks shapes like 10x-longer training on the
+    tiny space (README, "The loss objective"; `search.fidelity.size_adjusted_losses` holds the
+    measurements). With `beta` None (a study without one) the loss is returned as it is.
+
+    Raises:
+        ValueError: `params` is not positive, or `beta` is negative or not finite.
+    """
+    if beta is None:
+        return loss
+    if not (math.isfinite(beta) and beta >= 0):
+        raise ValueError(f"beta must be a finite number >= 0, got {beta}")
+    if not params > 0:
+        raise ValueError(f"the parameter count must be > 0, got {params}")
+    return loss - beta * math.log(params / PARAMS_UNIT)
 
 
 def parse_objectives(text: str | Sequence[str]) -> tuple[str, ...]:

@@ -89,6 +89,13 @@ class StudyRecord:
     def finished(self) -> int:
         return sum(self.counts.get(s, 0) for s in FINISHED)
 
+    @property
+    def size_beta(self) -> float | None:
+        """The study's loss objective credits size by this beta (`objectives.size_adjusted_loss`);
+        None: its loss objective is the proxy loss as stored (and studies from before it existed)."""
+        beta = self.spec.get("size_beta")
+        return None if beta is None else float(beta)
+
 
 @dataclass(frozen=True)
 class TrialRecord:
@@ -928,11 +935,7 @@ class Storage:
     def validations(self, study: str) -> list[ValidationRecord]:
         """`study`'s stored `validate` reports, oldest first."""
         with self._session(read_only=True) as s:
-            rows = s.scalars(
-                select(schema.Validation)
-                .where(schema.Validation.study == study)
-                .order_by(schema.Validation.created_at, schema.Validation.id)
-            ).all()
+            rows = self._oldest_first(s, schema.Validation, study, schema.Validation.created_at)
             return [
                 ValidationRecord(
                     id=r.id,
@@ -944,6 +947,11 @@ class Storage:
                 )
                 for r in rows
             ]
+
+    @staticmethod
+    def _oldest_first(s: Session, table: Any, study: str, time: Any) -> Sequence[Any]:
+        """The rows of a per-study table (`study` and `id` columns), oldest first by `time`."""
+        return s.scalars(select(table).where(table.study == study).order_by(time, table.id)).all()
 
     # --- search runs ------------------------------------------------------------------------------
     def add_search_run(self, study: str, settings: Mapping[str, Any]) -> int:
@@ -962,11 +970,7 @@ class Storage:
     def search_runs(self, study: str) -> list[dict[str, Any]]:
         """`study`'s driver runs, oldest first: {"host" (name:pid), "started_at", "settings"}."""
         with self._session(read_only=True) as s:
-            rows = s.scalars(
-                select(schema.SearchRun)
-                .where(schema.SearchRun.study == study)
-                .order_by(schema.SearchRun.started_at, schema.SearchRun.id)
-            ).all()
+            rows = self._oldest_first(s, schema.SearchRun, study, schema.SearchRun.started_at)
             return [
                 {"host": r.host, "started_at": r.started_at, "settings": json.loads(r.settings_json)}
                 for r in rows

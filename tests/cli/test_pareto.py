@@ -20,8 +20,9 @@ SHAPES = [  # (d_model, n_layers, loss): losses fall with size, one shape is dom
 ]  # fmt: skip
 
 
-def _study(db: Storage, name: str, shift: float = 0.0) -> None:
-    db.create_study(name, spec_fingerprint="f", spec_source="", spec={}, objectives=("loss", "flops"))
+def _study(db: Storage, name: str, shift: float = 0.0, size_beta: float | None = None) -> None:
+    spec = {} if size_beta is None else {"size_beta": size_beta}  # [objectives].size_beta
+    db.create_study(name, spec_fingerprint="f", spec_source="", spec=spec, objectives=("loss", "flops"))
     for number, (d_model, layers, loss) in enumerate(SHAPES):
         cfg = config_from_knobs(d_model=d_model, n_layers=layers, head_dim=32, vocab_size=256, seq_len=64)
         slot = db.claim_trial(name, 100, 60)
@@ -41,6 +42,7 @@ def url(tmp_path):
     with Storage.open(url) as db:
         _study(db, "a")
         _study(db, "b", shift=-0.1)
+        _study(db, "c", size_beta=0.2)  # a's trials, its loss objective credited for size
     return url
 
 
@@ -92,6 +94,34 @@ def test_the_proxy_loss_is_the_default(url):
     assert "adjusted" not in _run("--study", "a", "--storage", url).stdout
 
 
+def test_a_study_with_a_size_beta_ranks_its_own_loss_objective(url):
+    [front] = json.loads(_run("--study", "c", "--storage", url, "--json").stdout)
+    rows = {r["number"]: r for r in front["front"]}
+    assert front["loss"] == "adjusted" and front["size_beta"] == 0.2  # the study's, not sd / sd
+    assert list(rows) == [4, 3, 2, 1, 0]
+    for n, r in rows.items():
+        assert r["loss"] == SHAPES[n][2]  # the proxy loss as stored
+        assert r["adjusted_loss"] == pytest.approx(r["loss"] - 0.2 * math.log(r["params_total"] / 1e6))
+    assert "beta: the study's [objectives].size_beta" in _run("--study", "c", "--storage", url).stdout
+    [asked] = json.loads(_run("--study", "c", "--storage", url, "--loss", "adjusted", "--json").stdout)
+    assert asked["size_beta"] == 0.2
+    [proxy] = json.loads(_run("--study", "c", "--storage", url, "--loss", "proxy", "--json").stdout)
+    assert [r["number"] for r in proxy["front"]] == [3, 1, 0] and proxy["size_beta"] is None
+
+
+def test_export_selectors_rank_the_study_s_loss_objective(url):
+    from archsearch.search.selection import Choice, select
+
+    with Storage.open(url) as db:
+        [front] = json.loads(_run("--study", "c", "--storage", url, "--json").stdout)
+        assert select(db, "c", Choice("json", knee=True)).knee == front["knee"]
+        # The lowest loss objective under a FLOPs limit no shape reaches: the deepest shape, whose
+        # credit for size beats shape 3's lower proxy loss; study a (no beta) picks shape 3.
+        [best] = select(db, "c", Choice("json", best_under_flops="1e12")).members
+        [plain] = select(db, "a", Choice("json", best_under_flops="1e12")).members
+        assert (best.number, plain.number) == (4, 3)
+
+
 def test_studies_overlaid_share_one_beta(url, tmp_path):
     [alone] = json.loads(_run("--study", "a", "--storage", url, "--loss", "adjusted", "--json").stdout)
     result = _run(
@@ -134,9 +164,10 @@ def test_png_and_html_plots_are_written(url, tmp_path):
         (["--study", "a", "--reference", "3.0,abc"], "numbers separated by commas"),
         (["--study", "a", "--plot", "front.svg"], "use a .png or .html file"),
         (["--study", "a", "--loss", "long"], "--loss must be one of proxy, adjusted, got 'long'"),
+        (["--study", "a", "--study", "c"], "the studies rank different loss objectives: pass --loss"),
     ],
     ids=["unknown-study", "loss-not-first", "unknown-objective", "no-step-times", "short-reference",
-         "bad-reference", "bad-plot-suffix", "unknown-loss"],
+         "bad-reference", "bad-plot-suffix", "unknown-loss", "mixed-loss-objectives"],
 )  # fmt: skip
 def test_bad_input_exits_2_and_leaves_the_database_alone(url, tmp_path, args, message):
     path = tmp_path / "t.db"

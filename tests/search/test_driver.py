@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -325,3 +326,37 @@ def test_each_run_records_the_settings_that_ran_not_the_space_files_defaults(db)
     assert (first["sampler"], first["seed"], first["prune"], first["sampler_seed"]) == ("random", 1, False, 1)
     assert (second["sampler"], second["resume"], second["trials"]) == ("tpe", True, 2)
     assert second["sampler_seed"] == 0 + recorded  # its own stream: the seed plus the trials before it
+
+
+def test_a_study_with_a_size_beta_tells_optuna_its_loss_credited_for_size(db):
+    """Optuna, the front and the progress line rank the size-adjusted loss; the row and Optuna's
+    `proxy_loss` attribute keep the proxy loss as measured."""
+    spec = tiny_spec(objectives="size_beta = 0.5", search="trials = 4\nprune = false")
+    summary = run_search(spec, db, SearchOptions(study="s", trials=4, sampler="random"), evaluate_fn=instant)
+    records = {r.number: r for r in db.trials("s")}
+    study = optuna.load_study(study_name="s", storage=db.url)
+    told = {}
+    for t in study.trials:
+        record = records[t.number]
+        if record.status != "complete":
+            continue
+        cfg = record.config
+        assert record["loss"] == pytest.approx(1.0 + cfg.d_model / 1000 + cfg.n_layers / 100)  # `_result`
+        assert t.user_attrs["proxy_loss"] == record["loss"]
+        told[t.number] = t.values[0]
+        assert told[t.number] == pytest.approx(record["loss"] - 0.5 * math.log(record["params_total"] / 1e6))
+    assert len(told) >= 2
+    front = summary.front
+    assert front.size_beta == 0.5 and {t.number for t in study.best_trials} == set(front.front.numbers)
+    assert dict(zip(front.trial_numbers, front.trial_values[:, 0], strict=True)) == pytest.approx(told)
+
+
+def test_progress_is_shown_once_a_finished_trials_slot_is_refilled(db):
+    """Each display after a result counts the trial started in its place: with 2 workers, 2 run
+    until fewer than 2 are left to start (it read "1 running" for most of a 2-worker search)."""
+    seen = []
+    options = SearchOptions(study="s", trials=6, workers=2, sampler="random")
+    run_search(tiny_spec(model=CONTINUOUS), db, options, on_update=seen.append, evaluate_fn=instant)
+    shown = [(p.finished, p.counts["running"]) for p in seen]
+    assert shown[-1] == (6, 0)
+    assert all(running == min(2, 6 - finished) for finished, running in shown[:-1]), shown

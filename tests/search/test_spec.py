@@ -18,6 +18,7 @@ from archsearch.search.spec import (
 )
 from archsearch.space.objectives import DEFAULT_OBJECTIVES, OBJECTIVES
 from archsearch.space.search_space import Domain, SpaceError, sample_configs
+from tests.specs import tiny_spec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -153,16 +154,27 @@ def test_threads_are_read_but_left_out_of_the_fingerprint():
     assert one.fingerprint == parse(proxy=PROXY + "threads = 4\n").fingerprint == base.fingerprint
 
 
+def test_a_size_beta_makes_the_loss_objective_size_adjusted_and_enters_the_fingerprint():
+    plain, credited = tiny_spec(), tiny_spec(objectives="size_beta = 0.15")
+    assert plain.size_beta is None and credited.size_beta == 0.15
+    assert credited.to_dict()["size_beta"] == 0.15 and credited.objectives == plain.objectives
+    assert credited.fingerprint != plain.fingerprint  # another objective: a new study, not a resume
+    # A file without it keeps the fingerprint it had before the setting existed (pinned from then).
+    assert plain.fingerprint == "773dd93112e444d9b9054b9a1f9f532dc451c513af38bd4b7fc72ae3abe071d4"
+
+
 @pytest.mark.parametrize(
     ("name", "fingerprint"),
     [
-        ("tiny", "fdc80312e240c6d7f0aa0eb98e1442562d820ee30766ae5ff7decac582be8b3f"),
-        ("gpu", "9a83dfb6a93e10e39c45efdcf2b1bf9d522c0cb426a522e5bd1669f5b53811b4"),
+        ("tiny", "541301bb656b8213cadbeda265cc63e6340c65761c2ce090d88e4f30c487eaaf"),
+        ("gpu", "8b422e80decb22e2a5bc73c96a958a2ed856edca7df784dbf9924e61846ce40c"),
     ],
 )
 def test_the_examples_keep_their_fingerprints(name, fingerprint):
     """Pinned: a new settings field that enters the fingerprint orphans every existing study of
-    the file (`search --resume` refuses it). Decide such a change, do not let it happen."""
+    the file (`search --resume` refuses it). Decide such a change, do not let it happen. Last
+    decided: `[objectives].size_beta` (the loss objective credits size, so a study of the old
+    files ranks another objective and is not resumed by the new ones)."""
     assert load_spec(EXAMPLES / f"{name}.toml").fingerprint == fingerprint
 
 
@@ -222,6 +234,10 @@ BAD = [
          r"\[objectives\].minimize: objectives flops must be loss then one or two of flops, step_time"),
     case("step-time-no-device", spec_text(STEP_TIME),
          r"\[objectives\].step_time_device: step_time needs a device"),
+    case("negative-size-beta", spec_text("[objectives]\nsize_beta = -0.1\n"),
+         r"\[objectives\].size_beta: must be a finite number >= 0, got -0.1"),
+    case("size-beta-not-a-number", spec_text("[objectives]\nsize_beta = 'big'\n"),
+         r"\[objectives\].size_beta: expected a number, got 'big'"),
     case("step-time-unprofiled", spec_text(STEP_TIME + "step_time_device = 'h200'\n"),
          r"\[objectives\].step_time_device: 'h200' is not profiled; valid: local$"),
     case("step-time-local-off",

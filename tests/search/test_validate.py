@@ -7,6 +7,7 @@ import json
 import math
 import os
 import signal
+import sqlite3
 import statistics
 
 import pytest
@@ -33,13 +34,13 @@ SHAPES = [(64, 1, 2.9), (64, 2, 2.8), (128, 1, 2.85), (128, 2, 2.7), (128, 4, 2.
 ARGS = ("--study", "tiny", "--trials", "4", "--multiplier", "2")  # 4 runs of 4,096 tokens
 JSON_KEYS = {
     "study", "trained", "skipped", "failed", "multiplier", "seeds", "trials", "correlations", "iso_pairs",
-    "size_beta", "noise_floor", "fronts", "rows",
+    "size_beta", "size_beta_fixed", "objective", "noise_floor", "fronts", "rows",
 }  # fmt: skip
 PREDICTORS = {"proxy", "params", "flops", "adjusted"}
 
 
-def _study(url: str, shapes=SHAPES, failed: int = 0) -> str:
-    spec = tiny_spec()
+def _study(url: str, shapes=SHAPES, failed: int = 0, spec=None) -> str:
+    spec = spec or tiny_spec()
     with Storage.open(url) as db:
         db.create_study(
             "tiny", spec_fingerprint=spec.fingerprint, spec_source=spec.source, spec=spec.to_dict(),
@@ -96,8 +97,9 @@ def test_too_few_complete_trials_is_one_error_line(tmp_path):
         (("--multiplier", "nan"), "--multiplier must be a finite number"),
         (("--multiplier", "inf"), "--multiplier must be a finite number"),
         (("--seeds", "0"), "--seeds must be at least 1"),
+        (("--size-beta", "-0.1"), "--size-beta must be a finite number >= 0"),
     ],
-    ids=["one", "below-one", "nan", "inf", "no-seeds"],
+    ids=["one", "below-one", "nan", "inf", "no-seeds", "negative-size-beta"],
 )
 def test_bad_options_exit_2_and_leave_the_database_unchanged(url, tmp_path, args, match):
     before = _files(tmp_path)
@@ -222,6 +224,42 @@ def test_a_rerun_trains_nothing_and_reports_the_same(validated):
     with Storage.open(url) as db:
         assert db.long_runs("tiny") == runs  # nothing rewritten
         assert [v.report["correlations"] for v in db.validations("tiny")] == [first["correlations"]] * 2
+
+
+def test_a_given_size_beta_changes_the_report_only(validated, tmp_path):
+    url, first = validated
+    copy = tmp_path / "t.db"  # the shared database stays as the other tests expect it
+    src, dst = sqlite3.connect(url.removeprefix("sqlite:///")), sqlite3.connect(copy)
+    src.backup(dst)
+    src.close(), dst.close()
+    result = _run(*ARGS, "--storage", f"sqlite:///{copy}", "--json", "--size-beta", "0.2")
+    assert result.exit_code == 0, result.output
+    again = json.loads(result.stdout)
+    assert (again["trained"], again["skipped"]) == (0, 4)  # no long run for a report-only option
+    assert (again["size_beta"], again["size_beta_fixed"], again["objective"]) == (0.2, True, "proxy")
+    assert first["size_beta_fixed"] is False and first["objective"] == "proxy"
+    rows = [
+        {k: r[k] for k in ("number", "params_total", "flops", "proxy_loss", "long_losses")}
+        for r in first["rows"]
+    ]
+    assert again["correlations"] == fidelity_report(rows, 2, 1, size_beta=0.2)["correlations"]
+    assert again["correlations"]["proxy"] == first["correlations"]["proxy"]
+
+
+def test_a_study_with_a_size_beta_is_validated_on_its_loss_objective(tmp_path, ray_session):
+    url = _study(f"sqlite:///{tmp_path / 't.db'}", spec=tiny_spec(objectives="size_beta = 0.3"))
+    with Storage.open(url) as db:
+        for number, (_, _, loss) in enumerate(SHAPES[:4]):  # stored: validate trains nothing
+            db.add_long_run(
+                "tiny", trial_number=number, multiplier=2, seed=0, tokens=4096, val_loss=loss - 0.5
+            )
+    args = ("--study", "tiny", "--storage", url, "--multiplier", "2", *(f"--trial={n}" for n in range(4)))
+    report = json.loads(_run(*args, "--json").stdout)
+    assert (report["trained"], report["objective"], report["size_beta"]) == (0, "adjusted", 0.3)
+    assert report["size_beta_fixed"] is True
+    table = _run(*args).stdout
+    assert "size-adjusted proxy (beta 0.300): the study's objective" in table
+    assert "proxy loss: the study's objective" not in table
 
 
 def test_the_table_states_the_measures(validated):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch
 from archsearch.evaluators import profiler
 from archsearch.evaluators.settings import TrainError, usable_cores
 from archsearch.search.worker import TrialRequest, run_trial, trial_cores
+from archsearch.space.costs import param_counts
 from archsearch.space.knobs import config_from_knobs
 
 CFG = config_from_knobs(d_model=64, n_layers=1, head_dim=32, vocab_size=256, seq_len=32)
@@ -82,6 +84,15 @@ def test_the_judge_is_asked_once_per_rung_and_can_prune():
     assert (out.status, out.pruned_rung, out.reason) == ("pruned", 0.5, "dominated at rung 0.5")
     assert out.profiles == ()  # no profiling spent on a pruned shape
     assert out.train["tokens"] < 4096
+
+
+def test_with_a_size_beta_the_judge_sees_the_loss_objective_not_the_raw_loss():
+    judged, plain = [], []
+    run_trial(_request(size_beta=0.3), judge=lambda n, r, loss, f: judged.append(loss))
+    out = run_trial(_request(), judge=lambda n, r, loss, f: plain.append(loss))
+    credit = 0.3 * math.log(param_counts(CFG).total / 1e6)
+    assert judged == pytest.approx([loss - credit for loss in plain])  # the same run: seeded, CPU
+    assert [loss for _, loss in out.train["val_curve"][:2]] == pytest.approx(plain)
 
 
 def test_without_rungs_the_judge_is_never_asked():
