@@ -289,7 +289,8 @@ def fit_device(
         raise ConfigError(f"{data}: not JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{data}: not a recorded gpu_model_accuracy run (a JSON object with 'shapes')")
-    result = refit(raw, device, eager_kernel_count, holdout=holdout)
+    with steps_bar("fitting") as update:
+        result = refit(raw, device, eager_kernel_count, holdout=holdout, on_progress=update)
     sha256 = hashlib.sha256(data.read_bytes()).hexdigest()  # the file as committed, byte for byte
     holdouts = {h.label: h for h in result.holdout}
     shapes = [

@@ -154,6 +154,22 @@ def device_model(name: str, fitted: bool = True, **assumptions: Any) -> DeviceMo
 LOCAL_DEVICES = ("cpu", "cuda")  # measured here by the profiler (cuda:N too), not modelled
 
 
+def check_device(device: str) -> bool:
+    """Whether `device` is modelled (a catalogued GPU: True) or measured here (cpu, cuda, cuda:N:
+    False).
+
+    Raises:
+        ConfigError: `device` is neither.
+    """
+    if device in ACCELERATORS:
+        return True
+    if device.split(":")[0] in LOCAL_DEVICES:
+        return False
+    raise ConfigError(
+        f"unknown device {device!r}; measured: cpu, cuda, cuda:N; modelled: {', '.join(ACCELERATORS)}"
+    )
+
+
 def modelled_profile(
     cfg: ArchConfig, device: str, batch: int, dtype: str, launches: int = 0
 ) -> ProfileReport | None:
@@ -168,12 +184,8 @@ def modelled_profile(
         ConfigError: `device` is neither catalogued nor local.
         UnknownNameError: the device has no peak for `dtype`.
     """
-    if device not in ACCELERATORS:
-        if device.split(":")[0] in LOCAL_DEVICES:
-            return None
-        raise ConfigError(
-            f"unknown device {device!r}; measured: cpu, cuda, cuda:N; modelled: {', '.join(ACCELERATORS)}"
-        )
+    if not check_device(device):
+        return None
     dtype = "bf16" if dtype == "auto" else dtype
     return predict_step(device_model(device), step_kernels(cfg, batch, dtype), dtype, launches)
 

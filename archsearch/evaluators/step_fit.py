@@ -264,11 +264,17 @@ class Holdout:
 
 
 def leave_one_out(
-    base: DeviceModel, records: Sequence[StepRecord], extra_gemms: Sequence[GemmMeasurement] = ()
+    base: DeviceModel,
+    records: Sequence[StepRecord],
+    extra_gemms: Sequence[GemmMeasurement] = (),
+    on_fit: Callable[[int, str], None] | None = None,
 ) -> list[Holdout]:
-    """Each shape's step predicted by `fit_step_model` on the other shapes (their kernels too)."""
+    """Each shape's step predicted by `fit_step_model` on the other shapes (their kernels too);
+    `on_fit(i, label)` is called before each of the fits (for progress displays)."""
     out = []
     for i, record in enumerate(records):
+        if on_fit is not None:
+            on_fit(i, record.label)
         others = [r for j, r in enumerate(records) if j != i]
         model = fit_step_model(base, others, extra_gemms)
         out.append(Holdout(record.label, record.real_step_s, predicted_step(model, record)))
@@ -309,7 +315,11 @@ class Refit:
 
 
 def refit(
-    raw: dict[str, Any], device: str, count: Callable[[ArchConfig], int], holdout: bool = False
+    raw: dict[str, Any],
+    device: str,
+    count: Callable[[ArchConfig], int],
+    holdout: bool = False,
+    on_progress: Callable[[int, int, str], None] | None = None,
 ) -> Refit:
     """Fit catalogued `device` to a recorded `benchmarks/gpu_model_accuracy.py` run.
 
@@ -318,6 +328,7 @@ def refit(
         device: the catalogue key the fit is for (its bare model is the starting point).
         count: kernels an eager step of a config launches (`model.eager_kernel_count`).
         holdout: also predict each shape from a fit on the others (one fit per shape).
+        on_progress: called as `(fits done, fits in all, what runs now)` (a progress display).
 
     Raises:
         ConfigError: the file is not such a run, or has too few shapes.
@@ -331,7 +342,18 @@ def refit(
         raise ConfigError(f"not a recorded gpu_model_accuracy run: {exc!r}") from exc
     records = records_from_benchmark(raw, launches)
     base = device_model(device, fitted=False)
+    total = 1 + len(records) * holdout
+
+    def fitting(done: int, what: str) -> None:
+        if on_progress is not None:
+            on_progress(done, total, what)
+
+    fitting(0, f"all {len(records)} shapes")
     model = fit_step_model(base, records, extra)
+    fits = []
+    if holdout:
+        fits = leave_one_out(base, records, extra, lambda i, label: fitting(1 + i, f"all but {label}"))
+    fitting(total, "done")
     return Refit(
         device=device,
         model=model,
@@ -340,5 +362,5 @@ def refit(
         kernel_sums=tuple(
             predict_step(base, step_kernels(r.config, r.batch, r.dtype)).step_time_s for r in records
         ),
-        holdout=tuple(leave_one_out(base, records, extra)) if holdout else (),
+        holdout=tuple(fits),
     )

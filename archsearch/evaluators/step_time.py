@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from archsearch.evaluators.catalogue import ACCELERATORS
-from archsearch.evaluators.hardware import modelled_profile
+from archsearch.evaluators.hardware import check_device, modelled_profile
 from archsearch.evaluators.kernels import ProfileReport
 from archsearch.evaluators.model import eager_kernel_count
 from archsearch.evaluators.profiler import DEFAULT_MIN_RUN_TIME, InMemoryCache, MeasurementCache, profile_step
@@ -51,9 +50,8 @@ def step_profile(
         ProfilerError: the dtype is not supported there, a kernel does not fit, or the timed
             training run failed.
     """
-    if device in ACCELERATORS:
+    if check_device(device):  # raises on a device neither here nor catalogued
         return modelled_profile(cfg, device, batch, dtype, launches=eager_kernel_count(cfg))
-    modelled_profile(cfg, device, batch, dtype)  # raises on a device neither here nor catalogued
     cache = InMemoryCache() if cache is None else cache
     report = profile_step(cfg, batch, device, dtype, cache, min_run_time, progress=progress)
     if trained is None and steps:

@@ -602,6 +602,7 @@ class SearchSpace:
         checked = feasible = 0
         params_seen: list[int] = []
         flops_seen: list[int] = []
+        found: list[tuple[Any, ...]] = []
         for point in points:
             checked += 1
             try:
@@ -616,6 +617,12 @@ class SearchSpace:
                 reasons[broken[0]] += 1
             else:
                 feasible += 1
+                found.append(tuple(point.values()))
+        size = self.size()
+        if exhaustive and size is not None and size <= MAX_ENUMERATE:
+            # The same pass `feasible_points` makes: a search start that checks, then samples,
+            # enumerates the space once (about 6 s for examples/gpu.toml).
+            self.__dict__.setdefault("feasible_points", tuple(found))
         return Feasibility(
             checked=checked, feasible=feasible, exhaustive=exhaustive,
             reasons=tuple(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),

@@ -54,6 +54,20 @@ def test_the_fitted_model_predicts_the_real_steps_the_kernel_sum_misses(h100_ref
     assert (H100.holdout_median, H100.holdout_worst) == (0.050, 0.214)
 
 
+def test_a_refit_reports_each_fit_it_makes():
+    raw = json.loads((ROOT / H100.data).read_text())
+    raw["shapes"] = raw["shapes"][:3]  # three shapes: four fits with the held-out ones
+    calls = []
+    result = refit(raw, "h100-sxm", eager_kernel_count, holdout=True, on_progress=lambda *a: calls.append(a))
+    labels = [r.label for r in result.records]
+    assert calls == [
+        (0, 4, "all 3 shapes"),
+        *((1 + i, 4, f"all but {label}") for i, label in enumerate(labels)),
+        (4, 4, "done"),
+    ]
+    assert [h.label for h in result.holdout] == labels
+
+
 def test_a_modelled_step_adds_up_and_a_small_shape_waits_on_the_host():
     model = device_model("h100-sxm")
     cfg = preset("gpt2-small")

@@ -116,6 +116,13 @@ def test_proposals_are_feasible_by_construction_with_every_knob_suggested_on_eve
         assert any(n.startswith("aspect_ratio|") for n in narrowed)
 
 
+def test_the_feasibility_check_enumerates_the_points_sampling_uses_in_the_same_pass():
+    checked, fresh = (space(budget=Budget(params_max=1_000_000), **WIDE) for _ in range(2))
+    found = checked.check_feasible()
+    assert "feasible_points" in checked.__dict__  # set by the check: sampling enumerates nothing more
+    assert checked.feasible_points == fresh.feasible_points and len(checked.feasible_points) == found.feasible
+
+
 def test_a_space_too_large_to_enumerate_is_suggested_as_is_and_may_reject():
     s = space(**{**WIDE, "d_ff_ratio": Domain("d_ff_ratio", "float", low=2.0, high=6.0)})  # continuous
     assert s.feasible_points is None
