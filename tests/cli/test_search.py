@@ -3,6 +3,7 @@ processes (signals, killed workers and concurrent drivers need real processes)."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -20,6 +21,7 @@ from typer.testing import CliRunner
 
 from archsearch.cli import app
 from archsearch.storage import Storage
+from tests.postgres import postgres_database
 from tests.specs import tiny_toml
 from tests.terminal import under_a_terminal
 
@@ -427,8 +429,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_four_drivers_share_one_sqlite_study_without_lock_errors(tmp_path):
-    url = f"sqlite:///{tmp_path / 't.db'}"
+@pytest.mark.parametrize(("backend", "drivers"), [("sqlite", 4), ("postgresql", 8)])
+def test_parallel_drivers_share_one_study_and_finish_exactly_n(tmp_path, backend, drivers):
+    """Drivers started together on one study (`--resume`): no lock or duplicate-key error, exactly
+    the N trials finished, nothing left running; on PostgreSQL, eight of them."""
+    with contextlib.ExitStack() as stack:
+        url = (
+            f"sqlite:///{tmp_path / 't.db'}"
+            if backend == "sqlite"
+            else stack.enter_context(postgres_database())
+        )
+        _drivers_share_one_study(tmp_path, url, drivers)
+
+
+def _drivers_share_one_study(tmp_path: Path, url: str, n_drivers: int) -> None:
     wide = 'd_model = [64, 128, 192, 256]\naspect_ratio = [16, 32, 64]\nactivation = ["gelu", "swiglu"]'
     space = _space(tmp_path, trials=8, model=f"vocab_size = 256\nseq_len = 32\nhead_dim = 32\n{wide}")
     port = _free_port()
@@ -449,14 +463,14 @@ def test_four_drivers_share_one_sqlite_study_without_lock_errors(tmp_path):
         _wait_for(head_up, 120, "the Ray head")
         args = ["search", "--space", str(space), "--study", "s", "--storage", url, "--resume",
                 "--address", f"127.0.0.1:{port}"]  # fmt: skip
-        drivers = [_start(*args, cwd=tmp_path, env=env) for _ in range(4)]
+        drivers = [_start(*args, cwd=tmp_path, env=env) for _ in range(n_drivers)]
         outputs = [d.communicate(timeout=600) for d in drivers]
     finally:
         os.killpg(head.pid, signal.SIGTERM)
         head.wait(timeout=60)
     for driver, (_, err) in zip(drivers, outputs, strict=True):
         assert driver.returncode == 0, err
-        assert "locked" not in err.lower(), err
+        assert "locked" not in err.lower() and "duplicate key" not in err, err
     counts = _counts(url)
     assert counts["complete"] == 8 and set(counts) <= {"complete", "duplicate"}, counts
     _no_running(url)
