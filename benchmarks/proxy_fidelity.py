@@ -72,6 +72,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "reference-seed1": {"seed": 1},
     "tokens2x-constant-seed1": {"tokens": 2 * PROXY_TOKENS, "schedule": "constant", "seed": 1},
     "tokens2x-constant-seed2": {"tokens": 2 * PROXY_TOKENS, "schedule": "constant", "seed": 2},
+    # Warm-up over half the run: 59 steps, the 10x run's warm-up length. At 5% (6 steps) some
+    # post-norm ReLU shapes stall at the unigram loss for the whole proxy and train fine later.
+    "tokens2x-constant-warmup50": {"tokens": 2 * PROXY_TOKENS, "schedule": "constant", "warmup": 0.5},
+    "tokens2x-constant-warmup50-seed1": {
+        "tokens": 2 * PROXY_TOKENS, "schedule": "constant", "warmup": 0.5, "seed": 1,
+    },
     "batch8-tokens2x": {"batch_size": 8, "eval_batches": 16, "tokens": 2 * PROXY_TOKENS},
     "batch8-tokens2x-constant": {
         "batch_size": 8, "eval_batches": 16, "tokens": 2 * PROXY_TOKENS, "schedule": "constant",
@@ -165,7 +171,9 @@ def main() -> None:
             overrides["tokens"] = 4096 * overrides.get("tokens", PROXY_TOKENS) // PROXY_TOKENS
         done = results.setdefault(name, {"settings": overrides, "runs": {}})["runs"]
         if not args.smoke:
-            train_variant(trials, overrides, done, lambda: write_atomic(out, json.dumps(results, indent=1)))
+            train_variant(
+                trials, overrides, done, lambda: write_atomic(out, json.dumps(results, indent=1).encode())
+            )
         else:
             train_variant(trials, overrides, done, lambda: None)
 
