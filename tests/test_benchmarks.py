@@ -30,7 +30,7 @@ def test_query_speed_smoke(tmp_path):
 
 def test_proxy_fidelity_smoke():
     done = _smoke("proxy_fidelity.py", "--variants", "reference,tokens2x-constant", timeout=600)
-    table, with_size = done.stdout.split("\n\n")
+    table, with_size, fixed_beta = done.stdout.split("\n\n")
     lines = table.splitlines()
     assert lines[0].startswith("3 shapes; long-run reference: recorded 10x runs"), done.stdout
     rows = {line.split()[0]: line.split() for line in lines[2:]}
@@ -43,6 +43,12 @@ def test_proxy_fidelity_smoke():
     rows = {line.split()[0]: line.split() for line in lines[4:]}
     assert set(rows) == {"reference", "tokens2x-constant"}, done.stdout
     assert all(len(row) == 1 + 1 + 8 + 4 * 3 for row in rows.values()), done.stdout
+    # The size-adjusted loss at each fixed beta (`--betas`): Spearman and "k of front/10x front".
+    lines = fixed_beta.splitlines()
+    assert lines[2].split()[:3] == ["variant", "beta", "0"], done.stdout
+    rows = {line.split()[0]: line.split() for line in lines[3:]}
+    assert set(rows) == {"reference", "tokens2x-constant"}, done.stdout
+    assert all(len(row) == 1 + 7 * 4 for row in rows.values()), done.stdout  # 7 default betas
 
 
 def test_step_time_accuracy_smoke():
