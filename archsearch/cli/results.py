@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
+from collections import namedtuple
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -24,6 +26,9 @@ from archsearch.cli.common import (
     stdout,
 )
 from archsearch.errors import ArchsearchError
+
+if TYPE_CHECKING:
+    from archsearch.storage.query import TrialTable
 
 
 @app.command()
@@ -173,7 +178,7 @@ def trials(
     """
     from archsearch.fileio import write_atomic
     from archsearch.storage import Storage
-    from archsearch.storage.query import FORMATS, QueryError, trials_frame
+    from archsearch.storage.query import FORMATS, QueryError, trials_table
 
     if fmt != "table" and fmt not in FORMATS:
         raise QueryError(f"unknown format {fmt!r}; valid: table, {', '.join(FORMATS)}")
@@ -184,13 +189,14 @@ def trials(
     # A table without --limit fetches one row more than it shows, to know whether more match.
     fetch = TABLE_ROWS + 1 if fmt == "table" and limit is None else limit
     with Storage.open(storage, create=False) as db:
-        frame = trials_frame(db, study, where=where, sort=sort, limit=fetch)
+        found = trials_table(db, study, where=where, sort=sort, limit=fetch)
         long = db.long_run_losses(study) if fmt == "table" else {}
     if fmt == "table":
-        more = limit is None and len(frame) > TABLE_ROWS
-        _print_trials(frame.head(TABLE_ROWS) if more else frame, study, more=more, long=long)
+        more = limit is None and len(found) > TABLE_ROWS
+        shown = replace(found, rows=found.rows[:TABLE_ROWS]) if more else found
+        _print_trials(shown, study, more=more, long=long)
         return
-    data = FORMATS[fmt].encode(frame)
+    data = FORMATS[fmt].encode(found)
     if output is None:
         typer.echo(data.decode(), nl=False)
     else:
@@ -198,11 +204,11 @@ def trials(
             write_atomic(output, data)
         except OSError as exc:
             raise ArchsearchError(f"cannot write {output}: {exc.strerror or exc}") from None
-        typer.echo(f"wrote {len(frame):,} trials to {output}", err=True)
+        typer.echo(f"wrote {len(found):,} trials to {output}", err=True)
 
 
 def _print_trials(
-    frame: Any, study: str, more: bool, long: dict[int, tuple[float, float, int]] | None = None
+    found: TrialTable, study: str, more: bool, long: dict[int, tuple[float, float, int]] | None = None
 ) -> None:
     """A readable subset of the columns; csv, json and parquet carry all of them. With `long`
     (`Storage.long_run_losses`), a long-run loss column beside the proxy loss.
@@ -210,17 +216,16 @@ def _print_trials(
     The searched knobs each get a column: `heads` is n_heads x head_dim, `attention` the
     attention_layout knob as a space file writes it (mha, gqa:G, mqa), `norm` its placement.
     """
-    import pandas as pd
-
     from archsearch.space.search_space import layout_knob
+    from archsearch.storage.query import missing
 
     def cell(*values: Any, render: Callable[..., str] = str) -> str:
-        return "-" if any(pd.isna(v) for v in values) else escape(render(*values))
+        return "-" if any(missing(v) for v in values) else escape(render(*values))
 
     def nats(v: float) -> str:
         return f"{v:.4f}"
 
-    # header -> the cell of a row (a namedtuple of the frame's columns)
+    # header -> the cell of a row (a namedtuple of the table's columns)
     columns: dict[str, Callable[[Any], str]] = {
         "trial": lambda r: cell(r.number), "status": lambda r: cell(r.status),
         "d_model": lambda r: cell(r.d_model), "layers": lambda r: cell(r.n_layers),
@@ -234,19 +239,20 @@ def _print_trials(
         "step time": lambda r: cell(r.step_time_s, render=lambda v: si(v, "s")),
         "reason": lambda r: cell(r.reason),
     }  # fmt: skip
-    if frame.empty:
+    if not found.rows:
         stdout().print(f"no trials of {escape(repr(study))} match")
         return
-    table = Table(title=escape(f"{'first ' if more else ''}{len(frame):,} trials of {study!r}"))
+    table = Table(title=escape(f"{'first ' if more else ''}{len(found):,} trials of {study!r}"))
     left = ("status", "attention", "activation", "norm", "reason")
     for header in columns:  # on a narrow terminal the reason wraps; the numbers stay whole
         table.add_column(header, justify="left" if header in left else "right", no_wrap=header != "reason")
     if long:
         table.add_column("long loss", justify="right", no_wrap=True)
-    for row in frame.itertuples(index=False):
+    row_type = namedtuple("Row", found.columns)  # type: ignore[misc]
+    for row in map(row_type._make, found.rows):
         cells = [render(row) for render in columns.values()]
         if long:
-            cells.append(long_cell(long.get(row.number)) if not pd.isna(row.number) else "-")
+            cells.append(long_cell(long.get(row.number)) if not missing(row.number) else "-")
         table.add_row(*cells)
     stdout().print(table)
     if more:

@@ -53,22 +53,15 @@ def pareto_mask(values: np.ndarray) -> np.ndarray:
         return mask
     v = values[finite]
     if v.shape[1] == 2:
-        order = np.lexsort((v[:, 1], v[:, 0]))  # by the first objective, ties by the second
-        best = np.inf
-        keep = np.zeros(len(v), dtype=bool)
-        i = 0
-        while i < len(order):
-            # A run of equal first objectives: only its smallest second objective can be kept.
-            j = i
-            while j < len(order) and v[order[j], 0] == v[order[i], 0]:
-                j += 1
-            group = order[i:j]
-            low = v[group[0], 1]
-            if low < best:
-                keep[group[v[group, 1] == low]] = True
-                best = low
-            i = j
-        mask[finite[keep]] = True
+        # Sorted by the first objective, ties by the second, a row is kept when its second
+        # objective is its run of equal firsts' smallest and below every earlier run's.
+        order = np.lexsort((v[:, 1], v[:, 0]))
+        first, second = v[order, 0], v[order, 1]
+        starts = np.flatnonzero(np.r_[True, first[1:] != first[:-1]])
+        start = starts[np.searchsorted(starts, np.arange(len(order)), side="right") - 1]
+        best_before = np.r_[np.inf, np.minimum.accumulate(second)][start]
+        keep = (second == second[start]) & (second[start] < best_before)
+        mask[finite[order[keep]]] = True
         return mask
     order = np.lexsort(v.T[::-1])
     front: list[int] = []
@@ -278,8 +271,7 @@ def _ranked(
     record = storage.require_study(study)
     names = parse_objectives(objectives or record.objectives)
     numbers, rows = storage.complete_values(study, [*(OBJECTIVE_COLUMNS[o] for o in names), "params_total"])
-    table = np.array([[np.nan if x is None else x for x in row] for row in rows], dtype=float)
-    table = table.reshape(len(numbers), len(names) + 1)
+    table = np.array(rows, dtype=float).reshape(len(numbers), len(names) + 1)  # None -> NaN
     values, params = table[:, :-1], table[:, -1]
     keep = ~np.isnan(values).any(axis=1)
     if loss == "adjusted":

@@ -18,7 +18,7 @@ from archsearch.storage.db import (
     storage_url,
 )
 from archsearch.storage.kernels import KernelCache, measurement_row
-from archsearch.storage.query import QueryError, compile_filter, trials_frame
+from archsearch.storage.query import QueryError, TrialTable, compile_filter, trials_frame, trials_table
 from archsearch.storage.schema import SCHEMA_VERSION
 
 __all__ = [
@@ -35,9 +35,11 @@ __all__ = [
     "StudyExistsError",
     "StudyRecord",
     "TrialRecord",
+    "TrialTable",
     "ValidationRecord",
     "compile_filter",
     "measurement_row",
     "storage_url",
     "trials_frame",
+    "trials_table",
 ]

@@ -1,4 +1,4 @@
-"""Safe trial queries: a small filter language compiled to SQLAlchemy, and trials as a DataFrame.
+"""Safe trial queries: a small filter language compiled to SQLAlchemy, and trials as rows or a DataFrame.
 
 User text never reaches `eval`, `DataFrame.query` / `DataFrame.eval` (they can run arbitrary code,
 CVE-2024-9880) or SQL text: a hand-written tokenizer and recursive-descent parser accept only the
@@ -32,6 +32,7 @@ Example: `activation = swiglu and d_model >= 512 and status = complete`.
 
 from __future__ import annotations
 
+import csv
 import difflib
 import io
 import json
@@ -428,18 +429,52 @@ def _dtype(column: Any) -> str:
     if kind == "bool":
         return "boolean"
     if kind == "string":
-        return "string"
+        # Python storage: pandas' pyarrow-backed default costs an import of pyarrow.compute
+        # (about 40 ms) in every process that builds a frame, for no gain on a few thousand rows.
+        return "string[python]"
     return "Int64" if isinstance(column.type, Integer) else "float64"
 
 
-def trials_frame(
+@dataclass(frozen=True)
+class TrialTable:
+    """A study's trials as SQL returned them: one tuple per trial, Python scalars, None missing.
+
+    What `trials` writes as CSV or JSON, without pandas (whose import is a third of a `trials`
+    process); `frame()` gives the DataFrame.
+
+    Attributes:
+        columns: `FRAME_COLUMNS`.
+        rows: one tuple per trial, in the query's order.
+    """
+
+    columns: tuple[str, ...]
+    rows: list[tuple[Any, ...]]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def frame(self) -> pd.DataFrame:
+        """The rows as a DataFrame: integer and boolean columns in pandas' nullable dtypes (Int64,
+        boolean), strings in the `string` dtype."""
+        import pandas as pd
+
+        values = list(zip(*self.rows, strict=True)) if self.rows else [() for _ in self.columns]
+        return pd.DataFrame(
+            {
+                name: pd.array(list(column), dtype=_dtype(_TABLE.c[name]))
+                for name, column in zip(self.columns, values, strict=True)
+            }
+        )
+
+
+def trials_table(
     storage: Storage,
     study: str,
     where: str | None = None,
     sort: str | None = None,
     limit: int | None = None,
-) -> pd.DataFrame:
-    """A study's trials as a DataFrame: one SQL query with the filter, order and limit.
+) -> TrialTable:
+    """A study's trials: one SQL query with the filter, order and limit.
 
     Args:
         storage: an open trial database.
@@ -451,18 +486,15 @@ def trials_frame(
         limit: at most this many trials (after filtering and sorting).
 
     Returns:
-        One row per trial, the columns of `FRAME_COLUMNS` in that order: number, status, reason,
-        attempts, the shape, its exact costs, proxy-training results, hardware cost, timing,
-        then study, the row ids and the JSON forms. Integer and boolean columns use pandas'
-        nullable dtypes (Int64, boolean), strings the `string` dtype.
+        The columns of `FRAME_COLUMNS` in that order: number, status, reason, attempts, the
+        shape, its exact costs, proxy-training results, hardware cost, timing, then study, the
+        row ids and the JSON forms.
 
     Raises:
         QueryError: a malformed filter, an unknown sort column or a negative limit.
         UnknownNameError: no study of that name (the message lists the database's studies).
         StorageError: the database cannot be read.
     """
-    import pandas as pd
-
     condition = compile_filter(where) if where is not None else None
     order = _order_by(sort) if sort is not None else []
     if limit is not None and limit < 0:
@@ -471,13 +503,18 @@ def trials_frame(
     if limit is not None and limit >= _INT_LIMIT:
         limit = None  # more than any table holds, and more than SQLite's integers can say
     rows = storage.trial_rows(study, FRAME_COLUMNS, where=condition, order_by=order, limit=limit)
-    values = list(zip(*rows, strict=True)) if rows else [() for _ in FRAME_COLUMNS]
-    return pd.DataFrame(
-        {
-            name: pd.array(list(column), dtype=_dtype(_TABLE.c[name]))
-            for name, column in zip(FRAME_COLUMNS, values, strict=True)
-        }
-    )
+    return TrialTable(FRAME_COLUMNS, rows)
+
+
+def trials_frame(
+    storage: Storage,
+    study: str,
+    where: str | None = None,
+    sort: str | None = None,
+    limit: int | None = None,
+) -> pd.DataFrame:
+    """`trials_table` as a DataFrame (`TrialTable.frame`): same arguments, same errors."""
+    return trials_table(storage, study, where, sort, limit).frame()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -486,49 +523,54 @@ def trials_frame(
 
 
 @dataclass(frozen=True)
-class FrameFormat:
+class TableFormat:
     """How trials are written to a file or stdout.
 
     Attributes:
-        encode: the DataFrame to bytes.
+        encode: the trials to bytes.
         binary: not text: needs a file, never a terminal.
     """
 
-    encode: Callable[[pd.DataFrame], bytes]
+    encode: Callable[[TrialTable], bytes]
     binary: bool
 
 
-def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """The rows as JSON-ready dicts: None for every missing marker, Python scalars throughout."""
-    columns = []
-    for name in frame.columns:
-        values, missing = frame[name].astype(object).tolist(), frame[name].isna().tolist()
-        columns.append([None if m else v for v, m in zip(values, missing, strict=True)])
-    names = list(frame.columns)
-    return [dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
+def missing(value: Any) -> bool:
+    """None, or a float NaN: what pandas calls NA in a row of a `TrialTable`."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def _csv(frame: pd.DataFrame) -> bytes:
-    return frame.to_csv(index=False).encode()
+def _csv(table: TrialTable) -> bytes:
+    # The csv module writes what pandas' to_csv writes here: repr floats, True / False, an empty
+    # field for a missing value, minimal quoting, "\n" line ends.
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(table.columns)
+    writer.writerows(tuple(None if missing(v) else v for v in row) for row in table.rows)
+    return out.getvalue().encode()
 
 
-def _json(frame: pd.DataFrame) -> bytes:
-    # Our own encoding, not `to_json`: that rounds floats to 10 significant digits by default.
+def _json(table: TrialTable) -> bytes:
+    # Our own encoding, not pandas' `to_json`: that rounds floats to 10 significant digits.
     # One record per line: readable, and json's C encoder runs only without `indent`.
-    lines = (json.dumps(record, allow_nan=False) for record in _records(frame))
+    names = table.columns
+    lines = (
+        json.dumps(dict(zip(names, (None if missing(v) else v for v in row), strict=True)), allow_nan=False)
+        for row in table.rows
+    )
     return ("[\n" + ",\n".join(lines) + "\n]\n").encode()
 
 
-def _parquet(frame: pd.DataFrame) -> bytes:
+def _parquet(table: TrialTable) -> bytes:
     buffer = io.BytesIO()
     try:
-        frame.to_parquet(buffer, index=False)
+        table.frame().to_parquet(buffer, index=False)
     except ImportError as exc:
         raise QueryError(f"parquet needs pyarrow (pip install pyarrow): {exc}") from None
     return buffer.getvalue()
 
 
-FORMATS: Registry[FrameFormat] = Registry("format")
-FORMATS.register("csv", FrameFormat(_csv, binary=False))
-FORMATS.register("json", FrameFormat(_json, binary=False))  # a list of records
-FORMATS.register("parquet", FrameFormat(_parquet, binary=True))
+FORMATS: Registry[TableFormat] = Registry("format")
+FORMATS.register("csv", TableFormat(_csv, binary=False))
+FORMATS.register("json", TableFormat(_json, binary=False))  # a list of records
+FORMATS.register("parquet", TableFormat(_parquet, binary=True))

@@ -146,6 +146,12 @@ def test_studies_list_their_trial_counts(storage):
     counts = {s.name: (s.counts, s.finished, s.objectives) for s in storage.studies()}
     assert counts == {"s": ({"complete": 1}, 1, ("loss", "flops")), "t": ({}, 0, ("loss", "flops"))}
     assert storage.create_study("s", **{**SPEC, "spec_fingerprint": "other"}).spec_fingerprint == "f" * 64
+    # One study by name counts its trials when asked; `require_study` (every query's check) does not.
+    assert (storage.study("s").counts, storage.study("s", counts=False).counts) == ({"complete": 1}, None)
+    lean = storage.require_study("s")
+    assert lean.counts is None and storage.require_study("s", counts=True).finished == 1
+    with pytest.raises(ValueError, match="without its trial counts"):
+        lean.finished  # noqa: B018
 
 
 def test_kernel_cache_reads_known_times_and_writes_new_ones_through(storage):
