@@ -70,18 +70,22 @@ def main() -> None:
     text = re.sub(r"(?m)^device = .*$", f'device = "cpu"\nprecision = "{precision}"', text, count=1)
     if args.smoke:  # no kernel profiling: the smoke run checks the script, not the times
         text = re.sub(r"(?m)^local = .*$", "local = false", text)
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    with tempfile.TemporaryDirectory() as tmp:
-        runs = {
-            prune: _run(
-                f"sqlite:///{Path(tmp) / f'p{int(prune)}.db'}", text, args.trials, prune, args.sampler
-            )
-            for prune in (False, True)
-        }
-    off, on = runs[False], runs[True]
     print(
         f"{args.trials} trials of examples/tiny.toml, {args.tokens:,} tokens, {args.sampler} sampler, seed 0"
     )
+    compare(text, args.trials, args.sampler)
+
+
+def compare(text: str, trials: int, sampler: str) -> dict:
+    """Run the space file `text` without pruning, then with it, and print what pruning saved and
+    whether the front changed; returns the figures (search_quality.py calls it too)."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = {
+            prune: _run(f"sqlite:///{Path(tmp) / f'p{int(prune)}.db'}", text, trials, prune, sampler)
+            for prune in (False, True)
+        }
+    off, on = runs[False], runs[True]
     for name, run in (("no pruning", off), ("pruning", on)):
         print(f"  {name:<11} compute {run['compute']:.3e} FLOP, wall {run['wall']:6.1f} s, {run['counts']}")
     saved, faster = 1 - on["compute"] / off["compute"], 1 - on["wall"] / off["wall"]
@@ -98,6 +102,10 @@ def main() -> None:
     print(f"  front changed: {changed}" + (f"; pruned members of the unpruned front: {lost}" if lost else ""))
     for n in lost:
         print(f"    #{n} pruned at rung {on['rung'][n]}")
+    return dict(
+        compute_saved=saved, wall_saved=faster, front_changed=changed, pruned_front_members=lost,
+        counts={"no pruning": off["counts"], "pruning": on["counts"]},
+    )  # fmt: skip
 
 
 if __name__ == "__main__":
