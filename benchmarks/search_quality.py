@@ -1,8 +1,8 @@
 """Search quality: hypervolume against trials for each sampler on the tiny space, and pruning's saving.
 
-Each sampler runs `--seeds` searches of `examples/tiny.toml` through the real driver (Ray workers,
-the trial database, rejected and duplicate samples as in any search), without pruning, to
-`--trials` finished trials (random to twice that: the target compares it at 2N). A proxy run is
+Each sampler runs `--seeds` searches of `examples/tiny.toml` (its proxy cut to `--tokens`, a
+quarter by default) through the real driver (Ray workers, the trial database, rejected and
+duplicate samples as in any search), without pruning, to `--trials` finished trials (random to twice that: the target compares it at 2N). A proxy run is
 deterministic on the CPU (same shape, same settings, same losses), so the workers of every search
 share one cache of outcomes keyed by the shape and the proxy settings (`--cache`, JSON lines, kept
 between runs): a sampler is told exactly what an uncached search would tell it, and each distinct
@@ -176,6 +176,11 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=20, help="N: finished trials per search (random: 2N)")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--samplers", default="tpe,nsga2,gp,random")
+    parser.add_argument(
+        "--tokens", type=int, default=60_000,
+        help="proxy tokens per trial (default a quarter of the example's 240,000: the comparison "
+        "needs a few hundred shapes trained on 2 cores)",
+    )  # fmt: skip
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="shared outcome cache (JSON lines)")
     parser.add_argument("--save", type=Path, help="write the runs and curves here as JSON")
@@ -190,10 +195,10 @@ def main() -> None:
     # machine could tip the choice between workers, which would mix two objectives in the cache.
     text = re.sub(r"(?m)^device = .*$", 'device = "cpu"\nprecision = "fp32"', text, count=1)
     if args.smoke:
-        args.trials, args.seeds, args.workers = 3, 1, 1
-        text = re.sub(r"(?m)^tokens = .*$", "tokens = 4096", text)
+        args.trials, args.seeds, args.workers, args.tokens = 3, 1, 1, 4096
         text = re.sub(r"(?m)^local = .*$", "local = false", text)
         text = re.sub(r"(?m)^prune_min_trials = .*$", "prune_min_trials = 1", text)
+    text = re.sub(r"(?m)^tokens = .*$", f"tokens = {args.tokens}", text)
     os.environ[CACHE_ENV] = str(args.cache)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     default = SearchOptions(study="x", trials=1).sampler
@@ -208,7 +213,8 @@ def main() -> None:
                 runs.append(_search(text, url, sampler, seed, n, args.workers))
                 print(f"  ran {sampler} seed {seed}: {runs[-1]['wall_s']:.0f} s", file=sys.stderr)
     print(
-        f"{len(runs)} searches of examples/tiny.toml, no pruning, {args.workers} workers; "
+        f"{len(runs)} searches of examples/tiny.toml at {args.tokens:,} proxy tokens, no pruning, "
+        f"{args.workers} workers; "
         f"outcome cache {args.cache}"
     )
     result = report(runs, args.trials, default)
