@@ -72,8 +72,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "reference-seed1": {"seed": 1},
     "tokens2x-constant-seed1": {"tokens": 2 * PROXY_TOKENS, "schedule": "constant", "seed": 1},
     "tokens2x-constant-seed2": {"tokens": 2 * PROXY_TOKENS, "schedule": "constant", "seed": 2},
-    # Warm-up over half the run: 59 steps, the 10x run's warm-up length. At 5% (6 steps) some
-    # post-norm ReLU shapes stall at the unigram loss for the whole proxy and train fine later.
+    # A quarter of the run: 30 steps, the warm-up of the calibration set's 10x runs (5% of 590).
+    "tokens2x-constant-warmup25": {"tokens": 2 * PROXY_TOKENS, "schedule": "constant", "warmup": 0.25},
+    # Half the run: 59 steps, the warm-up of a 10x run of this proxy (5% of 1180). At 5% (6 steps)
+    # some post-norm ReLU shapes stall at the unigram loss for the whole proxy and train fine later.
     "tokens2x-constant-warmup50": {"tokens": 2 * PROXY_TOKENS, "schedule": "constant", "warmup": 0.5},
     "tokens2x-constant-warmup50-seed1": {
         "tokens": 2 * PROXY_TOKENS, "schedule": "constant", "warmup": 0.5, "seed": 1,
@@ -116,7 +118,7 @@ def train_variant(trials: list[dict], overrides: dict[str, Any], done: dict[str,
 def scores(predicted: np.ndarray, trials: list[dict]) -> dict[str, float]:
     """Fidelity of `predicted` (lower = better) against the recorded long runs."""
     x10 = np.array([t["x10"]["val_loss"] for t in trials])
-    x5 = np.array([t["x5"]["val_loss"] for t in trials])
+    x5 = np.array([t["x5"]["val_loss"] if "x5" in t else np.nan for t in trials])
     params = np.array([t["params_total"] for t in trials], dtype=float)
     flops = np.array([t["flops_forward_per_token"] for t in trials])
     agree, pairs = iso_pair_agreement(predicted, x10, params)
@@ -154,17 +156,28 @@ def main() -> None:
     parser.add_argument("--out", default="proxy_fidelity_results.json", help="results (resumable)")
     parser.add_argument("--smoke", action="store_true", help="3 shapes, 4k tokens: checks the script runs")
     parser.add_argument("--betas", default="0,0.05,0.1,0.15,0.2,0.3,0.4", help="fixed betas to score")
+    parser.add_argument(
+        "--calibration", type=Path, default=CALIBRATION,
+        help="the recorded set: shapes with their 10x runs (default the first set; "
+        "data/fidelity_tiny_fid_2026-11-24.json is the second; shapes without a 10x run are left out)",
+    )  # fmt: skip
     args = parser.parse_args()
     names = [n.strip() for n in args.variants.split(",") if n.strip()]
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         parser.error(f"unknown variant(s) {unknown}; valid: {', '.join(VARIANTS)}")
 
-    trials = json.loads(CALIBRATION.read_text())["trials"]
+    trials = [t for t in json.loads(args.calibration.read_text())["trials"] if "x10" in t]
+    # The budget the variants' compute is counted in: a tenth of the recorded 10x runs.
+    base_tokens = float(np.mean([t["x10"]["tokens"] for t in trials])) / 10
     if args.smoke:
         trials = sorted(trials, key=lambda t: t["params_total"])[:3]
     out = Path(args.out)
     results: dict[str, Any] = json.loads(out.read_text()) if out.exists() and not args.smoke else {}
+    # Trial numbers name different shapes in different sets: one results file per set.
+    recorded_set = results.setdefault("calibration", CALIBRATION.name if results else args.calibration.name)
+    if recorded_set != args.calibration.name:
+        parser.error(f"{out} holds runs of {recorded_set}, not {args.calibration.name}: give another --out")
     for name in names:
         overrides = dict(VARIANTS[name])
         if args.smoke:
@@ -194,10 +207,10 @@ def main() -> None:
         predicted = np.array([np.inf if loss is None else loss for loss in losses])
         tokens = np.mean([runs[str(t["trial"])]["tokens"] for t in trials])
         wall = sum(runs[str(t["trial"])]["wall_s"] for t in trials)
-        rows[name] = (scores(predicted, trials), tokens / PROXY_TOKENS, wall)
+        rows[name] = (scores(predicted, trials), tokens / base_tokens, wall)
         combined[name] = size_rows(predicted, trials)
 
-    print(f"{len(trials)} shapes; long-run reference: recorded 10x runs ({CALIBRATION.name})")
+    print(f"{len(trials)} shapes; long-run reference: recorded 10x runs ({args.calibration.name})")
     print(
         f"{'predictor':32s} {'compute':>8s} {'of 10x':>7s} {'wall s':>7s} {'sp 10x':>7s} {'kt 10x':>7s} "
         f"{'sp 5x':>6s} {'iso pairs':>10s} {'front shared':>13s}"

@@ -2,11 +2,11 @@
 
 Each sampler runs `--seeds` searches of `examples/tiny.toml` (its proxy cut to `--tokens`, a
 quarter by default) through the real driver (Ray workers, the trial database, rejected and
-duplicate samples as in any search), without pruning, to `--trials` finished trials (random to twice that: the target compares it at 2N). A proxy run is
-deterministic on the CPU (same shape, same settings, same losses), so the workers of every search
-share one cache of outcomes keyed by the shape and the proxy settings (`--cache`, JSON lines, kept
-between runs): a sampler is told exactly what an uncached search would tell it, and each distinct
-shape is trained once.
+duplicate samples as in any search), without pruning, to `--trials` finished trials (random to
+twice that: the target compares it at 2N). A proxy run is deterministic on the CPU (same shape,
+same settings, same losses), so the workers of every search share one cache of outcomes keyed by
+the shape and the proxy settings (`--cache`, JSON lines, kept between runs): a sampler is told
+exactly what an uncached search would tell it, and each distinct shape is trained once.
 
 Hypervolume: of the study's own objectives (the size-credited loss and forward FLOPs per token,
 log-scaled, as `archsearch pareto` ranks them), against one reference point for all runs (the

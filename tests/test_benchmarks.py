@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -63,6 +64,22 @@ def test_threads_smoke():
     assert lines[3].startswith("d64 L1 ff128 mha"), done.stdout  # the tiny space's smallest shape
 
 
+def test_search_quality_smoke(tmp_path):
+    cache = tmp_path / "outcomes.jsonl"
+    done = _smoke("search_quality.py", "--samplers", "tpe,random", "--cache", str(cache), timeout=600)
+    out = done.stdout
+    assert "2 searches of examples/tiny.toml at 4,096 proxy tokens, no pruning" in out, out
+    lines = out.splitlines()
+    rows = {line.split()[0]: line.split() for line in lines if line.startswith(("  tpe ", "  random "))}
+    assert rows["tpe"][1] == rows["random"][1] == "1", out  # one seed each in the smoke run
+    assert rows["tpe"][-1] == "-" and rows["random"][-1] != "-", out  # only random runs to 2N
+    assert "random needs" in out and "mean hypervolume at 3" in out, out
+    assert "front, pruning" in out, out
+    # Each distinct shape trained once, whichever search met it first.
+    keys = [json.loads(line)["key"] for line in cache.read_text().splitlines()]
+    assert keys and len(keys) == len(set(keys)), keys
+
+
 # benchmark -> lines its smoke run must print (the numbers vary; the report's shape does not)
 SMOKES = {
     "cost_model": ["cost model, 50 random configs:", "build + FlopCounterMode on meta"],
@@ -85,4 +102,5 @@ def test_every_benchmark_runs_in_smoke_mode(name):
 def test_every_benchmark_has_a_smoke_test():
     scripts = {p.stem for p in (ROOT / "benchmarks").glob("*.py")}
     tested = set(SMOKES) | {"query_speed", "proxy_fidelity", "step_time_accuracy", "threads"}
+    tested |= {"search_quality"}
     assert scripts == tested
