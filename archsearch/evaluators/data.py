@@ -193,6 +193,16 @@ class Dataset:
             return None
         return bits_per_byte(nats_per_token, self.bytes_per_token)
 
+    def unigram_loss(self) -> float:
+        """The held-out loss (nats per token) of a model that learned only how often each token
+        occurs: the cross-entropy of the validation split under the training split's token
+        frequencies (add-one smoothed). A language model stuck at this loss has learned nothing
+        of context: a stalled run, not a bad shape (`search.worker` retries such runs)."""
+        counts = np.bincount(self.train.open(), minlength=self.vocab_size)[: self.vocab_size] + 1.0
+        val = np.bincount(self.val.open(), minlength=self.vocab_size)[: self.vocab_size]
+        log_p = np.log(counts / counts.sum())
+        return float(-(val * log_p).sum() / val.sum())
+
     def check_seq_len(self, seq_len: int) -> None:
         """Check that both splits hold at least one window of `seq_len` inputs plus its target.
 

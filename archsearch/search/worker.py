@@ -9,6 +9,15 @@ Determinism: the proxy run is seeded (the same request gives the same loss on th
 kernel times are medians of repeats and vary with machine load; modelled step times are exact
 functions of the shape.
 
+Stalled runs: a proxy run whose held-out loss is still within `STALL_MARGIN` of the unigram loss
+(what token frequencies alone score, `Dataset.unigram_loss`) at half its budget, after at least
+`STALL_MIN_STEPS` optimizer steps and `STALL_MIN_TOKENS` tokens, has learned nothing of context:
+with the proxy's short warm-up some shapes (post-norm ReLU MLPs at the tiny example's rate) sit on
+that plateau for the whole run, yet train as well as their neighbours at 10x, whose warm-up is 10
+times longer. Such a run is stopped and trained again from scratch with a `STALL_WARMUP` warm-up
+(the warm-up of a 10x run of the tiny proxy); its result is the trial's, and its reason says so. A
+run stalled at that warm-up too is a shape that does not train at this rate, and stands.
+
 Threads: a CPU trial trains and profiles on `[proxy] threads` torch threads, or on the count
 `settings.choose_threads` picks for its shape within the CPUs Ray gave it (`trial_cores`).
 """
@@ -93,12 +102,28 @@ class TrialRequest:
         return cls(**values)
 
 
+# A run within this many nats of the unigram loss has learned nothing beyond token frequencies.
+STALL_MARGIN = 0.1
+# Judged at half the budget or later, and only in runs that by then have taken this many optimizer
+# steps on this many tokens: a run too short to leave the plateau (a smoke test's few thousand
+# tokens) is short, not stalled. The tiny proxy has 59 steps and 120,832 tokens by half.
+STALL_MIN_STEPS = 30
+STALL_MIN_TOKENS = 50_000
+STALL_WARMUP = 0.5  # the retry's warm-up fraction (59 of the tiny proxy's 118 steps)
+
+
 @functools.lru_cache(maxsize=4)
 def _dataset(path: str | None, vocab_size: int, seq_len: int) -> Any:
     """One open dataset per worker process: Ray reuses workers, so later trials skip the scan."""
     from archsearch.evaluators.data import load_dataset
 
     return load_dataset(path, None if path is None else vocab_size, seq_len=seq_len)
+
+
+@functools.lru_cache(maxsize=4)
+def _unigram_loss(path: str | None, vocab_size: int, seq_len: int) -> float:
+    """`Dataset.unigram_loss` of `_dataset`'s corpus, counted once per worker process."""
+    return _dataset(path, vocab_size, seq_len).unigram_loss()  # type: ignore[no-any-return]
 
 
 def evaluate(
@@ -174,18 +199,33 @@ def _run_trial(
     from archsearch.storage.kernels import KernelCache
 
     cfg = request.config
-    data = _dataset(request.data, cfg.vocab_size, settings.seq_len or cfg.seq_len)
+    seq_len = settings.seq_len or cfg.seq_len
+    data = _dataset(request.data, cfg.vocab_size, seq_len)
     flops = float(flop_counts(cfg).forward)
     params = param_counts(cfg).total
     rungs = request.rungs
-    judged: dict[str, Any] = {"evals": 0, "rung": -1, "pruned_rung": None, "reason": None}
+    # The stall check only where a longer warm-up is left to try.
+    stall_check = settings.warmup < STALL_WARMUP
+    floor = _unigram_loss(request.data, cfg.vocab_size, seq_len) - STALL_MARGIN if stall_check else None
+    judged: dict[str, Any] = {}
+
+    def at_half(tokens: float, fraction: float) -> bool:
+        """Whether a run that has trained `tokens` at `fraction` of its budget is long enough to be
+        judged stalled: `STALL_MIN_STEPS` steps and `STALL_MIN_TOKENS` tokens by half its budget."""
+        half = tokens * 0.5 / fraction
+        return half >= max(STALL_MIN_TOKENS, STALL_MIN_STEPS * settings.batch_size * seq_len)
 
     def on_eval(tokens: int, val_loss: float) -> bool:
         # The trainer evaluates at (i + 1) / evals of the budget, whatever the budget's unit.
         judged["evals"] += 1
+        fraction = judged["evals"] / settings.evals
+        if judged["floor"] is not None and val_loss >= judged["floor"] and at_half(tokens, fraction):
+            if fraction >= 0.5:
+                judged["stalled"] = (tokens, val_loss)
+                return True
+            return False  # on the plateau before half its budget: not judged on that loss
         if judge is None or not rungs:
             return False
-        fraction = judged["evals"] / settings.evals
         rung = rung_at(rungs, fraction)
         if rung is None or rung <= judged["rung"]:
             return False
@@ -196,11 +236,32 @@ def _run_trial(
             judged["pruned_rung"], judged["reason"] = rungs[rung], reason
         return reason is not None
 
+    def attempt(run_settings: TrainSettings, stall_floor: float | None) -> Any:
+        judged.update(evals=0, rung=-1, pruned_rung=None, reason=None, stalled=None, floor=stall_floor)
+        result = train(cfg, data, run_settings, on_eval=on_eval, cache=cache)
+        if judged["stalled"] is None and stall_floor is not None and result.status == COMPLETE:
+            if result.val_loss >= stall_floor and at_half(result.tokens, 1.0):
+                judged["stalled"] = (result.tokens, result.val_loss)  # on the plateau to the end
+        return result
+
     cache = KernelCache(known_kernels)  # kernel times and the MFU peak, shared through the database
-    result = train(cfg, data, settings, on_eval=on_eval, cache=cache)
+    result = attempt(settings, floor)
+    note = None
+    if judged["stalled"] is not None:
+        tokens, loss = judged["stalled"]
+        note = (
+            f"stalled at the unigram loss ({loss:.3f} nats after {tokens:,} tokens with a "
+            f"{settings.warmup:.0%} warm-up; token frequencies alone score {floor + STALL_MARGIN:.3f}): "
+            f"trained again with a {STALL_WARMUP:.0%} warm-up"
+        )
+        settings = dataclasses.replace(settings, warmup=STALL_WARMUP)
+        result = attempt(settings, None)
+    reason = judged["reason"] if result.status == PRUNED else result.reason
+    if note is not None:
+        reason = note if reason is None else f"{note}; {reason}"
     outcome = TrialOutcome(
         status=result.status,
-        reason=judged["reason"] if result.status == PRUNED else result.reason,
+        reason=reason,
         train=result.to_dict(),
         pruned_rung=judged["pruned_rung"] if result.status == PRUNED else None,
         measurements=tuple(cache.new),

@@ -401,3 +401,13 @@ def test_dataset_is_plain_data(tmp_path):
         "fingerprint": ds.fingerprint,
         "bytes_per_token": 1.0,
     }
+
+
+def test_the_unigram_loss_is_the_validation_cross_entropy_under_training_frequencies(tmp_path):
+    # Training tokens: 0 three times for each 1; validation: 0 and 1 equally often. Vocab 4, so
+    # add-one smoothing gives p = (31, 11, 1, 1) / 44 over 40 training tokens.
+    train, val = [0, 0, 0, 1] * 10, [0, 1] * 5
+    ds = load_dataset(write_tokens(tmp_path / "t.bin", train + val, "uint16"), 4, "uint16", val_fraction=0.2)
+    assert ds.n_train_tokens == 40 and ds.n_val_tokens == 10
+    expected = -(math.log(31 / 44) + math.log(11 / 44)) / 2
+    assert ds.unigram_loss() == pytest.approx(expected, rel=1e-12)

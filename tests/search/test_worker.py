@@ -10,6 +10,7 @@ import torch
 
 from archsearch.evaluators import profiler
 from archsearch.evaluators.settings import TrainError, usable_cores
+from archsearch.search import worker
 from archsearch.search.worker import TrialRequest, run_trial, trial_cores
 from archsearch.space.costs import param_counts
 from archsearch.space.knobs import config_from_knobs
@@ -134,3 +135,64 @@ def test_a_profile_at_another_batch_times_its_own_real_step():
     assert local["batch"] == 2 and out.step_time_s == local["step_time_s"]
     assert out.step_time_s != out.train["step_time_s"]  # a batch of 2, not the trainer's 4
     assert local["report"]["measured_steps"] == 10  # trainer.MEASURE_STEPS
+
+
+@pytest.fixture
+def trainings(monkeypatch):
+    """The warm-up of every training run `run_trial` starts, in order."""
+    from archsearch.evaluators import trainer
+
+    warmups, real = [], trainer.train
+
+    def spy(cfg, data, settings, **kwargs):
+        warmups.append(settings.warmup)
+        return real(cfg, data, settings, **kwargs)
+
+    monkeypatch.setattr(trainer, "train", spy)
+    return warmups
+
+
+def _plateau(monkeypatch, min_steps: int) -> None:
+    """Every loss counts as the unigram plateau (token frequencies 'score' 0 nats: no loss is
+    below it), and runs of `min_steps` steps by half their budget are long enough to be judged."""
+    monkeypatch.setattr(worker, "_unigram_loss", lambda *args: 0.0)
+    monkeypatch.setattr(worker, "STALL_MIN_STEPS", min_steps)
+    monkeypatch.setattr(worker, "STALL_MIN_TOKENS", 1)
+
+
+NO_LOCAL = dict(local=False, devices=["h100-sxm"], batch=None, dtype="bf16", min_run_time=0.002)
+
+
+def test_a_run_stalled_at_the_unigram_loss_is_trained_again_with_a_longer_warm_up(monkeypatch, trainings):
+    _plateau(monkeypatch, min_steps=1)
+    asked = []
+    out = run_trial(_request(profile=NO_LOCAL), judge=lambda *args: asked.append(args))
+    assert trainings == [0.05, worker.STALL_WARMUP]  # stopped at half its budget, then again
+    assert out.status == "complete" and out.train["tokens"] >= 4096  # the retry ran to its end
+    assert out.reason.startswith("stalled at the unigram loss (") and "with a 5% warm-up" in out.reason
+    assert out.reason.endswith("trained again with a 50% warm-up")
+    # Neither run was judged on a loss from the plateau: the first stopped at half its budget
+    # (its 25% eval skipped), and the retry is not stall-checked but judged as any run.
+    assert [rung for _, rung, _, _ in asked] == [0, 1]
+    assert [p["device"] for p in out.profiles] == ["h100-sxm"]  # profiled as any complete trial
+
+
+def test_a_run_already_at_the_long_warm_up_or_too_short_to_tell_is_not_retried(monkeypatch, trainings):
+    _plateau(monkeypatch, min_steps=1)
+    proxy = {**_plain()["proxy"], "warmup": worker.STALL_WARMUP}
+    out = run_trial(_request(proxy=proxy, profile=NO_LOCAL))
+    assert trainings == [worker.STALL_WARMUP] and out.status == "complete" and out.reason is None
+    # 32 steps in all, 16 by half the budget: fewer than STALL_MIN_STEPS, so short, not stalled.
+    _plateau(monkeypatch, min_steps=17)
+    trainings.clear()
+    asked = []
+    out = run_trial(_request(profile=NO_LOCAL), judge=lambda *args: asked.append(args))
+    assert trainings == [0.05] and out.reason is None and len(asked) == 2  # judged as usual
+
+
+def test_a_run_that_learns_is_never_retried(trainings):
+    # 131,072 tokens in 256 steps: long enough to be checked at half its budget (65,536 tokens).
+    proxy = {**_plain()["proxy"], "tokens": 131_072, "batch_size": 16}
+    out = run_trial(_request(proxy=proxy, profile=NO_LOCAL, rungs=[]))
+    assert out.status == "complete" and trainings == [0.05] and out.reason is None
+    assert out.train["val_loss"] < worker._unigram_loss(None, 256, 32) - worker.STALL_MARGIN
