@@ -21,6 +21,10 @@ A third table scores the size-adjusted loss at fixed betas (`--betas`), the form
 Optuna (`[objectives].size_beta`: a per-trial value needs a beta that does not depend on the
 other trials): Spearman against 10x and the front shared with the 10x front, per variant and beta.
 
+A fourth gives fidelity against cost from the recorded long runs alone: each intermediate
+evaluation of the 5x and 10x runs is a proxy that cost that share of a 10x run (same seed as the
+reference: what a proxy of that cost could reach at best with the long runs' schedule).
+
     python benchmarks/proxy_fidelity.py [--variants reference,batch8] [--out results.json]
     python benchmarks/proxy_fidelity.py --out benchmarks/data/proxy_fidelity_cpu_2026-11-23.json \
         --variants reference,tokens2x-constant     # the recorded runs of README's tables: no training
@@ -86,6 +90,40 @@ VARIANTS: dict[str, dict[str, Any]] = {
     },
 }  # fmt: skip
 BASE = dict(tokens=PROXY_TOKENS, batch_size=16, evals=4, device="cpu", precision="fp32", seed=0)
+# name -> (variant, its retry): what a search does with stalled runs (`search.worker`), applied to
+# recorded runs. A shape whose first run sits on the unigram plateau at half its budget
+# (`worker.on_plateau`) takes the retry variant's run instead, and costs half a run more.
+RETRIED = {
+    "tokens2x-constant-retry": ("tokens2x-constant", "tokens2x-constant-warmup50"),
+    "tokens2x-constant-seed1-retry": ("tokens2x-constant-seed1", "tokens2x-constant-warmup50-seed1"),
+}
+
+
+def retried_runs(trials: list[dict], first: dict, retry: dict, batch_size: int) -> tuple[dict, list[int]]:
+    """The runs of a RETRIED variant from its two trained variants' runs, and the stalled trials."""
+    from archsearch.evaluators.data import load_dataset
+    from archsearch.search.worker import on_plateau
+
+    seq_len = trials[0]["config"]["seq_len"]
+    unigram = load_dataset(None, None, seq_len=seq_len).unigram_loss()
+    runs, stalled = {}, []
+    for trial in trials:
+        key = str(trial["trial"])
+        run, curve = first[key], first[key]["val_curve"]
+        for i, (tokens, loss) in enumerate(curve):
+            fraction = (i + 1) / len(curve)
+            if fraction >= 0.5 and on_plateau(loss, unigram, tokens * 0.5 / fraction, batch_size * seq_len):
+                again = retry[key]
+                runs[key] = {
+                    **again,
+                    "tokens": tokens + again["tokens"],
+                    "wall_s": run["wall_s"] + again["wall_s"],
+                }
+                stalled.append(trial["trial"])
+                break
+        else:
+            runs[key] = run
+    return runs, stalled
 
 
 def train_variant(trials: list[dict], overrides: dict[str, Any], done: dict[str, Any], save) -> None:
@@ -127,7 +165,7 @@ def scores(predicted: np.ndarray, trials: list[dict]) -> dict[str, float]:
     return dict(
         spearman_10x=spearman(predicted, x10),
         kendall_10x=kendall(predicted, x10),
-        spearman_5x=spearman(predicted, x5),
+        spearman_5x=spearman(predicted, x5) if np.isfinite(x5).all() else float("nan"),  # no 5x: NaN
         iso_agree=agree,
         iso_pairs=pairs,
         front=len(front),
@@ -163,9 +201,10 @@ def main() -> None:
     )  # fmt: skip
     args = parser.parse_args()
     names = [n.strip() for n in args.variants.split(",") if n.strip()]
-    unknown = [n for n in names if n not in VARIANTS]
+    unknown = [n for n in names if n not in VARIANTS and n not in RETRIED]
     if unknown:
-        parser.error(f"unknown variant(s) {unknown}; valid: {', '.join(VARIANTS)}")
+        parser.error(f"unknown variant(s) {unknown}; valid: {', '.join([*VARIANTS, *RETRIED])}")
+    trained = list(dict.fromkeys(t for n in names for t in RETRIED.get(n, (n,))))
 
     trials = [t for t in json.loads(args.calibration.read_text())["trials"] if "x10" in t]
     # The budget the variants' compute is counted in: a tenth of the recorded 10x runs.
@@ -178,7 +217,7 @@ def main() -> None:
     recorded_set = results.setdefault("calibration", CALIBRATION.name if results else args.calibration.name)
     if recorded_set != args.calibration.name:
         parser.error(f"{out} holds runs of {recorded_set}, not {args.calibration.name}: give another --out")
-    for name in names:
+    for name in trained:
         overrides = dict(VARIANTS[name])
         if args.smoke:
             overrides["tokens"] = 4096 * overrides.get("tokens", PROXY_TOKENS) // PROXY_TOKENS
@@ -190,6 +229,19 @@ def main() -> None:
         else:
             train_variant(trials, overrides, done, lambda: None)
 
+    derived = {}  # not saved: rebuilt from the trained variants each time
+    for name in names:
+        if name in RETRIED:
+            first, retry = RETRIED[name]
+            batch = VARIANTS[first].get("batch_size", BASE["batch_size"])
+            runs, stalled = retried_runs(trials, results[first]["runs"], results[retry]["runs"], batch)
+            derived[name] = {"runs": runs}
+            said = (
+                f"trials {stalled} stalled in {first}: their {retry} runs are used"
+                if stalled
+                else (f"no run of {first} stalled")
+            )
+            print(f"{name}: {said}")
     params = np.array([t["params_total"] for t in trials], dtype=float)
     rows = {
         "params (bigger = better)": (scores(-params, trials), 0.0, 0.0),
@@ -199,7 +251,7 @@ def main() -> None:
     }  # fmt: skip
     combined = {}
     for name in names:
-        runs = results[name]["runs"]
+        runs = (derived.get(name) or results[name])["runs"]
         losses = [runs[str(t["trial"])]["val_loss"] for t in trials]
         if any(loss is None for loss in losses):
             failed = [t["trial"] for t, loss in zip(trials, losses, strict=True) if loss is None]
@@ -244,7 +296,7 @@ def main() -> None:
     print("shared with the 10x front of (its front / the 10x front)")
     print(f"{'variant':26s} " + " ".join(f"{f'beta {b:g}':>16s}" for b in betas))
     for name in combined:
-        runs = [results[name]["runs"][str(t["trial"])]["val_loss"] for t in trials]
+        runs = [(derived.get(name) or results[name])["runs"][str(t["trial"])]["val_loss"] for t in trials]
         losses = np.array([np.inf if loss is None else loss for loss in runs])
         ok = np.isfinite(losses)
         cells = []
@@ -254,8 +306,34 @@ def main() -> None:
             s = scores(adjusted, trials)
             cells.append(f"{s['spearman_10x']:.3f} {s['front_shared']} of {s['front']}/{s['front_10x']}")
         print(f"{name:26s} " + " ".join(f"{c:>16s}" for c in cells))
+    print()
+    print_cost_curve(trials, betas)
     if not args.smoke:
         print(f"results in {os.path.abspath(out)}")
+
+
+def print_cost_curve(trials: list[dict], betas: list[float]) -> None:
+    """Fidelity against cost from the recorded long runs alone: each intermediate evaluation of
+    the 5x and 10x runs is a proxy that cost that share of a 10x run (the same seed as the
+    reference, so an upper bound for a proxy of that cost with the long run's schedule)."""
+    tokens_10x = float(np.mean([t["x10"]["tokens"] for t in trials]))
+    params = np.array([t["params_total"] for t in trials], dtype=float)
+    shown = [b for b in (0.0, 0.15) if b in betas] or betas[:1]
+    print("fidelity against cost: the long runs' own evaluations as proxies, Spearman vs the 10x loss")
+    print(f"{'prefix':28s} {'of 10x':>7s} " + " ".join(f"{f'beta {b:g}':>9s}" for b in shown))
+    for run in ("x5", "x10"):
+        curves = [t[run]["val_curve"] for t in trials if run in t]
+        if len(curves) < len(trials):
+            continue  # a set without that run for every shape
+        last = len(curves[0]) - (1 if run == "x10" else 0)  # the 10x run's end is the reference
+        for i in range(min(last, *(len(c) for c in curves))):
+            tokens = curves[0][i][0]
+            losses = np.array([c[i][1] for c in curves])
+            cells = [
+                scores(size_adjusted_losses(losses, params, b)[0], trials)["spearman_10x"] for b in shown
+            ]
+            label = f"{run} run at {tokens:,} tokens"
+            print(f"{label:28s} {tokens / tokens_10x:7.3f} " + " ".join(f"{c:9.3f}" for c in cells))
 
 
 if __name__ == "__main__":

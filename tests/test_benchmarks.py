@@ -31,7 +31,7 @@ def test_query_speed_smoke(tmp_path):
 
 def test_proxy_fidelity_smoke():
     done = _smoke("proxy_fidelity.py", "--variants", "reference,tokens2x-constant", timeout=600)
-    table, with_size, fixed_beta = done.stdout.split("\n\n")
+    table, with_size, fixed_beta, cost_curve = done.stdout.split("\n\n")
     lines = table.splitlines()
     assert lines[0].startswith("3 shapes; long-run reference: recorded 10x runs"), done.stdout
     rows = {line.split()[0]: line.split() for line in lines[2:]}
@@ -50,6 +50,23 @@ def test_proxy_fidelity_smoke():
     rows = {line.split()[0]: line.split() for line in lines[3:]}
     assert set(rows) == {"reference", "tokens2x-constant"}, done.stdout
     assert all(len(row) == 1 + 7 * 4 for row in rows.values()), done.stdout  # 7 default betas
+    # Fidelity against cost from the recorded long runs' own evaluations: the 5x run's 4, the 10x
+    # run's first 3 (its last is the reference), each at beta 0 and 0.15.
+    lines = cost_curve.splitlines()
+    assert lines[1].split() == ["prefix", "of", "10x", "beta", "0", "beta", "0.15"], done.stdout
+    assert [line.split()[0] for line in lines[2:]] == ["x5"] * 4 + ["x10"] * 3, done.stdout
+    assert lines[-1].split()[5] == "0.751", done.stdout  # 901,120 of the 10x run's 1,200,128 tokens
+
+
+def test_proxy_fidelity_scores_the_searchs_retry_of_stalled_runs():
+    done = _smoke("proxy_fidelity.py", "--variants", "tokens2x-constant-retry", timeout=600)
+    # Smoke runs are too short to be judged stalled: the first variant's runs stand, and the
+    # derived variant is scored beside them with its two sources trained.
+    assert "tokens2x-constant-retry: no run of tokens2x-constant stalled" in done.stdout, done.stdout
+    table = done.stdout.split("\n\n")[0].splitlines()
+    header = next(i for i, line in enumerate(table) if line.startswith("predictor"))
+    rows = [line.split()[0] for line in table[header + 1 :]]
+    assert rows == ["params", "forward", "tokens2x-constant-retry"], done.stdout
 
 
 def test_step_time_accuracy_smoke():

@@ -112,6 +112,16 @@ STALL_MIN_TOKENS = 50_000
 STALL_WARMUP = 0.5  # the retry's warm-up fraction (59 of the tiny proxy's 118 steps)
 
 
+def on_plateau(val_loss: float, unigram_loss: float, half_tokens: float, tokens_per_step: int) -> bool:
+    """Whether a held-out loss sits on the unigram plateau, in a run long enough to be judged
+    stalled at half its budget (`half_tokens` trained by then, `tokens_per_step` per step).
+
+    The rule of the module docstring; `benchmarks/proxy_fidelity.py` applies it to recorded runs.
+    """
+    long_enough = half_tokens >= max(STALL_MIN_TOKENS, STALL_MIN_STEPS * tokens_per_step)
+    return long_enough and val_loss >= unigram_loss - STALL_MARGIN
+
+
 @functools.lru_cache(maxsize=4)
 def _dataset(path: str | None, vocab_size: int, seq_len: int) -> Any:
     """One open dataset per worker process: Ray reuses workers, so later trials skip the scan."""
@@ -205,21 +215,16 @@ def _run_trial(
     params = param_counts(cfg).total
     rungs = request.rungs
     # The stall check only where a longer warm-up is left to try.
-    stall_check = settings.warmup < STALL_WARMUP
-    floor = _unigram_loss(request.data, cfg.vocab_size, seq_len) - STALL_MARGIN if stall_check else None
+    unigram = _unigram_loss(request.data, cfg.vocab_size, seq_len) if settings.warmup < STALL_WARMUP else None
+    tokens_per_step = settings.batch_size * seq_len
     judged: dict[str, Any] = {}
-
-    def at_half(tokens: float, fraction: float) -> bool:
-        """Whether a run that has trained `tokens` at `fraction` of its budget is long enough to be
-        judged stalled: `STALL_MIN_STEPS` steps and `STALL_MIN_TOKENS` tokens by half its budget."""
-        half = tokens * 0.5 / fraction
-        return half >= max(STALL_MIN_TOKENS, STALL_MIN_STEPS * settings.batch_size * seq_len)
 
     def on_eval(tokens: int, val_loss: float) -> bool:
         # The trainer evaluates at (i + 1) / evals of the budget, whatever the budget's unit.
         judged["evals"] += 1
         fraction = judged["evals"] / settings.evals
-        if judged["floor"] is not None and val_loss >= judged["floor"] and at_half(tokens, fraction):
+        plateau = judged["unigram"]
+        if plateau is not None and on_plateau(val_loss, plateau, tokens * 0.5 / fraction, tokens_per_step):
             if fraction >= 0.5:
                 judged["stalled"] = (tokens, val_loss)
                 return True
@@ -236,22 +241,22 @@ def _run_trial(
             judged["pruned_rung"], judged["reason"] = rungs[rung], reason
         return reason is not None
 
-    def attempt(run_settings: TrainSettings, stall_floor: float | None) -> Any:
-        judged.update(evals=0, rung=-1, pruned_rung=None, reason=None, stalled=None, floor=stall_floor)
+    def attempt(run_settings: TrainSettings, plateau: float | None) -> Any:
+        judged.update(evals=0, rung=-1, pruned_rung=None, reason=None, stalled=None, unigram=plateau)
         result = train(cfg, data, run_settings, on_eval=on_eval, cache=cache)
-        if judged["stalled"] is None and stall_floor is not None and result.status == COMPLETE:
-            if result.val_loss >= stall_floor and at_half(result.tokens, 1.0):
+        if judged["stalled"] is None and plateau is not None and result.status == COMPLETE:
+            if on_plateau(result.val_loss, plateau, result.tokens * 0.5, tokens_per_step):
                 judged["stalled"] = (result.tokens, result.val_loss)  # on the plateau to the end
         return result
 
     cache = KernelCache(known_kernels)  # kernel times and the MFU peak, shared through the database
-    result = attempt(settings, floor)
+    result = attempt(settings, unigram)
     note = None
     if judged["stalled"] is not None:
         tokens, loss = judged["stalled"]
         note = (
             f"stalled at the unigram loss ({loss:.3f} nats after {tokens:,} tokens with a "
-            f"{settings.warmup:.0%} warm-up; token frequencies alone score {floor + STALL_MARGIN:.3f}): "
+            f"{settings.warmup:.0%} warm-up; token frequencies alone score {unigram:.3f}): "
             f"trained again with a {STALL_WARMUP:.0%} warm-up"
         )
         settings = dataclasses.replace(settings, warmup=STALL_WARMUP)
