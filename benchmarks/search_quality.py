@@ -71,9 +71,10 @@ def _cached(path: Path, key: str) -> dict[str, Any] | None:
         return None
     with path.open() as f:
         for line in f:
-            entry = json.loads(line)
-            if entry["key"] == key:
-                return entry["outcome"]  # type: ignore[no-any-return]
+            if key in line:  # parse only the line that holds it: outcomes are kilobytes each
+                entry = json.loads(line)
+                if entry["key"] == key:
+                    return entry["outcome"]  # type: ignore[no-any-return]
     return None
 
 

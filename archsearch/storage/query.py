@@ -540,13 +540,18 @@ def missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
+def _rows(table: TrialTable) -> Iterator[tuple[Any, ...]]:
+    """The rows with None for every missing value (a NaN float included)."""
+    return (tuple(None if missing(v) else v for v in row) for row in table.rows)
+
+
 def _csv(table: TrialTable) -> bytes:
     # The csv module writes what pandas' to_csv writes here: repr floats, True / False, an empty
     # field for a missing value, minimal quoting, "\n" line ends.
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(table.columns)
-    writer.writerows(tuple(None if missing(v) else v for v in row) for row in table.rows)
+    writer.writerows(_rows(table))
     return out.getvalue().encode()
 
 
@@ -554,10 +559,7 @@ def _json(table: TrialTable) -> bytes:
     # Our own encoding, not pandas' `to_json`: that rounds floats to 10 significant digits.
     # One record per line: readable, and json's C encoder runs only without `indent`.
     names = table.columns
-    lines = (
-        json.dumps(dict(zip(names, (None if missing(v) else v for v in row), strict=True)), allow_nan=False)
-        for row in table.rows
-    )
+    lines = (json.dumps(dict(zip(names, row, strict=True)), allow_nan=False) for row in _rows(table))
     return ("[\n" + ",\n".join(lines) + "\n]\n").encode()
 
 
