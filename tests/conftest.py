@@ -1,5 +1,5 @@
 """Suite-wide fixtures: no test writes to the home directory's cache; one local Ray shared by the
-in-process searches."""
+in-process searches; both CPU precision paths on any host."""
 
 from __future__ import annotations
 
@@ -42,3 +42,16 @@ def two_threads():
     torch.set_num_threads(2)
     yield
     torch.set_num_threads(own)
+
+
+@pytest.fixture(params=["none", "native"], ids=["cpu-fp32", "cpu-bf16"])
+def cpu_bf16(request, monkeypatch):
+    """The test once with the CPU treated as lacking native bf16 ("auto" trains in fp32, as on an
+    AVX2 host) and once as having it ("auto" trains in bf16, as on an AVX512-BF16 or AMX host),
+    whatever this host has: the value of ARCHSEARCH_CPU_BF16, which subprocesses inherit. A test
+    whose outcome depends on the precision takes this fixture, so the suite never depends on the
+    CPU that runs it."""
+    from archsearch.evaluators.profiler import CPU_BF16_ENV
+
+    monkeypatch.setenv(CPU_BF16_ENV, request.param)
+    return {"none": "fp32", "native": "bf16"}[request.param]

@@ -101,7 +101,6 @@ def test_search_quality_smoke(tmp_path):
 SMOKES = {
     "cost_model": ["cost model, 50 random configs:", "build + FlopCounterMode on meta"],
     "lr_transfer": ["2,048 tokens per run", "per-width        64", "one rate         64"],
-    "trainer_throughput": ["GEMM peak (fp32)", "d128 L4"],
     "profiler_accuracy": ["fitting set: 8 GEMMs", "held-out:", "median relative error"],
     "gpu_model_accuracy": ["measured on NVIDIA H100 80GB HBM3"],
     "pruning": ["2 trials of examples/tiny.toml", "front, pruning"],
@@ -116,8 +115,17 @@ def test_every_benchmark_runs_in_smoke_mode(name):
         assert line in done.stdout, done.stdout[-3000:]
 
 
+def test_trainer_throughput_smoke_trains_in_the_precision_auto_resolves_to(cpu_bf16):
+    # "auto" is fp32 on a CPU without native bf16 and bf16 with it: the benchmark names the one it
+    # trained and took the GEMM peak in, on any host, under either setting of the switch.
+    done = _smoke("trainer_throughput.py", timeout=600)
+    assert f"precision {cpu_bf16}" in done.stdout, done.stdout[-3000:]
+    assert f"GEMM peak ({cpu_bf16}): " in done.stdout, done.stdout[-3000:]
+    assert "d128 L4" in done.stdout, done.stdout[-3000:]
+
+
 def test_every_benchmark_has_a_smoke_test():
     scripts = {p.stem for p in (ROOT / "benchmarks").glob("*.py")}
     tested = set(SMOKES) | {"query_speed", "proxy_fidelity", "step_time_accuracy", "threads"}
-    tested |= {"search_quality"}
+    tested |= {"search_quality", "trainer_throughput"}
     assert scripts == tested

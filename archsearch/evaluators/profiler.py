@@ -27,6 +27,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils import benchmark
 
+from archsearch.errors import quoted
 from archsearch.evaluators import kernels
 from archsearch.evaluators.device import (
     DeviceError,
@@ -354,15 +356,38 @@ PEAK_MIN_RUN_TIME = 0.2  # seconds per round
 PEAK_KIND = "peak"  # the MeasurementKey kind of a peak: a best-of time, not a median
 
 
+# The one switch over the CPU's bf16 support, read by `cpu_bf16_override` alone: "native" makes
+# archsearch treat any CPU as running bf16 natively (and "auto" train in it), "none" as lacking it,
+# unset or "detect" asks oneDNN. It lets both precision paths run on any host (the test suite runs
+# each under both), and lets a user pin what a search on a mixed fleet of CPUs trains in.
+CPU_BF16_ENV = "ARCHSEARCH_CPU_BF16"
+CPU_BF16_CHOICES = ("detect", "native", "none")
+
+
+def cpu_bf16_override() -> bool | None:
+    """What `ARCHSEARCH_CPU_BF16` says of the CPU's bf16: True (native), False (none) or None
+    (unset or "detect": ask the hardware). Another value is a `DeviceError` naming the choices."""
+    value = os.environ.get(CPU_BF16_ENV, "detect").strip().lower() or "detect"
+    if value not in CPU_BF16_CHOICES:
+        raise DeviceError(
+            f"{CPU_BF16_ENV}={quoted(value)} is not one of {', '.join(CPU_BF16_CHOICES)}"
+        )
+    return {"native": True, "none": False}.get(value)
+
+
 def native_bf16(device: DeviceInfo) -> bool:
     """Whether `device` runs bf16 matmuls natively rather than by emulation through fp32.
 
-    CUDA: `torch.cuda.is_bf16_supported()`. CPU: oneDNN's bf16 support check (AVX512-BF16, AMX or
-    AVX512 cores); an AVX2-only CPU converts every bf16 operand and runs far below its fp32 rate
-    (BRIEF.md section 10), so bf16 there is never a default.
+    CUDA: `torch.cuda.is_bf16_supported()`. CPU: `ARCHSEARCH_CPU_BF16` where it is set
+    (`cpu_bf16_override`), else oneDNN's bf16 support check (AVX512-BF16, AMX or AVX512 cores); an
+    AVX2-only CPU converts every bf16 operand and runs far below its fp32 rate (BRIEF.md section
+    10), so bf16 there is never a default.
     """
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
+    override = cpu_bf16_override()
+    if override is not None:
+        return override
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
@@ -371,8 +396,9 @@ def resolve_precision(device: DeviceInfo, requested: str, cache: MeasurementCach
 
     "auto": bf16 on a CUDA device that supports it, else fp32. On CPU, bf16 only with native
     support (`native_bf16`) and only where a matmul measures faster in bf16 than in fp32 (about 4x
-    on AMX machines; native but slow elsewhere). Any other value is returned as asked: an explicit
-    request is honoured, even for emulated bf16.
+    on AMX machines; native but slow elsewhere); `ARCHSEARCH_CPU_BF16=native` skips that
+    measurement and chooses bf16, `=none` chooses fp32. Any other value is returned as asked: an
+    explicit request is honoured, even for emulated bf16.
     """
     if requested != AUTO:
         return requested
@@ -380,6 +406,8 @@ def resolve_precision(device: DeviceInfo, requested: str, cache: MeasurementCach
         return "bf16" if native_bf16(device) else "fp32"
     if not native_bf16(device):
         return "fp32"
+    if cpu_bf16_override():
+        return "bf16"
     bf16, fp32 = (peak_matmul_flops(device, p, cache, size=512) for p in ("bf16", "fp32"))
     return "bf16" if bf16 > fp32 else "fp32"
 

@@ -46,7 +46,7 @@ def corpus():
 @pytest.fixture
 def no_native_bf16(monkeypatch):
     """A CPU without native bf16, whatever the host: the case the issue measured (AVX2 only)."""
-    monkeypatch.setattr(profiler, "native_bf16", lambda device: False)
+    monkeypatch.setenv(profiler.CPU_BF16_ENV, "none")
 
 
 # --- one step time, measured or modelled (`step_time.step_profile`) ------------------------------
@@ -139,10 +139,43 @@ def test_an_explicit_bf16_is_honoured_even_when_emulated(no_native_bf16):
 
 @pytest.mark.parametrize(("bf16_faster", "expected"), [(True, "bf16"), (False, "fp32")], ids=["fast", "slow"])
 def test_with_native_bf16_auto_keeps_the_faster_precision(monkeypatch, bf16_faster, expected):
+    monkeypatch.delenv(profiler.CPU_BF16_ENV, raising=False)  # the hardware's answer, then measured
     monkeypatch.setattr(profiler, "native_bf16", lambda device: True)
     rates = {"bf16": 2.0 if bf16_faster else 0.5, "fp32": 1.0}
     monkeypatch.setattr(profiler, "peak_matmul_flops", lambda device, p, cache=None, **kw: rates[p])
     assert resolve_precision(detect_device("cpu"), "auto") == expected
+
+
+@pytest.mark.parametrize(("value", "native", "auto"), [("none", False, "fp32"), ("native", True, "bf16")])
+def test_the_switch_decides_the_cpus_bf16_whatever_the_host(monkeypatch, value, native, auto):
+    def unmeasured(*args, **kwargs):
+        raise AssertionError("the switch decides: nothing is measured")
+
+    monkeypatch.setattr(profiler, "peak_matmul_flops", unmeasured)
+    monkeypatch.setenv(profiler.CPU_BF16_ENV, f" {value.upper()} ")  # case and spaces forgiven
+    cpu = detect_device("cpu")
+    assert profiler.native_bf16(cpu) is native
+    assert resolve_precision(cpu, "auto") == trainer.choose_precision(cpu, "auto") == auto
+    assert resolve_precision(cpu, "fp32") == "fp32"  # an explicit request is still honoured
+
+
+def test_unset_or_detect_asks_the_hardware(monkeypatch):
+    import torch
+
+    hardware = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    for value in (None, "detect", ""):
+        if value is None:
+            monkeypatch.delenv(profiler.CPU_BF16_ENV, raising=False)
+        else:
+            monkeypatch.setenv(profiler.CPU_BF16_ENV, value)
+        assert profiler.cpu_bf16_override() is None
+        assert profiler.native_bf16(detect_device("cpu")) is hardware
+
+
+def test_a_bad_switch_value_is_one_line_naming_the_choices(monkeypatch):
+    monkeypatch.setenv(profiler.CPU_BF16_ENV, "yes")
+    with pytest.raises(DeviceError, match=r"^ARCHSEARCH_CPU_BF16='yes' is not one of detect, native, none$"):
+        resolve_precision(detect_device("cpu"), "auto")
 
 
 # --- the matmul peak and MFU ----------------------------------------------------------------------

@@ -107,7 +107,7 @@ def test_a_training_failure_comes_back_as_a_failed_result():
 
 
 def test_the_local_step_time_is_the_trainers_measured_step_in_its_precision(monkeypatch):
-    monkeypatch.setattr(profiler, "native_bf16", lambda device: False)  # any host: an AVX2-only CPU
+    monkeypatch.setenv(profiler.CPU_BF16_ENV, "none")  # any host: an AVX2-only CPU
     profile = dict(local=True, devices=["h100-sxm"], batch=None, dtype="auto", min_run_time=0.002)
     out = run_trial(_request(profile=profile, step_time_device="local", rungs=[]))
     assert out.status == "complete", out.reason
