@@ -12,11 +12,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _smoke(script: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def _smoke(
+    script: str, *args: str, timeout: float = 600, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """`benchmarks/SCRIPT --smoke ARGS` as a real process; it must exit 0."""
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / script), "--smoke", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return done
@@ -127,5 +129,41 @@ def test_trainer_throughput_smoke_trains_in_the_precision_auto_resolves_to(cpu_b
 def test_every_benchmark_has_a_smoke_test():
     scripts = {p.stem for p in (ROOT / "benchmarks").glob("*.py")}
     tested = set(SMOKES) | {"query_speed", "proxy_fidelity", "step_time_accuracy", "threads"}
-    tested |= {"search_quality", "trainer_throughput"}
+    tested |= {"search_quality", "trainer_throughput", "calibration"}
     assert scripts == tested
+
+
+def test_calibration_smoke_records_every_stage_and_resumes_without_training_again(tmp_path):
+    import os
+
+    out, snap = tmp_path / "set.json", tmp_path / "set.sqlite"
+    env = {**os.environ, "ARCHSEARCH_CALIBRATION_DIR": str(tmp_path / "work")}
+    args = ("--out", str(out), "--snapshot", str(snap))
+    done = _smoke("calibration.py", *args, timeout=900, env=env)
+    data = json.loads(out.read_text())
+    shapes = data["shapes"]
+    assert len(shapes) == 4 and {s["block"] for s in shapes} == {"tiny"}, done.stdout[-3000:]
+    # Each shape: the proxy at 2 seeds (the smoke run's), the 2x reference at seeds 0 and 1.
+    assert all(sorted(p["seed"] for p in s["proxies"]) == [0, 1] for s in shapes), shapes
+    assert all(sorted(r["seed"] for r in s["references"]) == [0, 1] for s in shapes), shapes
+    assert all(r["multiplier"] == 2 and r["tokens"] > 2 * 4096 * 0.9 for s in shapes for r in s["references"])
+    assert "archsearch validate --study cal3-tiny-p0" in "\n".join(data["commands"])
+    assert snap.exists()
+    # Again on the same database: every search resumes a finished study, validate finds every
+    # long run stored; nothing is trained, the records are the same.
+    again = _smoke("calibration.py", *args, "--db", str(tmp_path / "work" / "cal3.db"), timeout=900, env=env)
+    assert again.stdout.count("0 long runs trained") == 2, again.stdout[-3000:]
+    assert json.loads(out.read_text())["shapes"] == shapes
+
+
+def test_the_calibration_sets_tiny_block_is_the_tiny_example():
+    # benchmarks/calibration.py's first block must calibrate the example users run: the same
+    # space, budget, proxy and objective (only the profile and sampler differ, and only losses
+    # are calibrated).
+    import tomllib
+
+    example = tomllib.loads((ROOT / "examples" / "tiny.toml").read_text())
+    block = tomllib.loads((ROOT / "benchmarks" / "spaces" / "cal-tiny.toml").read_text())
+    for table in ("model", "rules", "budget", "proxy", "objectives"):
+        assert block[table] == example[table], table
+    assert block["search"]["sampler"] == "random" and block["search"]["prune"] is False

@@ -1,0 +1,183 @@
+"""Fidelity measures that can decide (BRIEF.md section 12): each with a 95% bootstrap interval
+over shapes, and the measures a user acts on (front recall, the knee's regret).
+
+A rank correlation over a few shapes is mostly noise, and two predictors are compared by their
+paired difference on the same shapes, not by two separate correlations. The statistics are
+scipy's (`scipy.stats.spearmanr`, `kendalltau` (tau-b), `bootstrap`); written here is only what
+scipy has no function for: pairs judged against the reference's own noise, and the front measures.
+
+Every predictor is "lower is better", as every archsearch objective: pass parameter count and
+FLOPs negated. Intervals are percentile intervals of `RESAMPLES` paired resamples of the shapes,
+seeded: the same data give the same interval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from archsearch.search.pareto import knee_index, pareto_mask
+
+RESAMPLES = 2000  # paired resamples of the shapes per interval: the 2.5% tails each hold 50
+CONFIDENCE = 0.95
+SEED = 0
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A statistic on the shapes at hand, with its bootstrap interval."""
+
+    value: float
+    low: float
+    high: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"value": self.value, "low": self.low, "high": self.high}
+
+    def __str__(self) -> str:
+        return f"{self.value:.3f} [{self.low:.3f}, {self.high:.3f}]"
+
+
+def _arrays(*columns: Sequence[float]) -> list[np.ndarray]:
+    out = [np.asarray(c, dtype=float).ravel() for c in columns]
+    if len({len(c) for c in out}) != 1:
+        raise ValueError(f"lengths differ: {', '.join(str(len(c)) for c in out)}")
+    if any(np.isnan(c).any() for c in out):
+        raise ValueError("NaN in the values ranked")
+    if len(out[0]) < 3:
+        raise ValueError(f"a rank correlation needs at least 3 shapes, got {len(out[0])}")
+    return out
+
+
+def _spearman(x: np.ndarray, y: np.ndarray) -> float:
+    from scipy import stats
+
+    return float(stats.spearmanr(x, y).statistic)
+
+
+def _kendall(x: np.ndarray, y: np.ndarray) -> float:
+    from scipy import stats
+
+    return float(stats.kendalltau(x, y).statistic)  # tau-b: corrected for ties on either side
+
+
+STATISTICS = {"spearman": _spearman, "kendall": _kendall}
+
+
+def _interval(statistic, columns: list[np.ndarray], seed: int) -> tuple[float, float]:
+    """Percentile interval of `statistic(*columns)` over paired resamples of the rows
+    (`scipy.stats.bootstrap`). NaN where a resample leaves a column constant (a handful of shapes
+    at most: with distinct values that takes every draw to hit one shape)."""
+    import warnings
+
+    from scipy import stats
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a constant resample's correlation warns, then is NaN
+        result = stats.bootstrap(
+            tuple(columns), statistic, paired=True, vectorized=False, n_resamples=RESAMPLES,
+            confidence_level=CONFIDENCE, method="percentile", rng=np.random.default_rng(seed),
+        )  # fmt: skip
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def rank_correlation(
+    predicted: Sequence[float], target: Sequence[float], method: str = "spearman", seed: int = SEED
+) -> Estimate:
+    """Spearman (or Kendall tau-b) of `predicted` against `target` with its 95% interval.
+
+    Raises:
+        ValueError: unknown method, lengths differ, NaN, or fewer than 3 shapes.
+    """
+    if method not in STATISTICS:
+        raise ValueError(f"unknown method {method!r}; valid: {', '.join(STATISTICS)}")
+    x, y = _arrays(predicted, target)
+    stat = STATISTICS[method]
+    low, high = _interval(stat, [x, y], seed)
+    return Estimate(stat(x, y), low, high)
+
+
+def paired_difference(
+    predicted: Sequence[float],
+    baseline: Sequence[float],
+    target: Sequence[float],
+    method: str = "spearman",
+    seed: int = SEED,
+) -> Estimate:
+    """How much better `predicted` ranks `target` than `baseline` does, on the same shapes:
+    corr(predicted, target) - corr(baseline, target), the interval from resampling shapes once
+    for both (so the shapes' own difficulty cancels)."""
+    if method not in STATISTICS:
+        raise ValueError(f"unknown method {method!r}; valid: {', '.join(STATISTICS)}")
+    a, b, y = _arrays(predicted, baseline, target)
+    stat = STATISTICS[method]
+
+    def diff(a_: np.ndarray, b_: np.ndarray, y_: np.ndarray) -> float:
+        return stat(a_, y_) - stat(b_, y_)
+
+    low, high = _interval(diff, [a, b, y], seed)
+    return Estimate(diff(a, b, y), low, high)
+
+
+def pair_accuracy(
+    predicted: Sequence[float],
+    target: Sequence[float],
+    noise: float = 0.0,
+    within: Sequence[bool] | None = None,
+) -> tuple[int, int]:
+    """Pairs ordered right among those the reference tells apart.
+
+    A pair counts when its reference gap exceeds `noise` (the reference's own seed noise: closer
+    pairs are ties the reference cannot order) and, with `within`, both shapes are in that block
+    (the iso-size block, say). It is right when `predicted` orders it as `target` does; a tie in
+    `predicted` is wrong.
+
+    Returns:
+        (right, counted).
+    """
+    p, t = (np.asarray(v, dtype=float).ravel() for v in (predicted, target))
+    if len(p) != len(t):
+        raise ValueError(f"lengths differ: {len(p)} and {len(t)}")
+    if noise < 0:
+        raise ValueError(f"noise must be >= 0, got {noise}")
+    i, j = np.triu_indices(len(p), k=1)
+    counted = np.abs(t[i] - t[j]) > noise
+    if within is not None:
+        member = np.asarray(within, dtype=bool).ravel()
+        if len(member) != len(p):
+            raise ValueError(f"lengths differ: {len(p)} and {len(member)}")
+        counted &= member[i] & member[j]
+    right = np.sign(p[i] - p[j]) == np.sign(t[i] - t[j])
+    return int((right & counted).sum()), int(counted.sum())
+
+
+def seed_noise(first: Sequence[float], second: Sequence[float]) -> float:
+    """The reference's seed noise: the sd of a single run, from shapes run at two seeds,
+    sqrt(mean((a - b)^2) / 2) (each difference holds two runs' noise)."""
+    a, b = (np.asarray(v, dtype=float).ravel() for v in (first, second))
+    if len(a) != len(b) or len(a) == 0:
+        raise ValueError(f"need paired seeds of at least one shape, got {len(a)} and {len(b)}")
+    return float(np.sqrt(np.mean((a - b) ** 2) / 2))
+
+
+def front_recall(
+    predicted: Sequence[float], target: Sequence[float], flops: Sequence[float]
+) -> tuple[int, int]:
+    """How many members of the reference front (target loss against FLOPs) the predictor's front
+    (its loss against the same FLOPs) holds: (held, reference front size)."""
+    p, t, f = (np.asarray(v, dtype=float).ravel() for v in (predicted, target, flops))
+    ours = pareto_mask(np.column_stack([p, f]))
+    theirs = pareto_mask(np.column_stack([t, f]))
+    return int((ours & theirs).sum()), int(theirs.sum())
+
+
+def knee_regret(predicted: Sequence[float], target: Sequence[float], flops: Sequence[float]) -> float:
+    """The knee's regret at the reference: the target loss of the knee of the predictor's front
+    (`pareto.knee_index`, as `export --knee` picks it) minus the best target loss among shapes of
+    equal or lower FLOPs. 0 when the knee is the best the reference knows at its cost."""
+    p, t, f = (np.asarray(v, dtype=float).ravel() for v in (predicted, target, flops))
+    front = np.flatnonzero(pareto_mask(np.column_stack([p, f])))
+    knee = front[knee_index(np.column_stack([p[front], f[front]]), ["loss", "flops"])]
+    return float(t[knee] - t[f <= f[knee]].min())
