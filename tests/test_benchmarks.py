@@ -154,6 +154,43 @@ def test_calibration_smoke_records_every_stage_and_resumes_without_training_agai
     again = _smoke("calibration.py", *args, "--db", str(tmp_path / "work" / "cal3.db"), timeout=900, env=env)
     assert again.stdout.count("0 long runs trained") == 2, again.stdout[-3000:]
     assert json.loads(out.read_text())["shapes"] == shapes
+    # Scored: every predictor with its intervals, pairs, front recall and knee regret.
+    scored = _smoke("calibration.py", *args, "--report", "--json", timeout=300, env=env)
+    report = json.loads(scored.stdout)
+    assert report["shapes"] == 4 and report["proxy_seeds"] == [0, 1] and report["second_seed_shapes"] == 4
+    assert set(report["predictors"]) >= {"params", "flops", "proxy loss"}
+    measures = {"spearman", "vs_params", "front_recall", "knee_regret"}
+    assert all(measures <= set(p) for p in report["predictors"].values())
+
+
+def _bad_set(tmp_path, shapes: list[dict]) -> subprocess.CompletedProcess:
+    path = tmp_path / "set.json"
+    path.write_text(json.dumps({"shapes": shapes}))
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "calibration.py"), "--report", "--out", str(path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def _shape(trial: int, references: tuple[int, ...] = (0,)) -> dict:
+    loss = 2.0 + trial / 10
+    proxy = {"seed": 0, "val_loss": loss, "val_curve": [[1, 2.5], [2, loss]], "retried": False}
+    return {
+        "block": "tiny", "trial": trial, "params_total": 1e5 * (trial + 1), "flops_forward_per_token": 1e6,
+        "proxies": [proxy], "references": [{"seed": s, "val_loss": 1.5, "tokens": 20} for s in references],
+    }  # fmt: skip
+
+
+def test_a_set_too_small_or_missing_a_reference_is_refused_in_one_line(tmp_path):
+    few = _bad_set(tmp_path, [_shape(i) for i in range(3)])
+    assert few.returncode == 2 and few.stdout == "", few.stderr
+    assert few.stderr.strip().endswith("3 complete shapes; a set needs at least 10 to be scored"), few.stderr
+    assert len(few.stderr.strip().splitlines()) == 1
+    gap = _bad_set(tmp_path, [_shape(i) for i in range(12)] + [_shape(12, references=())])
+    assert gap.returncode == 2 and len(gap.stderr.strip().splitlines()) == 1, gap.stderr
+    assert "1 of 13 shapes lack a seed-0 reference or a proxy repeat (first: block tiny trial 12)" in (
+        gap.stderr
+    )
 
 
 def test_the_calibration_sets_tiny_block_is_the_tiny_example():

@@ -83,42 +83,64 @@ def _interval(statistic, columns: list[np.ndarray], seed: int) -> tuple[float, f
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
+def _repeats(predicted: Sequence[float] | Sequence[Sequence[float]]) -> list[np.ndarray]:
+    """One row per repeat of the predictor (proxy seeds, say): a 1-D sequence is one repeat."""
+    a = np.asarray(predicted, dtype=float)
+    if a.ndim == 1:
+        return [a]
+    if a.ndim != 2 or len(a) == 0:
+        raise ValueError(f"predicted must be one or more rows of values, got shape {a.shape}")
+    return list(a)
+
+
 def rank_correlation(
-    predicted: Sequence[float], target: Sequence[float], method: str = "spearman", seed: int = SEED
+    predicted: Sequence[float] | Sequence[Sequence[float]],
+    target: Sequence[float],
+    method: str = "spearman",
+    seed: int = SEED,
 ) -> Estimate:
     """Spearman (or Kendall tau-b) of `predicted` against `target` with its 95% interval.
+
+    `predicted` may hold several repeats (rows: the proxy at several seeds): the statistic is then
+    the mean of the repeats' correlations, each resample drawing the same shapes for all of them.
 
     Raises:
         ValueError: unknown method, lengths differ, NaN, or fewer than 3 shapes.
     """
     if method not in STATISTICS:
         raise ValueError(f"unknown method {method!r}; valid: {', '.join(STATISTICS)}")
-    x, y = _arrays(predicted, target)
+    *rows, y = _arrays(*_repeats(predicted), target)
     stat = STATISTICS[method]
-    low, high = _interval(stat, [x, y], seed)
-    return Estimate(stat(x, y), low, high)
+
+    def mean_corr(*columns: np.ndarray) -> float:
+        return float(np.mean([stat(r, columns[-1]) for r in columns[:-1]]))
+
+    low, high = _interval(mean_corr, [*rows, y], seed)
+    return Estimate(mean_corr(*rows, y), low, high)
 
 
 def paired_difference(
-    predicted: Sequence[float],
+    predicted: Sequence[float] | Sequence[Sequence[float]],
     baseline: Sequence[float],
     target: Sequence[float],
     method: str = "spearman",
     seed: int = SEED,
 ) -> Estimate:
     """How much better `predicted` ranks `target` than `baseline` does, on the same shapes:
-    corr(predicted, target) - corr(baseline, target), the interval from resampling shapes once
-    for both (so the shapes' own difficulty cancels)."""
+    corr(predicted, target) - corr(baseline, target) (the repeats' mean, for several rows of
+    `predicted`), the interval from resampling the shapes once for both, so that the shapes' own
+    difficulty cancels."""
     if method not in STATISTICS:
         raise ValueError(f"unknown method {method!r}; valid: {', '.join(STATISTICS)}")
-    a, b, y = _arrays(predicted, baseline, target)
+    *rows, b, y = _arrays(*_repeats(predicted), baseline, target)
     stat = STATISTICS[method]
 
-    def diff(a_: np.ndarray, b_: np.ndarray, y_: np.ndarray) -> float:
-        return stat(a_, y_) - stat(b_, y_)
+    def diff(*columns: np.ndarray) -> float:
+        *rows_, b_, y_ = columns
+        return float(np.mean([stat(r, y_) for r in rows_])) - stat(b_, y_)
 
-    low, high = _interval(diff, [a, b, y], seed)
-    return Estimate(diff(a, b, y), low, high)
+    low, high = _interval(diff, [*rows, b, y], seed)
+    return Estimate(diff(*rows, b, y), low, high)
 
 
 def pair_accuracy(
@@ -154,12 +176,14 @@ def pair_accuracy(
 
 
 def seed_noise(first: Sequence[float], second: Sequence[float]) -> float:
-    """The reference's seed noise: the sd of a single run, from shapes run at two seeds,
-    sqrt(mean((a - b)^2) / 2) (each difference holds two runs' noise)."""
+    """The reference's seed noise as a gap: the root-mean-square difference between two seeds of
+    the same shape, sqrt(mean((a - b)^2)). Two shapes whose references differ by less are as far
+    apart as one shape from itself: `pair_accuracy` does not judge them. (The sd of one run is
+    this over sqrt(2).)"""
     a, b = (np.asarray(v, dtype=float).ravel() for v in (first, second))
     if len(a) != len(b) or len(a) == 0:
         raise ValueError(f"need paired seeds of at least one shape, got {len(a)} and {len(b)}")
-    return float(np.sqrt(np.mean((a - b) ** 2) / 2))
+    return float(np.sqrt(np.mean((a - b) ** 2)))
 
 
 def front_recall(

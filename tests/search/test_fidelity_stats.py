@@ -61,6 +61,21 @@ def test_the_paired_difference_is_the_difference_of_the_correlations():
     assert paired_difference(good, good, target) == Estimate(0.0, 0.0, 0.0)
 
 
+def test_repeats_average_their_correlations_over_the_same_resampled_shapes():
+    rng = np.random.default_rng(11)
+    target = rng.normal(size=25)
+    repeats = [target + rng.normal(scale=0.7, size=25) for _ in range(3)]
+    mean = rank_correlation(repeats, target)
+    assert mean.value == pytest.approx(np.mean([stats.spearmanr(r, target).statistic for r in repeats]))
+    assert mean.low < mean.value < mean.high
+    baseline = target + rng.normal(scale=2.0, size=25)
+    diff = paired_difference(repeats, baseline, target)
+    assert diff.value == pytest.approx(mean.value - stats.spearmanr(baseline, target).statistic)
+    # Averaging repeats narrows the interval against one repeat's
+    single = rank_correlation(repeats[0], target)
+    assert mean.high - mean.low < single.high - single.low
+
+
 def test_pairs_inside_the_reference_noise_are_not_judged():
     # gaps: (0,1) 0.1, (0,2) 0.3, (1,2) 0.2; the predictor orders (1, 2) wrongly
     predicted, target = [1.0, 3.0, 2.0], [2.0, 2.1, 2.3]
@@ -71,8 +86,8 @@ def test_pairs_inside_the_reference_noise_are_not_judged():
     assert pair_accuracy([1.0, 1.0, 2.0], target) == (2, 3)  # a predicted tie is wrong
 
 
-def test_seed_noise_is_the_sd_of_one_run():
-    assert seed_noise([1.0, 2.0], [1.2, 1.8]) == pytest.approx(0.2 / np.sqrt(2))
+def test_seed_noise_is_the_rms_gap_between_two_seeds_of_a_shape():
+    assert seed_noise([1.0, 2.0], [1.2, 1.7]) == pytest.approx(np.sqrt((0.04 + 0.09) / 2))
     with pytest.raises(ValueError, match="paired seeds"):
         seed_noise([1.0], [])
 
