@@ -8,7 +8,10 @@ scipy has no function for: pairs judged against the reference's own noise, and t
 
 Every predictor is "lower is better", as every archsearch objective: pass parameter count and
 FLOPs negated. Intervals are percentile intervals of `RESAMPLES` paired resamples of the shapes,
-seeded: the same data give the same interval.
+seeded: the same data give the same interval. The two correlations are computed here in batched
+form (ranks by `scipy.stats.rankdata`), for all resamples at once: called once per resample,
+`spearmanr` took 12 s per interval of 56 shapes on 2 cores, where the batched form takes well
+under a second; the tests hold them equal to scipy's on fixed data.
 """
 
 from __future__ import annotations
@@ -51,33 +54,47 @@ def _arrays(*columns: Sequence[float]) -> list[np.ndarray]:
     return out
 
 
-def _spearman(x: np.ndarray, y: np.ndarray) -> float:
+def _spearman(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray | float:
+    """Spearman along `axis` (every other axis a batch of resamples): Pearson of the average
+    ranks (`scipy.stats.rankdata`), as `scipy.stats.spearmanr` computes it for one pair, but for
+    a whole batch of resamples at once; NaN where a side is constant."""
     from scipy import stats
 
-    return float(stats.spearmanr(x, y).statistic)
+    rx = stats.rankdata(np.moveaxis(x, axis, -1), axis=-1)
+    ry = stats.rankdata(np.moveaxis(y, axis, -1), axis=-1)
+    rx -= rx.mean(axis=-1, keepdims=True)
+    ry -= ry.mean(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = (rx * ry).sum(-1) / np.sqrt((rx * rx).sum(-1) * (ry * ry).sum(-1))
+    return float(r) if np.ndim(r) == 0 else r
 
 
-def _kendall(x: np.ndarray, y: np.ndarray) -> float:
-    from scipy import stats
-
-    return float(stats.kendalltau(x, y).statistic)  # tau-b: corrected for ties on either side
+def _kendall(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray | float:
+    """Kendall's tau-b along `axis` (corrected for ties on either side, as
+    `scipy.stats.kendalltau`), batched over resamples; NaN where a side is constant."""
+    x, y = np.moveaxis(x, axis, -1), np.moveaxis(y, axis, -1)
+    i, j = np.triu_indices(x.shape[-1], k=1)
+    sx, sy = np.sign(x[..., i] - x[..., j]), np.sign(y[..., i] - y[..., j])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        t = (sx * sy).sum(-1) / np.sqrt((sx != 0).sum(-1) * (sy != 0).sum(-1))
+    return float(t) if np.ndim(t) == 0 else t
 
 
 STATISTICS = {"spearman": _spearman, "kendall": _kendall}
 
 
 def _interval(statistic, columns: list[np.ndarray], seed: int) -> tuple[float, float]:
-    """Percentile interval of `statistic(*columns)` over paired resamples of the rows
-    (`scipy.stats.bootstrap`). NaN where a resample leaves a column constant (a handful of shapes
-    at most: with distinct values that takes every draw to hit one shape)."""
+    """Percentile interval of `statistic(*columns, axis=-1)` over paired resamples of the rows
+    (`scipy.stats.bootstrap`, vectorised). NaN where a resample leaves a column constant (a
+    handful of shapes at most: with distinct values that takes every draw to hit one shape)."""
     import warnings
 
     from scipy import stats
 
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a constant resample's correlation warns, then is NaN
+        warnings.simplefilter("ignore")  # a constant resample's NaN makes the interval NaN
         result = stats.bootstrap(
-            tuple(columns), statistic, paired=True, vectorized=False, n_resamples=RESAMPLES,
+            tuple(columns), statistic, paired=True, vectorized=True, n_resamples=RESAMPLES, batch=250,
             confidence_level=CONFIDENCE, method="percentile", rng=np.random.default_rng(seed),
         )  # fmt: skip
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
@@ -112,11 +129,11 @@ def rank_correlation(
     *rows, y = _arrays(*_repeats(predicted), target)
     stat = STATISTICS[method]
 
-    def mean_corr(*columns: np.ndarray) -> float:
-        return float(np.mean([stat(r, columns[-1]) for r in columns[:-1]]))
+    def mean_corr(*columns: np.ndarray, axis: int = -1) -> np.ndarray | float:
+        return sum(stat(r, columns[-1], axis=axis) for r in columns[:-1]) / (len(columns) - 1)
 
     low, high = _interval(mean_corr, [*rows, y], seed)
-    return Estimate(mean_corr(*rows, y), low, high)
+    return Estimate(float(mean_corr(*rows, y)), low, high)
 
 
 def paired_difference(
@@ -135,12 +152,12 @@ def paired_difference(
     *rows, b, y = _arrays(*_repeats(predicted), baseline, target)
     stat = STATISTICS[method]
 
-    def diff(*columns: np.ndarray) -> float:
+    def diff(*columns: np.ndarray, axis: int = -1) -> np.ndarray | float:
         *rows_, b_, y_ = columns
-        return float(np.mean([stat(r, y_) for r in rows_])) - stat(b_, y_)
+        return sum(stat(r, y_, axis=axis) for r in rows_) / len(rows_) - stat(b_, y_, axis=axis)
 
     low, high = _interval(diff, [*rows, b, y], seed)
-    return Estimate(diff(*rows, b, y), low, high)
+    return Estimate(float(diff(*rows, b, y)), low, high)
 
 
 def pair_accuracy(

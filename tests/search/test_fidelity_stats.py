@@ -39,6 +39,17 @@ def test_the_values_are_scipys_and_the_interval_holds_them():
     assert rank_correlation(predicted, target) == est  # seeded: the same interval every time
 
 
+def test_the_batched_correlations_equal_scipys_with_ties():
+    from archsearch.search.fidelity_stats import STATISTICS
+
+    rng = np.random.default_rng(9)
+    x, y = np.round(rng.normal(size=(2, 40)), 0)  # few distinct values: many ties on both sides
+    assert STATISTICS["spearman"](x, y) == pytest.approx(stats.spearmanr(x, y).statistic)
+    assert STATISTICS["kendall"](x, y) == pytest.approx(stats.kendalltau(x, y).statistic)
+    batch = STATISTICS["spearman"](np.stack([x, y]), np.stack([y, x]), axis=-1)
+    assert batch == pytest.approx([stats.spearmanr(x, y).statistic] * 2)
+
+
 def test_more_shapes_narrow_the_interval():
     rng = np.random.default_rng(5)
     widths = []
