@@ -329,8 +329,11 @@ def print_report(r: dict[str, Any]) -> None:
         print(f"{name:<26}" + "".join(f"{c:>21}" for c in cells))
 
 
-def _est(e: dict[str, float]) -> str:
-    return f"{e['value']:.3f} [{e['low']:.2f}, {e['high']:.2f}]"
+def _est(e: dict[str, float | None]) -> str:
+    def f(x: float | None, spec: str) -> str:
+        return "-" if x is None else format(x, spec)
+
+    return f"{f(e['value'], '.3f')} [{f(e['low'], '.2f')}, {f(e['high'], '.2f')}]"
 
 
 def _frac(pair: list[int]) -> str:

@@ -112,6 +112,7 @@ def _print_validation(study: str, report: dict[str, Any]) -> None:
             f"{iso[0]}/{iso[1]}" if iso else "-",
         )
     console.print(ranks)
+    _print_deciding(console, report.get("deciding"), names)  # reports stored before it lack it
     floor = report["noise_floor"]
     console.print(
         "seed noise floor (pooled sd): " + (f"{floor:.4f}" if floor is not None else "- (one seed)")
@@ -128,4 +129,36 @@ def _print_validation(study: str, report: dict[str, Any]) -> None:
         console.print(
             f"size-adjusted front: {len(fronts['adjusted'])}, shared with the long-run front "
             f"{fronts['adjusted_shared']}; long-run hypervolume {fronts['adjusted_long_hypervolume']:.4g}"
+        )
+
+
+def _print_deciding(console: Any, deciding: dict[str, Any] | None, names: dict[str, str]) -> None:
+    """Each predictor's measures with 95% bootstrap intervals over the trials (BRIEF.md s. 12):
+    "- params" / "- FLOPs" its Spearman minus theirs, "front" the long-run front's members its
+    front holds, "regret" its knee's long-run loss minus the best at equal or lower FLOPs."""
+    if not deciding:
+        return
+    noise, ceiling = deciding["reference_noise"], deciding["reference_ceiling"]
+    table = Table(
+        title="With 95% bootstrap intervals over the trials; pairs judged beyond the long runs' seed "
+        + (f"noise {noise:.4f}" if deciding["seed_pairs"] else "noise (one seed: every pair)")
+    )
+    for column in ("predictor", "Spearman", "Kendall", "- params", "- FLOPs", "pairs", "front", "regret"):
+        table.add_column(column, justify="left" if column == "predictor" else "right")
+
+    def est(e: dict[str, float]) -> str:
+        return f"{fmt_value(e['value'], '.3f')} [{fmt_value(e['low'], '.2f')}, {fmt_value(e['high'], '.2f')}]"
+
+    for key, label in names.items():
+        d = deciding[key]
+        table.add_row(
+            label.split(":")[0], est(d["spearman"]), est(d["kendall"]), est(d["vs_params"]),
+            est(d["vs_flops"]), "{}/{}".format(*d["pairs"]), "{}/{}".format(*d["front_recall"]),
+            f"{d['knee_regret']:.4f}",
+        )  # fmt: skip
+    console.print(table)
+    if ceiling:
+        console.print(
+            f"reference ceiling (Spearman of seed 1 against seed 0, {deciding['seed_pairs']} trials): "
+            + est(ceiling)
         )

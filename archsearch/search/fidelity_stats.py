@@ -16,6 +16,8 @@ under a second; the tests hold them equal to scipy's on fixed data.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -36,8 +38,9 @@ class Estimate:
     low: float
     high: float
 
-    def to_dict(self) -> dict[str, float]:
-        return {"value": self.value, "low": self.low, "high": self.high}
+    def to_dict(self) -> dict[str, float | None]:
+        """JSON-ready: an undefined value or bound (NaN) is None."""
+        return {k: (v if math.isfinite(v) else None) for k, v in dataclasses.asdict(self).items()}
 
     def __str__(self) -> str:
         return f"{self.value:.3f} [{self.low:.3f}, {self.high:.3f}]"

@@ -20,7 +20,9 @@ trials for `multiplier` x the proxy's token budget and compares rankings:
    agreement of the proxy, of -params and of the adjusted loss; the seed noise floor; how many
    members the proxy front, the adjusted front and the long-run front (loss vs forward FLOPs,
    over the calibration set) share; and the long-run hypervolume of each front with one
-   reference point. It is stored
+   reference point; and the measures that can decide (`deciding`: each predictor's
+   correlations with 95% bootstrap intervals, its paired difference against -params and -FLOPs,
+   pairs beyond the long runs' seed noise, front recall, the knee's regret). It is stored
    with the study (`Storage.add_validation`) as JSON; reports stored before the size-adjusted
    predictor lack its keys (`adjusted`, `size_beta`), and before studies had a size beta, the
    `objective` key (their objective was the proxy loss).
@@ -39,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from archsearch.errors import ArchsearchError
+from archsearch.search import fidelity_stats as fs
 from archsearch.search.fidelity import (
     iso_pair_agreement,
     kendall,
@@ -323,6 +326,7 @@ def fidelity_report(
         )
     floor = noise_floor([r["long_losses"] for r in used]) if seeds > 1 else None
     return {
+        "deciding": deciding_measures(predictors, long, flops, [r["long_losses"] for r in used]),
         "multiplier": float(multiplier),
         "seeds": int(seeds),
         "trials": numbers,
@@ -342,6 +346,40 @@ def fidelity_report(
             for r in rows
         ],
     }
+
+
+def deciding_measures(
+    predictors: dict[str, np.ndarray],
+    long: np.ndarray,
+    flops: np.ndarray,
+    long_losses: Sequence[Sequence[float]],
+) -> dict[str, Any] | None:
+    """The measures that can decide (`fidelity_stats`, BRIEF.md section 12), per predictor:
+    Spearman and Kendall with 95% bootstrap intervals over the trials, the paired difference
+    against -params and -FLOPs with its interval, pairs ordered right among those whose long-run
+    gap exceeds the long runs' own seed noise, front recall and the knee's regret at the long
+    runs; and that noise and the seed-to-seed ceiling where trials have two seeds. None below 3
+    trials (nothing to rank)."""
+    if len(long) < 3:
+        return None
+    twice = [ls for ls in long_losses if len(ls) >= 2]
+    noise = fs.seed_noise([ls[0] for ls in twice], [ls[1] for ls in twice]) if twice else 0.0
+    ceiling = None
+    if len(twice) >= 3:
+        ceiling = fs.rank_correlation([ls[1] for ls in twice], [ls[0] for ls in twice]).to_dict()
+    out: dict[str, Any] = {"reference_noise": noise, "seed_pairs": len(twice), "reference_ceiling": ceiling}
+    for name, values in predictors.items():
+        right, counted = fs.pair_accuracy(values, long, noise)
+        held, front = fs.front_recall(values, long, flops)
+        out[name] = {
+            "spearman": fs.rank_correlation(values, long).to_dict(),
+            "kendall": fs.rank_correlation(values, long, "kendall").to_dict(),
+            "vs_params": fs.paired_difference(values, predictors["params"], long).to_dict(),
+            "vs_flops": fs.paired_difference(values, predictors["flops"], long).to_dict(),
+            "pairs": [right, counted], "front_recall": [held, front],
+            "knee_regret": fs.knee_regret(values, long, flops),
+        }  # fmt: skip
+    return out
 
 
 # ------------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ SHAPES = [(64, 1, 2.9), (64, 2, 2.8), (128, 1, 2.85), (128, 2, 2.7), (128, 4, 2.
 ARGS = ("--study", "tiny", "--trials", "4", "--multiplier", "2")  # 4 runs of 4,096 tokens
 JSON_KEYS = {
     "study", "trained", "skipped", "failed", "multiplier", "seeds", "trials", "correlations", "iso_pairs",
-    "size_beta", "size_beta_fixed", "objective", "noise_floor", "fronts", "rows",
+    "size_beta", "size_beta_fixed", "objective", "noise_floor", "fronts", "rows", "deciding",
 }  # fmt: skip
 PREDICTORS = {"proxy", "params", "flops", "adjusted"}
 
@@ -175,6 +175,18 @@ def test_the_report_of_a_perfect_proxy():
     assert adjusted == {"spearman": pytest.approx(0.8), "kendall": pytest.approx(2 / 3)}
     assert fronts["adjusted"] == [0, 1, 2, 3] and fronts["adjusted_shared"] == 3
     assert fronts["adjusted_long_hypervolume"] == fronts["long_long_hypervolume"]
+    # The measures that decide: a perfect proxy scores 1, but four trials give no interval (some
+    # resamples draw one trial four times: no ranking, None); its front holds the long runs' and
+    # its knee has no regret; every seed pair differs by 0.1 (the reference's noise),
+    # and the two seeds rank the four trials alike (the ceiling).
+    deciding = report["deciding"]
+    assert deciding["reference_noise"] == pytest.approx(0.1) and deciding["seed_pairs"] == 4
+    assert deciding["reference_ceiling"]["value"] == pytest.approx(1.0)
+    proxy = deciding["proxy"]
+    assert proxy["spearman"]["value"] == pytest.approx(1.0) and proxy["spearman"]["low"] is None
+    assert proxy["vs_params"]["value"] == pytest.approx(0.2)  # 1.0 against params' 0.8
+    assert proxy["front_recall"] == [3, 3] and proxy["knee_regret"] == 0.0
+    assert deciding["params"]["vs_params"]["value"] == 0.0
 
 
 def test_a_report_stored_before_the_size_adjusted_predictor_still_loads_and_prints(url, capsys):
