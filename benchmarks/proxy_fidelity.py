@@ -27,7 +27,7 @@ reference: what a proxy of that cost could reach at best with the long runs' sch
 
     python benchmarks/proxy_fidelity.py [--variants reference,batch8] [--out results.json]
     python benchmarks/proxy_fidelity.py --out benchmarks/data/proxy_fidelity_cpu_2026-11-23.json \
-        --variants reference,tokens2x-constant     # the recorded runs of README's tables: no training
+        --variants reference,tokens2x-constant     # the recorded runs of docs/accuracy.md's tables
     python benchmarks/proxy_fidelity.py --smoke      # 3 shapes, a few thousand tokens: seconds
 
 Results are kept in `--out` as they come, so an interrupted run resumes where it stopped; a variant

@@ -5,10 +5,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import typer
-
-from archsearch.cli import app
-
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 
@@ -30,17 +26,45 @@ def test_ci_runs_the_readme_test_command():
     assert README[marker:].split("\n")[2] == code_lines()[1]
 
 
-def test_every_command_is_documented():
-    def leaves(group, prefix: str) -> list[str]:
-        names = []
-        for name, command in group.commands.items():
-            if hasattr(command, "commands"):  # a sub-app
-                names += leaves(command, f"{prefix}{name} ")
-            else:
-                names.append(f"{prefix}{name}")
-        return names
+def test_the_readme_is_a_front_door():
+    assert len(README.splitlines()) <= 200
+    assert "docs/images/front.png" in README and (ROOT / "docs" / "images" / "front.png").exists()
 
-    names = leaves(typer.main.get_command(app), "archsearch ")
-    assert "archsearch config new" in names
-    for name in names:
-        assert name in README, name
+
+def test_every_command_option_and_space_key_is_documented():
+    from archsearch.cli.reference import cli_markdown, commands, space_markdown
+    from archsearch.search.spec import KEY_DOCS, key_reference
+
+    names = [path for path, _ in commands()]
+    assert "archsearch config new" in names and "archsearch search" in names
+    undocumented = [path for path, command in commands() if not (command.help or "").strip()]
+    undocumented += [
+        f"{path} {param.opts[0] if param.param_type_name == 'option' else param.name}"
+        for path, command in commands()
+        for param in command.params
+        if not (getattr(param, "help", None) or "").strip() and not getattr(param, "hidden", False)
+    ]
+    assert not undocumented, f"no help text: {undocumented}"
+    reference = cli_markdown()
+    assert all(f"## `{path}`" in reference for path in names)
+    keys = key_reference()
+    assert not [f"[{t}] {k}" for t, k, _, meaning in keys if not meaning], "space-file keys without a meaning"
+    assert {f"{t}.{k}" for t, k, _, _ in keys} == set(KEY_DOCS), "KEY_DOCS names keys the schema lacks"
+    assert all(f"| `{k}` |" in space_markdown() for _, k, _, _ in keys)
+
+
+def test_every_page_in_the_site_navigation_exists():
+    import yaml
+
+    def files(node) -> list[str]:
+        if isinstance(node, str):
+            return [node]
+        if isinstance(node, list):
+            return [f for item in node for f in files(item)]
+        return [f for value in node.values() for f in files(value)]
+
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    pages = files(config["nav"])
+    assert pages and all((ROOT / "docs" / page).exists() for page in pages), pages
+    on_disk = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")}
+    assert on_disk == set(pages), on_disk ^ set(pages)  # no page left out of the site

@@ -50,7 +50,7 @@ def pareto(
         typer.Option(
             help="proxy: rank the proxy loss as stored; adjusted: the proxy loss credited for size, "
             "loss - beta ln(params / 1M), with the study's [objectives].size_beta, else beta over the "
-            'complete trials (README, "The loss objective"). Default: the study\'s loss objective.'
+            'complete trials (docs/accuracy.md, "The loss objective"). Default: the study\'s loss objective.'
         ),
     ] = None,
     plot: Annotated[Path | None, typer.Option(help="Write a plot: FILE.png or FILE.html.")] = None,
@@ -173,7 +173,7 @@ def trials(
 ) -> None:
     """A study's trials with their shape, costs, results, status and reason: filtered, sorted, exported.
 
-    The filter language and the columns are in README.md ("archsearch trials") and
+    The filter language and the columns are in docs/guide/results.md ("archsearch trials") and
     `archsearch.storage.query`; user text is parsed, never evaluated.
     """
     from archsearch.fileio import write_atomic

@@ -45,11 +45,11 @@ def _constant(p: float, warmup: float, floor: float) -> float:
 
     A short run that decays its rate rewards the shapes that gain most from annealing early, which
     are mostly small ones; the loss at a constant rate is what a longer run passes through on its
-    way. Measured on the 14-shape tiny calibration set (`benchmarks/proxy_fidelity.py`, README
-    "The proxy: chosen by measured fidelity"): at 2x the original budget and the long runs' seed,
-    Spearman against 10x training rose from 0.74 (cosine) to 0.84 (constant); the 10x runs' own
-    undecayed losses rank better than a fully decayed 5x run (0.965 against 0.921). `floor` is
-    unused: nothing decays.
+    way. Measured on the 14-shape tiny calibration set (`benchmarks/proxy_fidelity.py`,
+    docs/accuracy.md "The proxy: chosen by measured fidelity"): at 2x the original budget and the
+    long runs' seed, Spearman against 10x training rose from 0.74 (cosine) to 0.84 (constant);
+    the 10x runs' own undecayed losses rank better than a fully decayed 5x run (0.965 against
+    0.921). `floor` is unused: nothing decays.
     """
     return (p + 1e-9) / warmup if p < warmup else 1.0
 

@@ -192,7 +192,7 @@ def size_adjusted_losses(
     runs, so it needs none. Measured (`python benchmarks/proxy_fidelity.py --out
     benchmarks/data/proxy_fidelity_cpu_2026-11-23.json --variants ...`, offline from the recorded
     runs: 14 shapes of `examples/tiny.toml`, Spearman against the recorded 10x runs of
-    `benchmarks/data/fidelity_tiny_2026-11-23.json`; README, "The proxy: chosen by measured
+    `benchmarks/data/fidelity_tiny_2026-11-23.json`; docs/accuracy.md, "The proxy: chosen by measured
     fidelity"):
 
     - the tiny example's proxy (240k tokens, constant rate), seeds 0 / 1 / 2: proxy loss alone

@@ -15,7 +15,7 @@ step times span orders of magnitude, so the knee and the hypervolume see them on
 A study's front ranks its own loss objective by default: the proxy loss as stored, or, for a
 study with a size beta (`[objectives].size_beta`), the proxy loss credited for size,
 `loss - beta ln(params / 1M)`, which ranks 10x-longer training better than the proxy loss alone
-(README, "The loss objective"). Either can be asked for: `loss="proxy"`, or `loss="adjusted"`
+(docs/accuracy.md, "The loss objective"). Either can be asked for: `loss="proxy"`, or `loss="adjusted"`
 (with the study's beta, else `fidelity.size_adjusted_losses`'s equal-weight beta over the trials
 ranked).
 """

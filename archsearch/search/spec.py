@@ -39,7 +39,7 @@ Every table and key is optional unless marked; unknown tables or keys are errors
     minimize = ["loss", "flops"]   # loss, flops, step_time; loss is required
     step_time_device = "local"     # with step_time: "local" or a name from [profile].devices
     size_beta = 0.15               # the loss objective is loss - size_beta * ln(params / 1M):
-                                   # the proxy loss credited for size (README, "The loss
+                                   # the proxy loss credited for size (docs/accuracy.md, "The loss
                                    # objective"); left out: the proxy loss as it is
     [search]
     sampler = "tpe"        # tpe, nsga2, random or gp
@@ -316,6 +316,83 @@ _PROXY = {
 } | {"data": "str"}
 
 
+# --- the reference: every table's keys, their types and meaning (docs/reference/space-file.md is
+# generated from `key_reference`, and a test fails when a key has no meaning here) ---
+KEY_DOCS: dict[str, str] = {
+    # [model]: the search knobs (space.search_space.KNOBS); each takes a value, a list or a range
+    "model.vocab_size": "Vocabulary size; a single value: the data fixes it (256 for the bundled bytes).",
+    "model.seq_len": "Context length of the proxy and of every shape; a single value.",
+    "model.d_model": "Residual width; required; every value a multiple of [rules].multiple_of.",
+    "model.aspect_ratio": "d_model / n_layers (n_layers = max(1, round(d_model / ratio))); required.",
+    "model.d_ff_ratio": "d_ff / d_model of a plain MLP; gated MLPs take 2/3 of it ([rules].gated_parity).",
+    "model.head_dim": "Width of one attention head; n_heads = d_model // head_dim.",
+    "model.attention_layout": 'KV sharing: "mha", "mqa" or "gqa:G" (G query heads per KV head).',
+    "model.activation": "MLP activation: relu, gelu, silu or the gated reglu, geglu, swiglu.",
+    "model.norm": "rmsnorm or layernorm.",
+    "model.norm_placement": "pre, post or sandwich (pre and after each sub-block).",
+    "model.pos_embedding": "rope, learned or none.",
+    "model.parallel_block": "Attention and MLP side by side on one norm (GPT-J, PaLM).",
+    "model.bias": "Biases in the linear layers.",
+    "model.tie_embeddings": "Share the input embedding with the output head.",
+    "model.qk_norm": "Normalise queries and keys before attention.",
+    "rules.multiple_of": "Alignment of d_ff (and of every d_model): kernels favour multiples of 64.",
+    "rules.gated_parity": "Gated MLPs take 2/3 of d_ff_ratio: the plain MLP's parameters and FLOPs.",
+    "rules.export": 'Sample only shapes these export formats represent exactly (e.g. ["hf"]).',
+    "budget.params": "Total parameters, {min, max, or both}: shapes outside are never sampled.",
+    "budget.flops_per_token": "Forward FLOPs per token, {min, max, or both}.",
+    "proxy.tokens": "Training tokens of the proxy run; exactly one of tokens, flops, seconds.",
+    "proxy.flops": "Training FLOPs of the proxy run, converted to tokens by the cost model.",
+    "proxy.seconds": "Wall-clock seconds of training steps.",
+    "proxy.batch_size": "Sequences per optimizer step.",
+    "proxy.lr": "Peak Adam rate at base_width; hidden matrices scale it by base_width / d_model (muP).",
+    "proxy.base_width": "The width at which lr applies unscaled.",
+    "proxy.schedule": "cosine, wsd or constant (warm-up, then flat: what ranks shapes like long runs).",
+    "proxy.warmup": "Warm-up as a fraction of the budget.",
+    "proxy.min_lr": "Floor of the decay, a fraction of the peak.",
+    "proxy.weight_decay": "AdamW weight decay, on hidden matrices only.",
+    "proxy.grad_clip": "Gradient-norm clip.",
+    "proxy.seed": "Seed of initialisation and data order.",
+    "proxy.eval_batches": "Fixed held-out batches per evaluation.",
+    "proxy.evals": "Evaluations spread evenly over the budget; the last is the trial's loss.",
+    "proxy.device": 'Where proxies train: "cpu", "cuda", "cuda:N" or "auto".',
+    "proxy.precision": 'bf16, fp32 or auto; pin it (fp32 on CPUs) so every machine gives the same losses.',
+    "proxy.compile": "torch.compile the model.",
+    "proxy.threads": "Torch threads of a CPU run; left out: chosen from the shape and the free cores.",
+    "proxy.data": "A token file (relative to the space file); left out: the bundled byte-level corpus.",
+    "profile.local": "Time each shape's step kernels on the machine that trains it.",
+    "profile.devices": "Catalogued accelerators to model each shape's step on (archsearch devices).",
+    "profile.batch": "Sequences per profiled step; left out: the proxy's batch_size.",
+    "profile.dtype": "auto (locally the training precision, bf16 on modelled GPUs), or fp32, bf16, fp16.",
+    "profile.min_run_time": "Seconds of repeats per timed kernel.",
+    "objectives.minimize": 'What the search minimises: "loss" first, then one or two of flops, step_time.',
+    "objectives.step_time_device": 'With step_time: "local" or a name from [profile].devices.',
+    "objectives.size_beta": "The loss objective is loss - size_beta ln(params / 1M); left out: the loss.",
+    "search.sampler": "tpe, nsga2, random or gp.",
+    "search.seed": "Sampler seed.",
+    "search.trials": "Finished trials to reach.",
+    "search.prune": "Stop trials that rank poorly at a rung.",
+    "search.rungs": "Fractions of the proxy budget where losses are compared, increasing, in (0, 1).",
+    "search.prune_min_trials": "Trials that must reach a rung before it prunes any.",
+}
+
+
+def key_reference() -> list[tuple[str, str, str, str]]:
+    """Every key a space file takes: (table, key, type, meaning), tables in file order. [model]
+    keys are the knobs, each a value, a list of choices or a range {min, max, step?, log?}."""
+    from archsearch.space.search_space import KNOBS
+
+    schemas: dict[str, dict[str, str]] = {
+        "model": {name: ("number" if knob.numeric else "choice") for name, knob in KNOBS.items()},
+        "rules": _RULES, "budget": _BUDGET, "proxy": _PROXY, "profile": _PROFILE,
+        "objectives": _OBJECTIVES, "search": _SEARCH,
+    }  # fmt: skip
+    return [
+        (table, key, kind, KEY_DOCS.get(f"{table}.{key}", ""))
+        for table in _TABLES
+        for key, kind in schemas.get(table, {"?": "?"}).items()
+    ]
+
+
 @contextmanager
 def _in_table(table: str) -> Iterator[None]:
     """Key errors raised inside by their table: `d_model` becomes `[model].d_model`."""
@@ -375,9 +452,12 @@ def _knob(name: str, value: Any) -> Any:
     return Domain(name, kind, low=bounds["min"], high=bounds["max"], step=bounds.get("step"), log=log)
 
 
+_BUDGET = {"params": "table", "flops_per_token": "table"}
+
+
 def _budget(table: dict[str, Any]) -> Budget:
     bounds = {}
-    for key, value in _read(table, {"params": "table", "flops_per_token": "table"}).items():
+    for key, value in _read(table, _BUDGET).items():
         kind = "int" if key == "params" else "float"  # params are counted: 1e6 reads as 1000000
         limits = _read(value, {"min": kind, "max": kind}, prefix=f"{key}.")
         if not limits:

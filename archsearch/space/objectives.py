@@ -59,7 +59,7 @@ def size_adjusted_loss(loss: float, params: float, beta: float | None) -> float:
 
     A short proxy run under-credits capacity, which longer training rewards; crediting the proxy
     loss with `beta` nats per e-fold of parameters ranks shapes like 10x-longer training on the
-    tiny space (README, "The loss objective"; `search.fidelity.size_adjusted_losses` holds the
+    tiny space (docs/accuracy.md, "The loss objective"; `search.fidelity.size_adjusted_losses` holds the
     measurements). With `beta` None (a study without one) the loss is returned as it is.
 
     Raises:
