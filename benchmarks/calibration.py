@@ -290,19 +290,10 @@ def report(data: dict[str, Any], min_shapes: int = MIN_SHAPES, partial: bool = F
         rows = [[fn(s, next(p for p in s["proxies"] if p["seed"] == seed)) for s in shapes] for seed in seeds]
         values[name] = np.array(rows if uses_proxy else rows[:1])
     for name, rows in values.items():
-        pairs = [fs.pair_accuracy(r, target, noise) for r in rows]
-        iso_pairs = [fs.pair_accuracy(r, target, noise, within=iso) for r in rows] if iso.any() else []
-        recall = [fs.front_recall(r, target, flops) for r in rows]
-        out["predictors"][name] = {
-            "spearman": fs.rank_correlation(rows, target).to_dict(),
-            "kendall": fs.rank_correlation(rows, target, "kendall").to_dict(),
-            "vs_params": fs.paired_difference(rows, values["params"][0], target).to_dict(),
-            "vs_flops": fs.paired_difference(rows, values["flops"][0], target).to_dict(),
-            "pairs": [sum(p[0] for p in pairs), sum(p[1] for p in pairs)],
-            "iso_pairs": [sum(p[0] for p in iso_pairs), sum(p[1] for p in iso_pairs)],
-            "front_recall": [sum(r[0] for r in recall), sum(r[1] for r in recall)],
-            "knee_regret": float(np.mean([fs.knee_regret(r, target, flops) for r in rows])),
-        }  # fmt: skip
+        out["predictors"][name] = fs.measures(
+            rows, target, flops, params_predictor=values["params"][0], flops_predictor=values["flops"][0],
+            noise=noise, within=iso if iso.any() else None,
+        )  # fmt: skip
     tenx = np.mean([next(r["tokens"] for r in s["references"] if r["seed"] == 0) for s in shapes])
     runs = [(p, s) for s in shapes for p in s["proxies"]]
     spent = [p["val_curve"][-1][0] * (1.5 if p["retried"] else 1.0) for p, _ in runs]

@@ -225,3 +225,34 @@ def knee_regret(predicted: Sequence[float], target: Sequence[float], flops: Sequ
     front = np.flatnonzero(pareto_mask(np.column_stack([p, f])))
     knee = front[knee_index(np.column_stack([p[front], f[front]]), ["loss", "flops"])]
     return float(t[knee] - t[f <= f[knee]].min())
+
+
+def measures(
+    predicted: Sequence[float] | Sequence[Sequence[float]],
+    target: Sequence[float],
+    flops: Sequence[float],
+    *,
+    params_predictor: Sequence[float],
+    flops_predictor: Sequence[float],
+    noise: float = 0.0,
+    within: Sequence[bool] | None = None,
+) -> dict[str, object]:
+    """Every deciding measure of one predictor (one or more repeats) on one set of shapes, as
+    JSON-ready data: Spearman and Kendall with intervals, the paired differences against the two
+    free predictors (-params and -FLOPs, lower is better), pairs beyond `noise` (and inside
+    `within`, the iso-size block, where given), front recall and the knee's regret, each summed
+    or averaged over the repeats."""
+    rows = _repeats(predicted)
+    pairs = [pair_accuracy(r, target, noise) for r in rows]
+    inside = [pair_accuracy(r, target, noise, within=within) for r in rows] if within is not None else []
+    recall = [front_recall(r, target, flops) for r in rows]
+    return {
+        "spearman": rank_correlation(rows, target).to_dict(),
+        "kendall": rank_correlation(rows, target, "kendall").to_dict(),
+        "vs_params": paired_difference(rows, params_predictor, target).to_dict(),
+        "vs_flops": paired_difference(rows, flops_predictor, target).to_dict(),
+        "pairs": [sum(p[0] for p in pairs), sum(p[1] for p in pairs)],
+        "iso_pairs": [sum(p[0] for p in inside), sum(p[1] for p in inside)],
+        "front_recall": [sum(r[0] for r in recall), sum(r[1] for r in recall)],
+        "knee_regret": float(np.mean([knee_regret(r, target, flops) for r in rows])),
+    }

@@ -369,16 +369,10 @@ def deciding_measures(
         ceiling = fs.rank_correlation([ls[1] for ls in twice], [ls[0] for ls in twice]).to_dict()
     out: dict[str, Any] = {"reference_noise": noise, "seed_pairs": len(twice), "reference_ceiling": ceiling}
     for name, values in predictors.items():
-        right, counted = fs.pair_accuracy(values, long, noise)
-        held, front = fs.front_recall(values, long, flops)
-        out[name] = {
-            "spearman": fs.rank_correlation(values, long).to_dict(),
-            "kendall": fs.rank_correlation(values, long, "kendall").to_dict(),
-            "vs_params": fs.paired_difference(values, predictors["params"], long).to_dict(),
-            "vs_flops": fs.paired_difference(values, predictors["flops"], long).to_dict(),
-            "pairs": [right, counted], "front_recall": [held, front],
-            "knee_regret": fs.knee_regret(values, long, flops),
-        }  # fmt: skip
+        out[name] = fs.measures(
+            values, long, flops, params_predictor=predictors["params"], flops_predictor=predictors["flops"],
+            noise=noise,
+        )  # fmt: skip
     return out
 
 
