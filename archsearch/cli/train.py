@@ -16,12 +16,14 @@ from archsearch.cli.common import (
     JsonFlag,
     PresetOpt,
     StorageOpt,
+    ThreadsOpt,
     app,
     fmt_value,
     print_json,
     resolve_shape,
     si,
     stdout,
+    threads_text,
 )
 from archsearch.cli.progress import progress_bar
 from archsearch.trial import FAILED
@@ -51,9 +53,7 @@ def train(
     schedule: Annotated[str, typer.Option(help="cosine or wsd.")] = "cosine",
     seed: Annotated[int, typer.Option(help="Seed for init and batches.")] = 0,
     compile_model: Annotated[bool, typer.Option("--compile", help="torch.compile the model.")] = False,
-    threads: Annotated[
-        int | None, typer.Option(help="CPU threads (default: chosen from the shape and the free cores).")
-    ] = None,
+    threads: ThreadsOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Train a shape's proxy LM on a budget; report held-out loss, throughput and MFU.
@@ -75,7 +75,7 @@ def train(
     dataset = load_dataset(data, vocab_size=vocab_size, dtype=token_dtype, seq_len=cfg.seq_len)
     with progress_bar("training") as update:
         result = run_training(cfg, dataset, settings, progress=update)
-    if as_json:
+    if as_json:  # "threads": the count used; "settings" holds the one asked for (None: chosen)
         print_json({**result.to_dict(), "settings": dataclasses.asdict(settings)})
     else:
         console = stdout()
@@ -85,7 +85,7 @@ def train(
             ("status", result.status + (f" ({result.reason})" if result.reason else "")),
             ("val loss (nats/token)", fmt_value(result.val_loss, ".4f")),
             ("bits per byte", fmt_value(result.bits_per_byte, ".4f")),
-            ("tokens", f"{result.tokens:,} in {result.steps:,} steps"),
+            ("tokens", f"{result.tokens:,} in {result.steps:,} steps of {batch_size} x {cfg.seq_len}"),
             ("tokens / s", f"{result.tokens_per_second:,.0f}"),
             (
                 "step time",
@@ -98,7 +98,8 @@ def train(
                 fmt_value(result.mfu, ".1%") + f" of {si(result.peak_flops_per_second or 0, 'FLOP/s')} peak",
             ),
             ("precision", result.precision),
-            ("device", result.device + (f", {result.threads} threads" if result.threads else "")),
+            ("device", result.device),
+            ("CPU threads", threads_text(result.threads, threads)),
             ("wall time", f"{result.wall_time_s:.1f} s"),
             ("corpus", f"{dataset.name} ({result.corpus_fingerprint})"),
         ]
