@@ -132,8 +132,9 @@ def search_eta(wall_times_s: Sequence[float], remaining: int, workers: int) -> f
 
     The mean, not the median: pruned and failed trials end early, and the mix of short and full
     trials so far is the best guess of the mix to come. A trial's wall time runs from its claim
-    to its result, so time spent queued for a GPU (`--gpus-per-trial`) is in it, and the estimate
-    holds when Ray runs fewer than `workers` trials at once. Running trials count as remaining
+    (its sampling, for the driver's own trials) to its result, retries included, so time spent
+    queued for a GPU (`--gpus-per-trial`) is in it, and the estimate holds when Ray runs fewer
+    than `workers` trials at once. Running trials count as remaining
     whole: the estimate errs long by up to one trial's time.
 
     Returns:
