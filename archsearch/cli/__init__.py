@@ -2,7 +2,9 @@
 
 - `common`: the Typer apps, the options defined once, output helpers, one-line errors;
 - `shape`: cost, presets, width, config new / check;
-- `measure`: train, profile, align, devices;
+- `train`: train (a proxy run on a budget);
+- `profile`: profile (one training step, kernel by kernel);
+- `devices`: align, devices, fit-device (the GPU catalogue and its model);
 - `search`: space check, search;
 - `validate`: validate;
 - `results`: pareto, studies, trials;
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 # Importing the command modules registers their commands on `app`, in this order in --help.
 # isort: off
-from archsearch.cli import shape, measure, search, validate, results, export  # noqa: F401
+from archsearch.cli import shape, train, profile, devices, search, validate, results, export  # noqa: F401
 
 # isort: on
 from archsearch.cli.common import app

@@ -89,6 +89,14 @@ FromStudyOpt = Annotated[
     str | None, typer.Option("--study", help="Take the shape of --trial N of this study (see `trials`).")
 ]
 FromTrialOpt = Annotated[int | None, typer.Option("--trial", help="Trial number in --study.", min=0)]
+# `train` and `profile` choose a CPU step's threads by one rule (`trainer.step_threads`).
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option(
+        help="CPU threads of the step (default: chosen from the shape's micro-batch and the free cores, "
+        "the same rule for train and profile)."
+    ),
+]
 
 
 def stdout() -> Console:
@@ -109,6 +117,15 @@ def si(value: float, unit: str = "") -> str:
 def fmt_value(value: float | None, spec: str) -> str:
     """`value` formatted, or `-` when there is none."""
     return "-" if value is None else format(value, spec)
+
+
+def threads_text(used: int | None, asked: int | None) -> str:
+    """What a CPU step ran on, `2 threads (chosen from the shape and the free cores)` or `4 threads
+    (--threads)`; `-` off the CPU (None: the GPU runs the step)."""
+    if used is None:
+        return "-"
+    how = "--threads" if asked is not None else "chosen from the shape and the free cores"
+    return f"{used} thread{'s' if used != 1 else ''} ({how})"
 
 
 def floats(text: str, option: str) -> tuple[float, ...]:

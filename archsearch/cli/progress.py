@@ -4,6 +4,8 @@ through callbacks; only the CLI draws."""
 from __future__ import annotations
 
 import contextlib
+import math
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -35,9 +37,37 @@ def search_text(p: Any) -> str:
     )
 
 
-def search_display(target: int) -> contextlib.AbstractContextManager[Callable[[Any], None]]:
-    """A search's progress (`SearchProgress` snapshots), counted in finished trials."""
-    return live_display("search", search_text, lambda p: (p.finished, target))
+def search_display(
+    target: int, *, console: Console | None = None, clock: Callable[[], float] = time.monotonic
+) -> contextlib.AbstractContextManager[Callable[[Any], None]]:
+    """A search's progress (`SearchProgress` snapshots), counted in finished trials, with the ETA
+    the finished trials' wall times give (`SearchProgress.eta_s`, `driver.search_eta`)."""
+    return live_display(
+        "search", search_text, lambda p: (p.finished, target), eta=lambda p: p.eta_s, console=console,
+        clock=clock,
+    )  # fmt: skip
+
+
+def format_eta(seconds: float | None) -> str:
+    """`200.0` -> `0:03:20`, rounded up to the second (so `0:00:00` only once nothing is left);
+    None (not known yet) -> `-:--:--`, as rich writes an unknown time."""
+    if seconds is None:
+        return "-:--:--"
+    whole = math.ceil(max(0.0, seconds))
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
+
+
+class _CountdownColumn(ProgressColumn):
+    """The time left to the deadline the last update set (`task.fields["deadline"]`, on `clock`),
+    counting down between updates: a search's updates come when trials end, minutes apart."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def render(self, task: Task) -> Text:
+        deadline = task.fields.get("deadline")
+        return Text(format_eta(None if deadline is None else deadline - self.clock()), "progress.remaining")
 
 
 def validate_display() -> contextlib.AbstractContextManager[Callable[[Any], None]]:
@@ -52,20 +82,30 @@ def validate_display() -> contextlib.AbstractContextManager[Callable[[Any], None
 
 @contextlib.contextmanager
 def live_display(
-    label: str, describe: Callable[[Any], str], count: Callable[[Any], tuple[int, int | None]]
+    label: str,
+    describe: Callable[[Any], str],
+    count: Callable[[Any], tuple[int, int | None]],
+    *,
+    eta: Callable[[Any], float | None] | None = None,
+    console: Console | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Iterator[Callable[[Any], None]]:
     """Progress of a long job on stderr, fed snapshots by the library's `on_update` callback.
 
     On a terminal: a bar with the elapsed time and an ETA, described by `describe(snapshot)`,
     whose last description stays on screen when the job ends. Otherwise (a log, a pipe): one line
-    each time the count of finished work moves.
+    each time the count of finished work moves, ending with the ETA when `eta` gives one.
 
     Args:
         label: the job's name, e.g. "search".
         describe: a snapshot -> one line of state.
         count: a snapshot -> (work done, work in all or None while unknown).
+        eta: a snapshot -> seconds left (None: not known yet); the bar counts it down between
+            snapshots. Without it, the bar shows rich's estimate from the rate of `count`.
+        console: where to draw (default: stderr); whether it is a terminal picks bar or lines.
+        clock: the bar's clock for counting the ETA down (monotonic seconds).
     """
-    console = Console(stderr=True)
+    console = Console(stderr=True) if console is None else console
     last: dict[str, Any] = {"done": None, "text": ""}
     if not console.is_terminal:
 
@@ -73,21 +113,25 @@ def live_display(
             done, _ = count(p)
             if done != last["done"]:
                 last["done"] = done
-                typer.echo(f"[{p.elapsed_s:6.0f} s] {describe(p)}", err=True)
+                left = "" if eta is None else f"; ETA {format_eta(eta(p))}"
+                typer.echo(f"[{p.elapsed_s:6.0f} s] {describe(p)}{left}", file=console.file)
 
         yield log_line
         return
+    remaining = TimeRemainingColumn() if eta is None else _CountdownColumn(clock)
     columns = (
         TextColumn(f"{label} "), BarColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-        TextColumn("ETA"), TimeRemainingColumn(),
+        TextColumn("ETA"), remaining,
     )  # fmt: skip
     with Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task("starting Ray", total=None)
+        task = bar.add_task("starting Ray", total=None, deadline=None)
 
         def update(p: Any) -> None:
             done, total = count(p)
             last["text"] = describe(p)
-            bar.update(task, completed=done, total=total, description=last["text"])
+            left = None if eta is None else eta(p)
+            deadline = None if left is None else clock() + left
+            bar.update(task, completed=done, total=total, description=escape(last["text"]), deadline=deadline)
 
         yield update
     if last["text"]:

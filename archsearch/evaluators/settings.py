@@ -123,10 +123,17 @@ class TrainSettings:
                 raise TrainError(f"{name} must be positive, got {getattr(self, name)}")
         if not 0 <= self.warmup < 1:
             raise TrainError(f"warmup must be a fraction in [0, 1), got {self.warmup}")
-        if self.threads is not None and (
-            isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads <= 0
-        ):
-            raise TrainError(f"threads must be a positive integer (or unset: chosen), got {self.threads!r}")
+        check_threads(self.threads)
+
+
+def check_threads(threads: object) -> None:
+    """Refuse a thread count that is neither None (chosen: `choose_threads`) nor a positive int.
+
+    Raises:
+        TrainError: naming the value.
+    """
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads <= 0):
+        raise TrainError(f"threads must be a positive integer (or unset: chosen), got {threads!r}")
 
 
 # --- CPU threads: how many torch intra-op threads a CPU training run uses ---

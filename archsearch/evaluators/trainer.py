@@ -38,6 +38,7 @@ from archsearch.evaluators.settings import (
     TrainError,
     TrainSettings,
     available_cores,
+    check_threads,
     choose_threads,
 )
 from archsearch.space.config import ArchConfig
@@ -101,20 +102,37 @@ class TrainResult:
         return out
 
 
+def step_threads(
+    cfg: ArchConfig, device: str, tokens: int, threads: int | None = None, cores: int | None = None
+) -> int | None:
+    """The intra-op threads a CPU training step of `cfg` on `tokens` tokens (one micro-batch) runs
+    on: `threads` when given, else `choose_threads` on `cores` (None: `available_cores()`, the free
+    cores now). None on CUDA: the GPU runs the step, and the process's thread count is left as it is.
+
+    The one rule for every step this process trains or times: `train` (`run_threads`),
+    `archsearch profile` and a search's trials, so one shape, batch and machine get one count.
+
+    Raises:
+        TrainError: `threads` is not a positive integer.
+        DeviceError: an unknown device, or CUDA asked for where there is none.
+    """
+    check_threads(threads)
+    if resolve_device(device).type != "cpu":
+        return None
+    if threads is not None:
+        return threads
+    return choose_threads(cfg, tokens, available_cores() if cores is None else cores)
+
+
 def run_threads(cfg: ArchConfig, settings: TrainSettings, cores: int | None = None) -> int | None:
-    """The intra-op threads a CPU run of `settings` uses: its `threads`, else `choose_threads` for
-    the shape's micro-batch on `cores` (None: `available_cores()`, the free cores now). None on
-    CUDA: the GPU runs the step, and the process's thread count is left as it is.
+    """`step_threads` for a run of `settings`: its device, its micro-batch of `batch_size` sequences
+    of its `seq_len` (else the shape's), its `threads`.
 
     Raises:
         DeviceError: an unknown device, or CUDA asked for where there is none.
     """
-    if resolve_device(settings.device).type != "cpu":
-        return None
-    if settings.threads is not None:
-        return settings.threads
     tokens = settings.batch_size * (settings.seq_len or cfg.seq_len)
-    return choose_threads(cfg, tokens, available_cores() if cores is None else cores)
+    return step_threads(cfg, settings.device, tokens, settings.threads, cores)
 
 
 @contextmanager

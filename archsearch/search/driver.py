@@ -41,7 +41,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -124,6 +124,35 @@ class SearchOptions:
             raise SearchError(f"sampler {self.sampler!r} is unknown; valid: {', '.join(SAMPLERS.names())}")
 
 
+def search_eta(wall_times_s: Sequence[float], remaining: int, workers: int) -> float | None:
+    """Seconds until `remaining` more trials have finished, `workers` at a time: the mean wall time
+    of the finished trials `wall_times_s` per wave of `workers` trials, `remaining / workers`
+    waves, and never less than one wave while a trial remains (the last trials run side by side
+    but each still takes a trial's time).
+
+    The mean, not the median: pruned and failed trials end early, and the mix of short and full
+    trials so far is the best guess of the mix to come. A trial's wall time runs from its claim
+    (its sampling, for the driver's own trials) to its result, retries included, so time spent
+    queued for a GPU (`--gpus-per-trial`) is in it, and the estimate holds when Ray runs fewer
+    than `workers` trials at once. Running trials count as remaining
+    whole: the estimate errs long by up to one trial's time.
+
+    Returns:
+        0.0 when nothing remains; None while no trial has finished (nothing to estimate from).
+
+    Raises:
+        ValueError: `workers` below 1.
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    if remaining <= 0:
+        return 0.0
+    if not wall_times_s:
+        return None
+    mean = math.fsum(wall_times_s) / len(wall_times_s)
+    return mean * max(1.0, remaining / workers)
+
+
 @dataclass(frozen=True)
 class SearchProgress:
     """A snapshot for progress displays."""
@@ -133,10 +162,17 @@ class SearchProgress:
     best_loss: float | None
     front_size: int
     elapsed_s: float
+    workers: int = 1  # trials run at once (--workers)
+    wall_times_s: tuple[float, ...] = ()  # of the study's finished trials (`Storage.wall_times`)
 
     @property
     def finished(self) -> int:
         return sum(self.counts.get(s, 0) for s in (COMPLETE, PRUNED, FAILED))
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds until `target` trials have finished (`search_eta`); None before the first."""
+        return search_eta(self.wall_times_s, self.target - self.finished, self.workers)
 
 
 @dataclass(frozen=True)
@@ -382,6 +418,7 @@ class _Driver:
         self.study: optuna.Study
         # Complete trials' proxy loss then their objective values (the loss objective may credit size).
         self._values: list[list[float]] | None = None
+        self._wall_times: list[float] | None = None  # finished trials' wall times, as `_values`
         self._leases_seen: dict[int, float | None] = {}  # other drivers' trials: lease at first sight
         self._waited = False  # the wait for a dead driver's leases was announced
 
@@ -660,6 +697,8 @@ class _Driver:
         state = optuna.trial.TrialState
         # skip_if_finished: another driver starting up may have told Optuna this trial from the
         # database already, between the write above and this tell (`sweep`).
+        if self._wall_times is not None:
+            self._wall_times.append(time.monotonic() - item.started)
         if values is not None:
             self.study.tell(item.trial, values, skip_if_finished=True)
             if self._values is not None:
@@ -730,8 +769,9 @@ class _Driver:
 
     def progress(self) -> SearchProgress:
         """Counts from the database (every driver's trials); the best proxy loss and the front's
-        size (over the objectives Optuna is told) from the complete trials' values, kept in memory
-        (no records are read per event)."""
+        size (over the objectives Optuna is told) from the complete trials' values, and the ETA
+        from the finished trials' wall times, both read once and then kept in memory (no records
+        are read per event; another driver's trials count in the counts only)."""
         if self._values is None:
             self._values = []
             columns = ["params_total", *(OBJECTIVE_COLUMNS[o] for o in self.spec.objectives)]  # loss first
@@ -740,6 +780,8 @@ class _Driver:
                 if params and math.isfinite(told[0]):
                     told[0] = size_adjusted_loss(told[0], params, self.spec.size_beta)
                 self._values.append([math.nan if row[0] is None else float(row[0]), *told])
+        if self._wall_times is None:  # earlier runs' trials too, so a resume has an ETA at once
+            self._wall_times = self.storage.wall_times(self.options.study)
         values = np.array(self._values, dtype=float).reshape(-1, 1 + len(self.spec.objectives))
         return SearchProgress(
             target=self.options.trials,
@@ -747,6 +789,8 @@ class _Driver:
             best_loss=float(np.nanmin(values[:, 0])) if len(values) else None,
             front_size=int(pareto_mask(values[:, 1:]).sum()),
             elapsed_s=time.monotonic() - self.start,
+            workers=self.options.workers,
+            wall_times_s=tuple(self._wall_times),
         )
 
     def _notify(self) -> None:

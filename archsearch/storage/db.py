@@ -757,6 +757,12 @@ class Storage:
         rows = self.trial_rows(study, ["number", *columns], where=schema.Trial.status == COMPLETE)
         return [r[0] for r in rows], [r[1:] for r in rows]
 
+    def wall_times(self, study: str) -> list[float]:
+        """Seconds from claim to result of each of `study`'s finished trials (complete, pruned or
+        failed; retries included), by trial number: what a search's ETA is estimated from."""
+        rows = self.trial_rows(study, ["started_at", "finished_at"], where=schema.Trial.status.in_(FINISHED))
+        return [end - start for start, end in rows if start is not None and end is not None]
+
     def trials_by_number(self, study: str, numbers: Sequence[int]) -> list[TrialRecord]:
         """The records of `study`'s trials `numbers`, in that order (missing ones left out)."""
         # A number beyond a signed 64-bit integer names no row, and SQLite's driver cannot bind it.

@@ -321,6 +321,11 @@ def test_a_signal_stops_cleanly_and_resume_finishes_exactly_n(tmp_path, signum, 
         cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+    # Piped, the progress is one plain line per finished trial, each with an ETA: from the first
+    # line on, as the interrupted run's finished trials give the resume their wall times.
+    lines = [line for line in done.stderr.splitlines() if re.match(r"\[ *\d+ s\] ", line)]
+    assert lines and all(re.search(r"; ETA \d+:\d\d:\d\d$", line) for line in lines), done.stderr
+    assert "4/4 finished: 4 complete" in lines[-1] and lines[-1].endswith("ETA 0:00:00"), done.stderr
     counts = _counts(url)
     assert counts["complete"] == 4 and set(counts) <= {"complete", "interrupted", "duplicate"}, counts
     _no_running(url)
@@ -336,7 +341,9 @@ def test_the_search_bar_counts_running_trials_shows_an_eta_and_keeps_the_final_c
     assert json.loads(stdout)["counts"]["complete"] == 2
     assert "Traceback" not in text, text[-2000:]
     assert "RAY_AUTH_MODE" not in text  # Ray's token notice goes to its log file, not the terminal
-    assert re.search(r"search .*0/2 finished: .*; 1 running; .* ETA", text), text[-2000:]
+    assert re.search(r"search .*0/2 finished: .*; 1 running; .* ETA -:--:--", text), text[-2000:]
+    # Once a trial has finished, the ETA is its wall time for the one trial left (1 worker).
+    assert re.search(r"search .*1/2 finished: .*; 1 running; .* ETA \d+:\d\d:\d\d", text), text[-2000:]
     last = [line for line in text.splitlines() if line.strip()][-1]
     assert last.startswith("search: 2/2 finished: 2 complete") and "0 running" in last, text[-2000:]
 

@@ -351,6 +351,22 @@ def test_a_study_with_a_size_beta_tells_optuna_its_loss_credited_for_size(db):
     assert dict(zip(front.trial_numbers, front.trial_values[:, 0], strict=True)) == pytest.approx(told)
 
 
+def test_snapshots_carry_the_finished_trials_wall_times_for_the_eta(db):
+    seen = []
+    options = SearchOptions(study="s", trials=3, workers=2, sampler="random")
+    run_search(tiny_spec(model=CONTINUOUS), db, options, on_update=seen.append, evaluate_fn=instant)
+    assert seen[0].wall_times_s == () and seen[0].eta_s is None  # nothing finished yet
+    assert {p.workers for p in seen} == {2}
+    assert [len(p.wall_times_s) for p in seen] == [p.finished for p in seen]
+    assert seen[-1].eta_s == 0.0 and all(w >= 0 for w in seen[-1].wall_times_s)
+    # A resume estimates from the trials earlier runs finished, before its own first one ends.
+    resumed = []
+    options = SearchOptions(study="s", trials=5, workers=2, sampler="random", resume=True)
+    run_search(tiny_spec(model=CONTINUOUS), db, options, on_update=resumed.append, evaluate_fn=instant)
+    assert resumed[0].wall_times_s == tuple(db.wall_times("s")[:3]) and resumed[0].eta_s is not None
+    assert len(resumed[-1].wall_times_s) == 5 == resumed[-1].finished
+
+
 def test_progress_is_shown_once_a_finished_trials_slot_is_refilled(db):
     """Each display after a result counts the trial started in its place: with 2 workers, 2 run
     until fewer than 2 are left to start (it read "1 running" for most of a 2-worker search)."""

@@ -154,6 +154,18 @@ def test_studies_list_their_trial_counts(storage):
         lean.finished  # noqa: B018
 
 
+def test_wall_times_are_those_of_the_finished_trials(storage):
+    ended = [("complete", 100.0, 130.0), ("pruned", 200.0, 205.0), ("failed", 300.0, 301.5)]
+    others = [("rejected", 400.0, 400.1), ("duplicate", 500.0, 500.2), ("interrupted", 600.0, 650.0)]
+    rows = [
+        dict(number=n, status=status, started_at=start, finished_at=end)
+        for n, (status, start, end) in enumerate([*ended, *others])
+    ]
+    storage.add_trials("s", [*rows, dict(number=9, status="running", started_at=700.0)])
+    assert storage.wall_times("s") == [30.0, 5.0, 1.5]
+    assert storage.wall_times("nothing-here") == []
+
+
 def test_kernel_cache_reads_known_times_and_writes_new_ones_through(storage):
     class Key:
         fingerprint, dtype, kind, shape = "fp", "bf16", "gemm", (4, 5, 6)

@@ -1,0 +1,131 @@
+"""`archsearch profile`: one training step, kernel by kernel, measured here or modelled for a GPU."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from archsearch.cli.common import (
+    ConfigArg,
+    JsonFlag,
+    PresetOpt,
+    ThreadsOpt,
+    app,
+    print_json,
+    resolve_config,
+    si,
+    stdout,
+    threads_text,
+)
+from archsearch.cli.progress import steps_bar
+from archsearch.errors import ConfigError
+from archsearch.space import ArchConfig
+
+
+@app.command()
+def profile(
+    config: ConfigArg = None,
+    preset_name: PresetOpt = None,
+    device: Annotated[
+        str, typer.Option(help="cpu, cuda, cuda:N (measured) or a catalogued GPU (modelled, see `devices`).")
+    ] = "cpu",
+    batch: Annotated[int, typer.Option(help="Sequences per micro-batch.", min=1)] = 8,
+    dtype: Annotated[
+        str,
+        typer.Option(
+            help="bf16, fp16, fp32 or auto: what training runs in here (fp32 on a CPU without native "
+            "bf16); bf16 on a modelled GPU."
+        ),
+    ] = "auto",
+    steps: Annotated[
+        int,
+        typer.Option(
+            help="Measured: real training steps timed (median, after 3 warm-up steps) so the kernels "
+            "read as its breakdown with a residual line; 0: kernels only.",
+            min=0,
+        ),
+    ] = 10,
+    cache: Annotated[Path | None, typer.Option(help="JSON file caching measurements across runs.")] = None,
+    storage: Annotated[
+        str | None,
+        typer.Option(
+            "--storage", help="Trial database whose kernel table caches measurements (shared with searches)."
+        ),
+    ] = None,
+    min_run_time: Annotated[float, typer.Option(help="Seconds of repeats per kernel.")] = 0.1,
+    top: Annotated[int, typer.Option(help="Kernels shown in the table (JSON has all).")] = 20,
+    threads: ThreadsOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Kernel-by-kernel time of one training step: measured here, or modelled for a GPU.
+
+    Measured on the CPU, the step runs on the threads `train` would choose for this shape and
+    --batch on this machine now (or --threads); --json's "threads" is the count used.
+    """
+    cfg = resolve_config(config, preset_name)
+    if cache is not None and storage is not None:
+        raise ConfigError("give --cache FILE or --storage URL, not both")
+    report, used = _profile(cfg, device, batch, dtype, steps, cache, storage, min_run_time, threads)
+    if as_json:
+        print_json({**report.to_dict(), "threads": used})
+        return
+    console = stdout()
+    how = "modelled" if report.modelled else "measured"
+    on = f"{report.device['name']}, {report.dtype}, batch {batch} x {cfg.seq_len}"
+    console.print(f"{cfg.describe()}\n{how} on {on}" + (f", {threads_text(used, threads)}" if used else ""))
+    table = Table("kernel", "m", "n", "k", "count", "time/call", "total", "TFLOP/s", "share")
+    rows = sorted(report.kernels, key=lambda r: r.total_s, reverse=True)
+    for r in rows[:top]:
+        table.add_row(
+            r.name, str(r.m), str(r.n), str(r.k), str(r.count), si(r.time_s, "s"), si(r.total_s, "s"),
+            f"{r.tflops:.3g}", f"{r.total_s / report.step_time_s:.1%}",
+        )  # fmt: skip
+    console.print(table)
+    mem = Table("memory-bound op", "bytes", "time", "share")
+    for op in sorted(report.memory_ops, key=lambda o: o.time_s, reverse=True):
+        mem.add_row(op.name, si(op.bytes, "B"), si(op.time_s, "s"), f"{op.time_s / report.step_time_s:.1%}")
+    console.print(mem)
+    console.print(_step_breakdown(report))
+
+
+def _profile(
+    cfg: ArchConfig, device: str, batch: int, dtype: str, steps: int, cache: Path | None, storage: str | None,
+    min_run_time: float, threads: int | None,
+) -> tuple[Any, int | None]:  # fmt: skip
+    """The `ProfileReport` and the CPU threads it ran on (None: modelled, or on a GPU)."""
+    from archsearch.evaluators.hardware import check_device
+    from archsearch.evaluators.step_time import step_profile
+
+    measure = functools.partial(
+        step_profile, cfg, device, batch, dtype, steps=steps, min_run_time=min_run_time
+    )
+    if check_device(device):  # modelled: nothing to time, no cache, no threads
+        if threads is not None:
+            raise ConfigError(f"--threads is for a step measured here; {device} is modelled")
+        return measure(), None
+    from archsearch.evaluators.profiler import InMemoryCache, JsonFileCache
+    from archsearch.evaluators.trainer import intra_op_threads, step_threads
+
+    used = step_threads(cfg, device, batch * cfg.seq_len, threads)  # the rule `train` follows
+    with intra_op_threads(used), steps_bar("profiling") as update:
+        if storage is None:
+            known = JsonFileCache(cache) if cache is not None else InMemoryCache()
+            return measure(known, progress=update), used
+        from archsearch.storage import KernelCache, Storage
+
+        with Storage.open(storage) as db:  # new times are written through
+            return measure(KernelCache(db.measurements(), db), progress=update), used
+
+
+def _step_breakdown(report: Any) -> str:
+    """The lines that add up to the step (`ProfileReport.breakdown`), under the step time."""
+    step = report.step_time_s
+    lines = [f"step {si(step, 's')} ({report.step_source}), {report.tokens_per_second:,.0f} tokens/s"]
+    for what, seconds, holds in report.breakdown():
+        note = f"  ({holds})" if holds else ""
+        lines.append(f"  {what:<24}{si(seconds, 's'):>8} {seconds / step:7.1%}{note}")
+    return "\n".join(lines)
