@@ -20,9 +20,11 @@ def url(tmp_path):
 
 
 @pytest.fixture
-def recorded_url(tmp_path):
-    """The recorded calibration set as a validated study "tiny-recorded"."""
-    url = f"sqlite:///{tmp_path / 'recorded.db'}"
+def recorded_url(tmp_path, monkeypatch):
+    """The recorded calibration set as a validated study "tiny-recorded", in ./tiny.db of a
+    temporary working directory (the URL a user would type, shown in the report's header)."""
+    monkeypatch.chdir(tmp_path)
+    url = "sqlite:///tiny.db"
     with Storage.open(url) as db:
         recorded_study(db, "tiny-recorded")
     return url
