@@ -17,6 +17,13 @@ def report(
     output: Annotated[
         Path, typer.Option("--output", "-o", help="The HTML file to write (e.g. report.html).")
     ],
+    loss: Annotated[
+        str | None,
+        typer.Option(
+            help="The loss the fronts rank: proxy (as stored) or adjusted (credited for size), as in "
+            "`pareto`. Default: the studies' own loss objective."
+        ),
+    ] = None,
     max_rows: Annotated[
         int,
         typer.Option(
@@ -34,5 +41,5 @@ def report(
     from archsearch.storage import Storage
 
     with Storage.open(storage, create=False) as db:
-        path = write_report(db, study, output, max_rows=max_rows)
+        path = write_report(db, study, output, loss=loss, max_rows=max_rows)
     typer.echo(f"wrote {path}", err=True)

@@ -330,10 +330,10 @@ def _knee(i: int, s: StudySection) -> str:
         f", step time {_si(k['step_time_s'], 's')}. The trial <code>archsearch export --study "
         f"{esc(s.name)} --knee</code> writes; each format below is what it would write.</p>",
     ]
-    if k.number != s.front.front.knee:  # overlaid studies without a fixed beta share a pooled one
+    if k.number != s.front.front.knee:  # the fronts rank another loss than the study's (`--loss`)
         out.append(
-            f'<p class="note">The plot\'s knee, trial {s.front.front.knee}, ranks the loss credited with '
-            f"the beta pooled over the studies shown; export ranks this study's own loss objective.</p>"
+            f'<p class="note">The plot\'s knee, trial {s.front.front.knee}, is that of the loss the '
+            "fronts rank here; export ranks the study's own loss objective.</p>"
         )
     rows = []
     for e in s.exports:

@@ -146,13 +146,18 @@ class Report:
 # ------------------------------------------------------------------------------------------------
 # Building it
 # ------------------------------------------------------------------------------------------------
-def build_report(storage: Storage, studies: Sequence[str], *, max_rows: int = DEFAULT_MAX_ROWS) -> Report:
+def build_report(
+    storage: Storage, studies: Sequence[str], *, loss: str | None = None, max_rows: int = DEFAULT_MAX_ROWS
+) -> Report:
     """Everything the report of `studies` shows, read from `storage`.
 
     Args:
         storage: an open trial database (read only).
         studies: study names; several overlay on one front plot against one reference point,
             so they must rank the same objectives and loss (as `archsearch pareto` requires).
+        loss: the loss the fronts rank, as `pareto.study_fronts` takes it: None for the studies'
+            own loss objective (studies that rank different ones need "proxy" or "adjusted").
+            The knee section always shows the knee `export --knee` writes, by the study's own.
         max_rows: at most this many trials in each study's table (its front's members always in).
 
     Raises:
@@ -169,13 +174,18 @@ def build_report(storage: Storage, studies: Sequence[str], *, max_rows: int = DE
         raise ReportError(f"--study {', '.join(twice)} given more than once")
     if max_rows < 1:
         raise ReportError(f"--max-rows must be at least 1, got {max_rows}")
-    fronts = study_fronts(storage, list(studies))
-    sections = tuple(_section(storage, front, max_rows) for front in fronts)
+    fronts = study_fronts(storage, list(studies), loss=loss)
+    sections = tuple(_section(storage, front, loss is None, max_rows) for front in fronts)
     return Report(sections, storage.display_url, time.time(), _versions())
 
 
 def write_report(
-    storage: Storage, studies: Sequence[str], path: str | Path, *, max_rows: int = DEFAULT_MAX_ROWS
+    storage: Storage,
+    studies: Sequence[str],
+    path: str | Path,
+    *,
+    loss: str | None = None,
+    max_rows: int = DEFAULT_MAX_ROWS,
 ) -> Path:
     """Build the report of `studies` and write it to `path` (.html) atomically; returns the path.
 
@@ -190,13 +200,13 @@ def write_report(
         raise ReportError(f"the report is one HTML file: give an output ending in .html, not {path.name!r}")
     if path.is_dir():
         raise ReportError(f"{path} is a folder: give the report's file name")
-    page = render(build_report(storage, studies, max_rows=max_rows))
+    page = render(build_report(storage, studies, loss=loss, max_rows=max_rows))
     write_atomic(path, page.encode("utf-8"))
     return path
 
 
-def _section(storage: Storage, front: StudyFront, max_rows: int) -> StudySection:
-    from archsearch.search.selection import Choice, select
+def _section(storage: Storage, front: StudyFront, own_loss: bool, max_rows: int) -> StudySection:
+    from archsearch.search.selection import Choice, Selection, select
     from archsearch.space.config import ArchConfig
     from archsearch.storage import TrialTable, trials_table
 
@@ -204,11 +214,14 @@ def _section(storage: Storage, front: StudyFront, max_rows: int) -> StudySection
     record = storage.require_study(name, counts=True)
     everything = trials_table(storage, name)
     col = {c: i for i, c in enumerate(everything.columns)}
-    shapes = {
-        row[col["number"]]: ArchConfig.from_json(row[col["config_json"]]).describe()
-        for row in everything.rows
-        if row[col["config_json"]] and row[col["number"]] is not None
-    }
+    described: dict[str, str] = {}  # config JSON -> its description: searches repeat shapes
+    shapes = {}
+    for row in everything.rows:
+        number, config = row[col["number"]], row[col["config_json"]]
+        if config and number is not None:
+            if config not in described:
+                described[config] = ArchConfig.from_json(config).describe()
+            shapes[number] = described[config]
     members = set(front.front.numbers)
     room = max_rows - len(members)  # for trials off the front, the lowest numbers first
     shown = []
@@ -218,9 +231,16 @@ def _section(storage: Storage, front: StudyFront, max_rows: int) -> StudySection
         elif room > 0:
             shown.append(row)
             room -= 1
-    # The knee `export --knee` writes: the front of the study's own objectives and loss objective.
-    selection = select(storage, name, Choice("json", knee=True))
-    (knee,) = selection.members
+    # The knee `export --knee` writes: that of the front of the study's own objectives and loss
+    # objective. That is this front's knee when it ranks the study's own loss (the reference point
+    # moves no knee): taken from it, not from `select`, which reads every complete trial's record.
+    if own_loss:
+        (knee,) = (r for r in front.records if r.number == front.front.knee)
+        devices = {d.get("fingerprint"): d for d in storage.devices()}
+        selection = Selection(record, (knee,), knee.number, devices)
+    else:
+        selection = select(storage, name, Choice("json", knee=True))
+        (knee,) = selection.members
     validations = storage.validations(name)
     return StudySection(
         record=record,

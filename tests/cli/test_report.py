@@ -32,6 +32,14 @@ def test_writes_one_html_file_and_says_where(url, tmp_path):
     assert page.startswith("<!DOCTYPE html>") and "archsearch report: a, b" in page
 
 
+def test_loss_ranks_the_fronts_as_pareto_does(url, tmp_path):
+    out = tmp_path / "r.html"
+    assert _run("--study", "a", "--storage", url, "-o", str(out), "--loss", "adjusted").exit_code == 0
+    assert "the loss is size-adjusted: loss - " in out.read_text()
+    assert _run("--study", "a", "--storage", url, "-o", str(out), "--loss", "proxy").exit_code == 0
+    assert "the loss is size-adjusted" not in out.read_text()
+
+
 def test_max_rows_cuts_the_table(url, tmp_path):
     out = tmp_path / "r.html"
     assert _run("--study", "a", "--storage", url, "-o", str(out), "--max-rows", "3").exit_code == 0
@@ -49,8 +57,9 @@ def test_max_rows_cuts_the_table(url, tmp_path):
         (("--study", "a", "--study", "a", "-o", "r.html"), "error: --study a given more than once"),
         (("--study", "a", "-o", "r.html", "--max-rows", "0"), "error: --max-rows must be at least 1, got 0"),
         (("--study", "a"), "error: Missing option '--output' / '-o'."),
+        (("--study", "a", "-o", "r.html", "--loss", "best"), "error: --loss must be one of proxy, adjusted"),
     ],
-    ids=["unknown-study", "not-html", "twice", "no-rows", "no-output"],
+    ids=["unknown-study", "not-html", "twice", "no-rows", "no-output", "bad-loss"],
 )
 def test_bad_input_is_one_line_and_exit_2(url, tmp_path, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)

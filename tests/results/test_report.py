@@ -3,6 +3,7 @@ through the storage API."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -21,6 +22,7 @@ from archsearch.results.report import (
     step_breakdown,
     write_report,
 )
+from archsearch.search.selection import Choice, select
 from archsearch.space.export import EXPORT_FORMATS
 from archsearch.storage import Storage
 from tests.results.studies import FRONT, KNEE, SHAPES, small_study
@@ -45,6 +47,24 @@ def test_the_knee_is_the_one_export_knee_writes_with_the_study_s_loss_objective(
     [s] = _report(url, "a").sections
     assert s.front.size_beta == 0.2 and s.front.front.numbers == (4, 3, 2, 1, 0)
     assert s.knee.number == KNEE
+
+
+def test_studies_that_rank_different_losses_need_one_named(url):
+    with pytest.raises(ArchsearchError, match="rank different loss objectives: pass --loss"):
+        _report(url, "a", "b")  # a credits size (beta 0.2), b ranks the proxy loss
+    report = _report(url, "a", "b", loss="proxy")
+    assert [s.front.size_beta for s in report.sections] == [None, None]
+    with Storage.open(url, create=False) as db:  # the knee section stays export's, by a's own loss
+        assert report.sections[0].knee.number == select(db, "a", Choice("json", knee=True)).knee
+
+
+def test_the_knee_section_says_when_the_plot_ranks_another_loss(url):
+    report = _report(url, "b")
+    [s] = report.sections
+    assert "The plot's knee" not in render(report)
+    other = next(r for r in s.front.records if r.number != s.front.front.knee)
+    page = render(dataclasses.replace(report, sections=(dataclasses.replace(s, knee=other),)))
+    assert f"The plot's knee, trial {s.front.front.knee}, is that of the loss the fronts rank" in page
 
 
 def test_the_table_is_cut_to_max_rows_but_keeps_the_front(url):
