@@ -9,6 +9,7 @@
 - `validate`: validate;
 - `results`: pareto, studies, trials;
 - `export`: export;
+- `report`: report, the HTML file that shares a study;
 - `progress`: the progress bars, fed by the library's callbacks.
 
 Each command parses its options, calls the library and prints; importing this package loads no
@@ -19,7 +20,8 @@ from __future__ import annotations
 
 # Importing the command modules registers their commands on `app`, in this order in --help.
 # isort: off
-from archsearch.cli import shape, train, profile, devices, search, validate, results, export  # noqa: F401
+from archsearch.cli import shape, train, profile, devices, search  # noqa: F401
+from archsearch.cli import validate, results, export, report  # noqa: F401
 
 # isort: on
 from archsearch.cli.common import app

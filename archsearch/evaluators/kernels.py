@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -359,3 +360,32 @@ class ProfileReport:
             "memory_ops": [row.to_dict() for row in self.memory_ops],
             "config": self.config.to_dict(),
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ProfileReport:
+        """The report `to_dict` wrote (as stored with a trial's profile); the derived numbers in it
+        (step_time_s, the sums, each kernel's total_s and tflops) are computed again, not read.
+
+        Raises:
+            KeyError: a field without a default is missing.
+        """
+        kernel_fields = ("name", "kind", "m", "n", "k", "count", "dtype", "flops", "time_s")
+        return cls(
+            config=ArchConfig.from_dict(data["config"]),
+            device=dict(data["device"]),
+            dtype=data["dtype"],
+            batch=int(data["batch"]),
+            tokens=int(data["tokens"]),
+            kernels=tuple(
+                KernelRow(**{f: row[f] for f in kernel_fields}, shape=tuple(row["shape"]))
+                for row in data["kernels"]
+            ),
+            memory_ops=tuple(MemoryRow(r["name"], r["bytes"], r["time_s"]) for r in data["memory_ops"]),
+            bandwidth_bytes_per_s=float(data["bandwidth_bytes_per_s"]),
+            min_run_time=float(data["min_run_time"]),
+            modelled=bool(data.get("modelled", False)),
+            measured_step_s=data.get("measured_step_s"),
+            measured_steps=int(data.get("measured_steps", 0)),
+            launches=int(data.get("launches", 0)),
+            overhead_s=float(data.get("overhead_s", 0.0)),
+        )

@@ -7,8 +7,9 @@ are imported only here and only when a plot is asked for. Several studies overla
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from archsearch.errors import ArchsearchError
 from archsearch.fileio import write_atomic
@@ -101,6 +102,21 @@ def _png(fronts: Sequence[StudyFront]) -> bytes:
 
 
 def _html(fronts: Sequence[StudyFront]) -> bytes:
+    # The plotly library is embedded so the file opens offline.
+    return front_figure(fronts).to_html(include_plotlyjs=True, full_html=True).encode("utf-8")
+
+
+def front_figure(fronts: Sequence[StudyFront], labels: Mapping[str, Mapping[int, str]] | None = None) -> Any:
+    """The interactive plot of `fronts` as a `plotly.graph_objects.Figure` (what `.html` writes).
+
+    Args:
+        fronts: one or more studies' fronts, overlaid.
+        labels: study -> trial number -> hover text for the faded points of every complete
+            trial (default: "trial N"); the front's points always show the member's shape.
+
+    Raises:
+        ArchsearchError: plotly is not installed.
+    """
     try:
         import plotly.graph_objects as go
     except ImportError:
@@ -117,7 +133,7 @@ def _html(fronts: Sequence[StudyFront]) -> bytes:
                 mode="markers",
                 name=f"{front.study}: all trials",
                 marker=dict(color=color, opacity=0.25, size=6),
-                text=[f"trial {n}" for n in front.trial_numbers],
+                text=[(labels or {}).get(front.study, {}).get(n, f"trial {n}") for n in front.trial_numbers],
             )
         )
         shapes = {r.number: r.config.describe() for r in front.records}
@@ -148,5 +164,4 @@ def _html(fronts: Sequence[StudyFront]) -> bytes:
     fig.update_xaxes(type="log", title=AXIS_LABELS[_x_objective(fronts[0])])
     fig.update_yaxes(title=_y_label(fronts))
     fig.update_layout(title="Pareto front: loss against cost (lower left is better)", template="plotly_white")
-    # The plotly library is embedded so the file opens offline.
-    return fig.to_html(include_plotlyjs=True, full_html=True).encode("utf-8")
+    return fig

@@ -17,6 +17,7 @@ from archsearch.evaluators.hardware import (
     calibrate,
     device_model,
     local_cpu,
+    modelled_profile,
     plan_gemm,
     predict_attention,
     predict_gemm,
@@ -24,7 +25,7 @@ from archsearch.evaluators.hardware import (
     predict_step,
     prediction_errors,
 )
-from archsearch.evaluators.kernels import AttentionCall, MemoryOp, step_kernels
+from archsearch.evaluators.kernels import AttentionCall, MemoryOp, ProfileReport, step_kernels
 from archsearch.space import preset
 
 A100 = device_model("a100-80gb")
@@ -217,6 +218,16 @@ def test_step_prediction_totals_and_devices():
         assert b.time_s < 0.75 * a.time_s  # 3.35 -> 4.8 TB/s
     assert h200.step_time_s < h100.step_time_s
     assert h100.to_dict()["kernels"][0]["tflops"] == h100.kernels[0].tflops
+
+
+def test_a_stored_profile_report_reads_back_as_it_was():
+    # As a trial's profile stores it (JSON), with a measured step (a residual) and without.
+    modelled = modelled_profile(preset("gpt2-small"), "h100-sxm", 4, "bf16", launches=200)
+    for report in (modelled, modelled.with_measured_step(0.5, 9)):
+        back = ProfileReport.from_dict(json.loads(json.dumps(report.to_dict())))
+        assert back == report and back.breakdown() == report.breakdown()
+    with pytest.raises(KeyError, match="kernels"):
+        ProfileReport.from_dict({k: v for k, v in modelled.to_dict().items() if k != "kernels"})
 
 
 def test_fp32_step_runs_faster_with_tf32():
