@@ -11,8 +11,9 @@ Each study's section holds:
   `max_rows`, the front's members always among them);
 - the knee as `archsearch export --knee` chooses it (`selection.select`) and, for every export
   format, the files `export` would write for it (`selection.export_plan`) or the format's refusal;
-- the latest stored `validate` report, its rank correlations with 95% intervals
-  (`rank_interval`), or None: the page then warns that the study was never validated;
+- the latest stored `validate` report, its rank correlations with 95% intervals (the bootstrap
+  intervals `validate` stores, else `rank_interval`'s approximation for older reports), or
+  None: the page then warns that the study was never validated;
 - the knee's stored step profiles, each broken into the parts that add up to its step
   (`ProfileReport.breakdown`), or only the step time where no breakdown was stored;
 - the space file as written, each driver's settings, the devices that trained the study's trials
@@ -309,9 +310,20 @@ _PREDICTORS = {
 }  # fmt: skip
 
 
+def _stored_interval(deciding: Mapping[str, Any] | None, key: str, kind: str) -> tuple[float, float] | None:
+    """The bootstrap interval `validate` stored for a predictor (its `deciding` measures), where
+    both bounds are defined; None for reports stored before it (they get `rank_interval`)."""
+    estimate = (deciding or {}).get(key, {}).get(kind) or {}
+    low, high = estimate.get("low"), estimate.get("high")
+    return (low, high) if low is not None and high is not None else None
+
+
 def validation_view(record: ValidationRecord, earlier: int = 0) -> Validation:
-    """A stored `validate` report's correlations with their 95% intervals (`rank_interval`)."""
+    """A stored `validate` report's correlations with their 95% intervals: the bootstrap
+    intervals over trials that `validate` stores (`deciding`), else, for reports stored before
+    them, Fisher-z approximations (`rank_interval`)."""
     report = record.report
+    deciding = report.get("deciding")
     n = len(report.get("trials", ()))
     objective = report.get("objective", "proxy")  # reports from before size betas ranked the proxy
     rows = []
@@ -327,9 +339,15 @@ def validation_view(record: ValidationRecord, earlier: int = 0) -> Validation:
                 predictor=label,
                 objective=key == objective,
                 spearman=c["spearman"],
-                spearman_interval=rank_interval(c["spearman"], n, "spearman"),
+                spearman_interval=(
+                    _stored_interval(deciding, key, "spearman") if deciding
+                    else rank_interval(c["spearman"], n, "spearman")
+                ),
                 kendall=c["kendall"],
-                kendall_interval=rank_interval(c["kendall"], n, "kendall"),
+                kendall_interval=(
+                    _stored_interval(deciding, key, "kendall") if deciding
+                    else rank_interval(c["kendall"], n, "kendall")
+                ),
                 iso_pairs=(int(iso[0]), int(iso[1])) if iso else None,
             )
         )

@@ -98,6 +98,25 @@ def test_the_knee_of_the_fixture_is_refused_by_one_format_only(url):
     assert [e.fmt for e in s.exports if e.refused] == ["nanogpt"]
 
 
+def test_a_validation_shows_the_bootstrap_intervals_validate_stored():
+    from archsearch.results.report import validation_view
+    from archsearch.storage.db import ValidationRecord
+
+    correlations = {k: {"spearman": 0.5, "kendall": 0.4} for k in ("proxy", "params", "flops")}
+    report = {"trials": list(range(12)), "correlations": correlations, "iso_pairs": {}}
+    stored = {
+        "spearman": {"value": 0.5, "low": 0.1, "high": 0.8},
+        "kendall": {"value": 0.4, "low": None, "high": 0.7},
+    }
+    deciding = {"proxy": stored, "params": stored, "flops": stored}
+    view = validation_view(ValidationRecord(1, "s", 10.0, 1, {**report, "deciding": deciding}, 0.0))
+    proxy = view.rows[0]
+    assert proxy.spearman_interval == (0.1, 0.8)  # validate's own bootstrap over the trials
+    assert proxy.kendall_interval is None  # an undefined bound: no interval rather than a guess
+    older = validation_view(ValidationRecord(1, "s", 10.0, 1, report, 0.0)).rows[0]
+    assert older.spearman_interval == rank_interval(0.5, 12, "spearman")  # stored before: Fisher z
+
+
 def test_rank_intervals_by_fisher_z():
     # Spearman: z = atanh(0.5) = 0.549306, sd = sqrt((1 + 0.125) / 9) = 0.353553, z +- 0.692952.
     low, high = rank_interval(0.5, 12, "spearman")
