@@ -110,10 +110,10 @@ def test_a_validation_shows_the_bootstrap_intervals_validate_stored():
     }
     deciding = {"proxy": stored, "params": stored, "flops": stored}
     view = validation_view(ValidationRecord(1, "s", 10.0, 1, {**report, "deciding": deciding}, 0.0))
-    proxy = view.rows[0]
+    proxy = view.correlations[0]
     assert proxy.spearman_interval == (0.1, 0.8)  # validate's own bootstrap over the trials
     assert proxy.kendall_interval is None  # an undefined bound: no interval rather than a guess
-    older = validation_view(ValidationRecord(1, "s", 10.0, 1, report, 0.0)).rows[0]
+    older = validation_view(ValidationRecord(1, "s", 10.0, 1, report, 0.0)).correlations[0]
     assert older.spearman_interval == rank_interval(0.5, 12, "spearman")  # stored before: Fisher z
 
 
