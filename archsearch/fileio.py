@@ -42,7 +42,9 @@ def write_tree(output: str | Path, tree: dict[str, bytes]) -> None:
 
     output = Path(output).absolute()
     output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
+    prefix = f".{output.name}."
+    sweep_orphans(output.parent, prefix)  # a staging folder of a killed writer (SIGTERM, SIGKILL)
+    staging = Path(tempfile.mkdtemp(prefix=owned(prefix), suffix=".tmp", dir=output.parent))
     try:
         for name, data in tree.items():
             write_atomic(staging / name, data)
@@ -54,6 +56,52 @@ def write_tree(output: str | Path, tree: dict[str, bytes]) -> None:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def owned(prefix: str) -> str:
+    """`prefix` followed by this process's id: the name of a scratch file or folder that
+    `sweep_orphans` removes once the process that made it is gone."""
+    return f"{prefix}{os.getpid()}-"
+
+
+def sweep_orphans(folder: str | Path, prefix: str) -> int:
+    """Remove the entries of `folder` named `owned(prefix)` by processes that no longer exist.
+
+    A process killed by a signal it cannot catch (SIGKILL from the OOM killer, say) never runs its
+    cleanup, so its scratch stays; the next writer of the same kind clears it. Entries of live
+    processes (a concurrent writer), of this process, and names without a process id are kept.
+
+    Returns:
+        How many entries were removed.
+    """
+    removed = 0
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:
+        return 0
+    for entry in entries:
+        if not entry.name.startswith(prefix):
+            continue
+        pid_text = entry.name[len(prefix) :].split("-", 1)[0]
+        if not pid_text.isdigit() or int(pid_text) == os.getpid() or _alive(int(pid_text)):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                entry.unlink()
+        removed += not entry.exists()
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # no such process (or no such process id)
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 def _umask() -> int:

@@ -74,3 +74,55 @@ def test_write_tree_leaves_nothing_when_a_file_fails(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         write_tree(tmp_path / "out", {"a": b"1", "b": b"2"})
     assert list(tmp_path.iterdir()) == []
+
+
+def _reaped() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_killed_writers_staging_is_swept_by_the_next_write_tree(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    # A writer SIGKILLed while its staging folder exists (what the OOM killer or a second Ctrl-C
+    # does: no cleanup runs), waited for by state: it says when the folder is there.
+    script = (
+        "import sys, tempfile, time\n"
+        "from archsearch.fileio import owned\n"
+        f"d = tempfile.mkdtemp(prefix=owned('.out.'), suffix='.tmp', dir={str(tmp_path)!r})\n"
+        "open(d + '/config.json', 'w').write('{}')\n"
+        "print(d, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    staging = proc.stdout.readline().strip()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert os.path.isdir(staging)
+    live = tmp_path / f".out.{os.getpid()}-abc.tmp"  # this process's: a concurrent write of its own
+    live.mkdir()
+    other = tmp_path / ".out.notapid.tmp"  # no process id in the name: never ours to remove
+    other.mkdir()
+    write_tree(tmp_path / "out", {"config.json": b"{}"})
+    assert not os.path.exists(staging)
+    assert live.exists() and other.exists() and (tmp_path / "out" / "config.json").exists()
+
+
+def test_sweep_orphans_removes_only_the_dead_processes_entries(tmp_path):
+    from archsearch.fileio import sweep_orphans
+
+    dead = _reaped()
+    (tmp_path / f".build-{dead}-x").mkdir()
+    (tmp_path / f".build-{dead}-y.part").write_bytes(b"x")
+    (tmp_path / f".build-{os.getppid()}-z").mkdir()  # the parent (pytest's runner) is alive
+    (tmp_path / f".other-{dead}-w").mkdir()
+    assert sweep_orphans(tmp_path, ".build-") == 2
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted([f".build-{os.getppid()}-z", f".other-{dead}-w"])
+    assert sweep_orphans(tmp_path / "absent", ".build-") == 0

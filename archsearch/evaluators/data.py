@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 
 from archsearch.errors import ArchsearchError
-from archsearch.fileio import write_atomic
+from archsearch.fileio import owned, sweep_orphans, write_atomic
 from archsearch.registry import Registry
 
 if TYPE_CHECKING:
@@ -482,7 +482,8 @@ def _build_corpus(
     skipped = 0
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=folder, prefix=".build-") as scratch:
+        sweep_orphans(folder, ".build-")  # what a build killed with SIGKILL left (tens of MB)
+        with tempfile.TemporaryDirectory(dir=folder, prefix=owned(".build-")) as scratch:
             parts = {split: Path(scratch, f"{split}.part") for split in ("train", "val")}
             budget = max_bytes
             with open(parts["train"], "wb") as train_out, open(parts["val"], "wb") as val_out:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pickle
 import re
 import sysconfig
@@ -58,6 +59,25 @@ def test_bundled_corpus_is_capped_byte_level_stdlib_text(cache):
     text = read(ds.train) + read(ds.val)
     assert b"\ndef " in text and b'"""' in text  # code and docstring prose
     assert text.count(DOC_SEPARATOR) >= 5  # several whole files
+
+
+def test_a_build_killed_with_sigkill_leaves_nothing_the_next_build_keeps(cache):
+    # A worker OOM-killed mid-build never runs its cleanup: its scratch (named with its process
+    # id) is removed by the next build in the same cache, a live builder's is left alone.
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    folder = cache / "corpus"
+    stale = folder / f".build-{dead.pid}-abc"
+    stale.mkdir(parents=True)
+    (stale / "train.part").write_bytes(b"x" * 1000)
+    live = folder / f".build-{os.getppid()}-def"  # pytest's parent process: alive
+    live.mkdir()
+    load_dataset(None, max_corpus_bytes=SMALL_CORPUS)
+    assert not stale.exists() and live.exists()
+    assert not [p for p in folder.iterdir() if p.name.startswith(f".build-{os.getpid()}-")]
 
 
 def test_bundled_corpus_is_deterministic_and_cached(cache, tmp_path, monkeypatch):
