@@ -68,6 +68,12 @@ NOT_HERE = {3: "decode and prefill (issue 25's part 3) wait for the serving mode
 SNAPSHOT_EVERY_S = 30.0  # how often the search's database is copied out while it runs
 STOP_GRACE_S = 60.0  # after SIGTERM, time for the search to record its interrupted trial and stop
 SEARCH_START_S = 60.0  # Ray's start and the first trial's imports: a search needs this much budget
+FIRST_TRIAL_S = 300.0  # the first trial ends well inside this (a 500M shape: about 1 min on an H100)
+# Per kernel 0.1 s of repeats and 10 real steps, as the recorded H100 run; part 2's proxy: 3M
+# tokens (6% of the example's 50M: about 730 steps of 4 x 1024, under a minute a trial on an H100)
+# for 8 trials, a handful that still lets pruning act after 2.
+DEFAULTS = {"min_run_time": 0.1, "train_steps": 10, "search_tokens": 3_000_000, "search_trials": 8}
+SMOKE_DEFAULTS = {"min_run_time": 0.01, "train_steps": 3, "search_tokens": 4096, "search_trials": 3}
 
 # ------------------------------------------------------------------------------------------------
 # Part 1's shapes
@@ -547,12 +553,20 @@ def _study_counts(db: Path) -> dict[str, int]:
 
 def _run_search(args: argparse.Namespace, db: Path, files: Files, budget: Budget) -> int | None:
     """`archsearch search` as a real process, its output streamed; stopped with SIGTERM when the
-    budget runs out (it re-queues the running trial). Returns its exit status (None: not run)."""
+    budget runs out (it re-queues the running trial), or when no trial has finished `FIRST_TRIAL_S`
+    after it started (a GPU trial Ray cannot place waits forever). Returns its exit status (None:
+    not run)."""
+    from archsearch.trial import FINISHED
+
     if not budget.allows(SEARCH_START_S + STOP_GRACE_S):
         print(f"part 2: budget spent ({budget.left():.0f} s left, a search needs "
-              f"{SEARCH_START_S + STOP_GRACE_S:.0f}); "
-              "run again to resume", flush=True)  # fmt: skip
+              f"{SEARCH_START_S + STOP_GRACE_S:.0f}); run again to resume", flush=True)  # fmt: skip
         return None
+
+    def finished() -> int:
+        counts = _study_counts(db)
+        return sum(counts.get(state, 0) for state in FINISHED)
+
     argv = [
         sys.executable, "-m", "archsearch", "search", "--space", str(files.space), "--study", STUDY,
         "--storage", f"sqlite:///{db}", "--trials", str(args.search_trials), "--workers", "1", "--resume",
@@ -560,10 +574,11 @@ def _run_search(args: argparse.Namespace, db: Path, files: Files, budget: Budget
     if info_is_cuda(args.device):
         argv += ["--gpus-per-trial", f"{args.gpus_per_trial:g}"]
     print("+ " + " ".join(["archsearch", *argv[3:]]), flush=True)
+    finished_before = finished()
     proc = subprocess.Popen(argv, cwd=ROOT)
     next_copy = time.monotonic() + SNAPSHOT_EVERY_S
     stop_at = budget.left() - STOP_GRACE_S if budget.seconds is not None else float("inf")
-    started = time.monotonic()
+    started, watching = time.monotonic(), True
     try:
         while proc.poll() is None:
             time.sleep(1.0)
@@ -571,9 +586,16 @@ def _run_search(args: argparse.Namespace, db: Path, files: Files, budget: Budget
             if now >= next_copy and db.exists():
                 snapshot(db, files)
                 next_copy = now + SNAPSHOT_EVERY_S
-            if now - started >= stop_at:
-                print("part 2: budget spent: stopping the search (SIGTERM); run again to resume", flush=True)
-                files.event("part 2 budget spent")
+            stuck = False
+            if watching and now - started >= FIRST_TRIAL_S:  # checked once
+                watching, stuck = False, finished() == finished_before
+            if stuck or now - started >= stop_at:
+                why = "budget spent"
+                if stuck:
+                    why = (f"no trial finished in {FIRST_TRIAL_S:.0f} s (does Ray see the GPU? try "
+                           "--gpus-per-trial 0)")  # fmt: skip
+                print(f"part 2: {why}: stopping the search (SIGTERM); run again to resume", flush=True)
+                files.event("part 2 stopped", why=why)
                 proc.send_signal(signal.SIGTERM)
                 try:
                     proc.wait(timeout=STOP_GRACE_S)
@@ -694,12 +716,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--model", default="auto", help="catalogued model the fit starts from (auto: by name)"
     )
-    parser.add_argument("--min-run-time", type=float, default=0.1, help="seconds of repeats per kernel")
-    parser.add_argument("--train-steps", type=int, default=10, help="real steps timed per shape (after 3)")
-    parser.add_argument(
-        "--search-tokens", type=int, default=3_000_000, help="part 2's proxy tokens per trial"
-    )
-    parser.add_argument("--search-trials", type=int, default=8, help="part 2's finished trials")
+    parser.add_argument("--min-run-time", type=float, help="seconds of repeats per kernel (0.1)")
+    parser.add_argument("--train-steps", type=int, help="real steps timed per shape, after 3 more (10)")
+    parser.add_argument("--search-tokens", type=int, help="part 2's proxy tokens per trial (3,000,000)")
+    parser.add_argument("--search-trials", type=int, help="part 2's finished trials (8)")
     parser.add_argument(
         "--gpus-per-trial", type=float, default=1.0, help="part 2 on CUDA: Ray GPUs per trial"
     )
@@ -723,14 +743,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.parts = sorted(set(parts))
     if args.budget_s is not None and not args.budget_s > 0:
         raise CampaignError(f"--budget-s must be positive, got {args.budget_s:g}")
+    # Defaults, a campaign's or (--smoke) a CPU minute's; a value given is kept either way.
+    defaults = SMOKE_DEFAULTS if args.smoke else DEFAULTS
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.smoke:
+        args.device = "cpu"
     if not args.min_run_time > 0:
         raise CampaignError(f"--min-run-time must be positive, got {args.min_run_time:g}")
     if args.train_steps < 1 or args.search_tokens < 1 or args.search_trials < 1:
         raise CampaignError("--train-steps, --search-tokens and --search-trials must be at least 1")
-    if args.smoke:
-        args.device = "cpu"
-        args.min_run_time, args.train_steps = 0.01, 3
-        args.search_tokens, args.search_trials = 4096, 3
     return args
 
 
