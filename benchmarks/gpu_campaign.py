@@ -763,6 +763,12 @@ def main(argv: list[str] | None = None) -> None:
         report(args)
         return
     budget = Budget(args.budget_s)
+    if args.smoke:
+        import torch
+
+        # The suite shares a few cores: on 2 loaded ones a tiny step took 6x longer on 2 torch
+        # threads than on 1 (OpenMP contention); the trials of part 2 run on 1 too ([proxy] threads).
+        torch.set_num_threads(1)
     from archsearch.errors import ArchsearchError
     from archsearch.evaluators.device import detect_device
 
