@@ -12,9 +12,9 @@ Parts (`--parts 1,2`, the default; `--part N` for one):
    scored on the shapes it never saw: median and worst held-out error.
 2. search: `archsearch search` on examples/gpu.toml end to end (Ray, the SQLite database, the
    measured and modelled step times, pruning), as a real process, for a handful of trials at a
-   shortened proxy: the generated space file (the example with `[proxy] tokens`, `[search] trials`
-   and `prune_min_trials` cut, this GPU's catalogued model added to `[profile] devices`) is kept
-   beside the database so every resume runs the same study.
+   shortened proxy: the generated space file (the example with `[proxy] tokens` and `[search]
+   prune_min_trials` cut, this GPU's catalogued model added to `[profile] devices`; the trial
+   count is the command's) is kept beside the database so every resume runs the same study.
 Decode and prefill against the serving model (issue 25's third part) are not in this campaign:
 the serving model is being built in another change, and its measurements come with it.
 
@@ -30,9 +30,10 @@ not end inside it, and the search is stopped (SIGTERM: its running trial is re-q
 runs out. `--mirror DIR` writes every record to DIR too: on the lent machine, $OUT, whose files
 come back even when the command is killed.
 
-On a lent CUDA machine (about 40 minutes of device time in all), from the repository root, each
-command under its 10 minutes; copy what comes back in $OUT to benchmarks/data/ before the next
-call if the machine was given back in between (a warm machine keeps the tree's files):
+On a lent CUDA machine (at most 40 minutes of device time in all; estimated, not yet measured:
+part 1 5-9 minutes, part 2 4-6), from the repository root, each command under its 10 minutes;
+copy the files that come back in $OUT into benchmarks/data/ before the next call, which may get a
+fresh machine (a second command of a part measures only what the first did not):
 
     PYTHONUNBUFFERED=1 python benchmarks/gpu_campaign.py --part 1 --budget-s 540 --mirror "$OUT"
     PYTHONUNBUFFERED=1 python benchmarks/gpu_campaign.py --part 1 --budget-s 540 --mirror "$OUT"  # if cut
