@@ -449,6 +449,8 @@ def score_steps(
               f"{summary['held_out_worst']:.1%} ({worst.label}) over {len(holdouts)} shapes")  # fmt: skip
     if files is not None:
         files.event("part 1 scored", **summary)
+        shown = files.steps.relative_to(ROOT) if files.steps.is_relative_to(ROOT) else files.steps
+        print(f"part 1: the fit on every shape: archsearch fit-device {shown} --device {model}")
     return summary
 
 
