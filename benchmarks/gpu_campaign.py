@@ -507,7 +507,7 @@ def to_toml(spec: dict[str, Any]) -> str:
     )
 
 
-def part_search(args: argparse.Namespace, info: Any, model: str, files: Files, budget: Budget) -> None:
+def part_search(args: argparse.Namespace, model: str, files: Files, budget: Budget) -> None:
     text = to_toml(search_space(args, model))
     if files.space.exists() and files.space.read_text() != text:
         raise CampaignError(
@@ -574,7 +574,7 @@ def _run_search(args: argparse.Namespace, db: Path, files: Files, budget: Budget
         sys.executable, "-m", "archsearch", "search", "--space", str(files.space), "--study", STUDY,
         "--storage", f"sqlite:///{db}", "--trials", str(args.search_trials), "--workers", "1", "--resume",
     ]  # fmt: skip
-    if info_is_cuda(args.device):
+    if _is_cuda(args.device):
         argv += ["--gpus-per-trial", f"{args.gpus_per_trial:g}"]
     print("+ " + " ".join(["archsearch", *argv[3:]]), flush=True)
     finished_before = finished()
@@ -613,7 +613,7 @@ def _run_search(args: argparse.Namespace, db: Path, files: Files, budget: Budget
         raise
 
 
-def info_is_cuda(device: str) -> bool:
+def _is_cuda(device: str) -> bool:
     return device.split(":")[0] == "cuda"
 
 
@@ -793,7 +793,7 @@ def main(argv: list[str] | None = None) -> None:
         if 1 in args.parts:
             part_steps(args, info, files, budget)
         if 2 in args.parts:
-            part_search(args, info, args.model, files, budget)
+            part_search(args, args.model, files, budget)
         files.event("end", elapsed_s=round(budget.elapsed(), 1))
         print(f"gpu campaign: {budget.elapsed():.0f} s", flush=True)
     finally:
