@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -59,117 +58,31 @@ def shapes() -> list[tuple[str, ArchConfig, int]]:
     ]  # fmt: skip
 
 
-FIT_GEMMS = [
-    (256, 256, 256), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
-    (16384, 4096, 4096), (8192, 1024, 1024), (8192, 4096, 1024), (8192, 1024, 4096), (1024, 1024, 8192),
-    (4096, 128, 4096), (128, 4096, 4096), (64, 8192, 8192), (4096, 4096, 128), (2048, 256, 2048),
-    (8192, 8192, 1024),
-]  # fmt: skip
-
-
 # ------------------------------------------------------------------------------------------------
-# Measuring (needs torch and a GPU)
+# Measuring (needs torch; a GPU for numbers worth keeping): evaluators.step_record, shared with
+# benchmarks/gpu_campaign.py
 # ------------------------------------------------------------------------------------------------
-
-
-def nvidia_smi() -> str:
-    query = "name,pci.device_id,clocks.max.sm,clocks.max.mem,power.limit,power.max_limit,memory.total"
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={query}", "--format=csv"], capture_output=True, text=True, timeout=30
-        )
-        return out.stdout.strip() or out.stderr.strip()
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"nvidia-smi failed: {exc}"
-
-
-def time_train_step(cfg: ArchConfig, batch: int, device: str, steps: int = 10, warmup: int = 3) -> float:
-    """Median seconds of one real training step: forward, fp32 loss, backward, fused AdamW."""
-    import torch
-
-    from archsearch.evaluators.model import ProxyLM
-
-    torch.manual_seed(0)
-    model = ProxyLM(cfg).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    data = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len + 1), device=device)
-    x, y = data[:, :-1], data[:, 1:]
-
-    def step() -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(x)
-        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(steps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
-
-
-def attention_backends(cfg: ArchConfig, batch: int, device: str) -> list[str]:
-    """Names of the CUDA kernels one causal SDPA forward of this shape runs (which backend)."""
-    import torch
-    import torch.nn.functional as F
-    from torch.profiler import ProfilerActivity, profile
-
-    shape = (batch, cfg.n_heads, cfg.seq_len, cfg.head_dim)
-    kv = (batch, cfg.n_kv_heads, cfg.seq_len, cfg.head_dim)
-    q = torch.randn(shape, device=device, dtype=torch.bfloat16)
-    k = torch.randn(kv, device=device, dtype=torch.bfloat16)
-    v = torch.randn(kv, device=device, dtype=torch.bfloat16)
-    gqa = cfg.n_kv_heads != cfg.n_heads
-    F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        torch.cuda.synchronize()
-    names = sorted({e.name for e in prof.events() if e.device_type.name == "CUDA"})
-    return [n[:90] for n in names]
 
 
 def measure(device: str, min_run_time: float, train_steps: bool) -> dict[str, Any]:
-    import torch
-
+    from archsearch.evaluators import step_record as sr
     from archsearch.evaluators.device import detect_device
-    from archsearch.evaluators.profiler import InMemoryCache, profile_step, time_gemm
+    from archsearch.evaluators.profiler import InMemoryCache
 
     info = detect_device(device)
     cache = InMemoryCache()
-    out: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "device": info.to_dict(),
-        "nvidia_smi": nvidia_smi(),
-        "torch": torch.__version__,
-        "min_run_time": min_run_time,
-        "shapes": [],
-    }
+    out = sr.run_header(info, min_run_time, DTYPE)
     print(out["nvidia_smi"], flush=True)
     t0 = time.perf_counter()
-    out["fit_gemms"] = [[m, n, k, time_gemm(m, n, k, info, DTYPE, min_run_time)] for m, n, k in FIT_GEMMS]
-    print(f"fit set: {len(FIT_GEMMS)} GEMMs in {time.perf_counter() - t0:.1f} s", flush=True)
+    out["fit_gemms"] = sr.time_fit_gemms(sr.FIT_GEMMS, info, min_run_time, DTYPE)
+    print(f"fit set: {len(sr.FIT_GEMMS)} GEMMs in {time.perf_counter() - t0:.1f} s", flush=True)
     for label, cfg, batch in shapes():
-        t0 = time.perf_counter()
-        report = profile_step(cfg, batch, device, DTYPE, cache, min_run_time)
-        entry = {"label": label, "config": cfg.to_dict(), "batch": batch, "report": report.to_dict()}
-        entry["attention_kernels"] = attention_backends(cfg, batch, device)
-        if train_steps:
-            try:
-                entry["train_step_s"] = time_train_step(cfg, batch, device)
-            except torch.OutOfMemoryError as exc:
-                entry["train_step_s"] = None
-                print(f"{label}: real step out of memory: {str(exc).splitlines()[0]}")
-            torch.cuda.empty_cache()
+        steps = sr.TRAIN_STEPS if train_steps else 0
+        entry = sr.measure_shape(label, cfg, batch, device, cache, min_run_time, DTYPE, steps)
+        if "error" in entry:
+            print(f"{label}: {entry['error']}")
         out["shapes"].append(entry)
-        print(f"{label}: profiled in {time.perf_counter() - t0:.1f} s", flush=True)
+        print(f"{label}: profiled in {entry['measure_s']:.1f} s", flush=True)
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -129,7 +130,7 @@ def test_trainer_throughput_smoke_trains_in_the_precision_auto_resolves_to(cpu_b
 def test_every_benchmark_has_a_smoke_test():
     scripts = {p.stem for p in (ROOT / "benchmarks").glob("*.py")}
     tested = set(SMOKES) | {"query_speed", "proxy_fidelity", "step_time_accuracy", "threads"}
-    tested |= {"search_quality", "trainer_throughput", "calibration"}
+    tested |= {"search_quality", "trainer_throughput", "calibration", "gpu_campaign"}
     assert scripts == tested
 
 
@@ -204,3 +205,173 @@ def test_the_calibration_sets_tiny_block_is_the_tiny_example():
     for table in ("model", "rules", "budget", "proxy", "objectives"):
         assert block[table] == example[table], table
     assert block["search"]["sampler"] == "random" and block["search"]["prune"] is False
+
+
+def _campaign(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_campaign.py"), *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def test_gpu_campaign_smoke_records_both_parts_and_a_second_run_resumes_measuring_nothing(tmp_path):
+    out = tmp_path / "records"
+    # Cut off: a budget spent before the first shape stops part 1 cleanly, with the fit set kept.
+    cut = _smoke("gpu_campaign.py", "--out", str(out), "--part", "1", "--budget-s", "0.001", timeout=300)
+    assert "part 1: budget spent" in cut.stdout, cut.stdout
+    assert "6 shapes left, run again to resume" in cut.stdout, cut.stdout
+    (steps_file,) = out.glob("gpu_campaign_*_steps.json")
+    cut_run = json.loads(steps_file.read_text())
+    assert cut_run["shapes"] == [] and len(cut_run["fit_gemms"]) == 5
+    # The whole campaign resumes it: the fit set is not timed again, every shape is measured once.
+    done = _smoke("gpu_campaign.py", "--out", str(out), timeout=900)
+    assert "part 1: resumed" in done.stdout, done.stdout
+    assert "0 of 6 shapes recorded, 6 to measure" in done.stdout, done.stdout
+    run = json.loads(steps_file.read_text())
+    assert run["fit_gemms"] == cut_run["fit_gemms"]
+    labels = ["t-d64", "t-d64-ff196", "t-d128-mqa", "t-d64-b8", "t-d64-s128", "t-v250"]
+    assert [s["label"] for s in run["shapes"]] == labels
+    assert all(s["train_step_s"] > 0 and s["report"]["kernels"] for s in run["shapes"])
+    assert "fitting h100-sxm on 4 as `archsearch fit-device` does, scoring it on 2 held out" in done.stdout
+    assert re.search(r"held out: median \|error\| [\d.]+%, worst [\d.]+% \(t-", done.stdout), done.stdout
+    # Part 2: the generated space searched end to end on the database kept beside the records.
+    search = json.loads(next(out.glob("gpu_campaign_*_search.json")).read_text())
+    counts = search["counts"]
+    assert counts.get("complete", 0) + counts.get("pruned", 0) == 3 and not counts.get("failed"), counts
+    assert all(t["profiles"].get("local") and t["profiles"].get("h100-sxm") for t in search["trials"]
+               if t["status"] == "complete")  # fmt: skip
+    database = next(out.glob("gpu_campaign_*_search.sqlite"))
+    assert not list(out.glob("*.sqlite-wal")), "the database record is one self-contained file"
+    trials = _campaign_trials(database)
+    assert len(trials) == len(search["trials"])
+    # The recorded run is what fit-device reads.
+    fitted = subprocess.run(
+        [sys.executable, "-m", "archsearch", "fit-device", str(steps_file), "--no-holdout", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert fitted.returncode == 0 and len(json.loads(fitted.stdout)["shapes"]) == 6, fitted.stderr
+    # Again: nothing is measured or trained; the records are the same bytes.
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.suffix != ".jsonl"}
+    again = _smoke("gpu_campaign.py", "--out", str(out), timeout=600)
+    assert "part 1: resumed" in again.stdout and "6 of 6 shapes recorded, 0 to measure" in again.stdout
+    assert "part 2: resumed" in again.stdout and "3 of 3 trials finished" in again.stdout, again.stdout
+    assert "part 2: nothing to run" in again.stdout and "+ archsearch search" not in again.stdout
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.suffix != ".jsonl"} == before
+    events = [json.loads(line)["event"] for line in next(out.glob("*.jsonl")).read_text().splitlines()]
+    assert events.count("start") == 3 and events.count("part 1 scored") == 2, events
+
+
+def _campaign_trials(database: Path) -> list[tuple]:
+    import sqlite3
+
+    with sqlite3.connect(database) as db:
+        return db.execute("SELECT number, status FROM archsearch_trials").fetchall()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--part", "3"], "part 3 is not in this campaign: decode and prefill"),
+        (["--parts", "1,x"], "--parts must be numbers"),
+        (["--budget-s", "-5"], "--budget-s must be positive, got -5"),
+        (["--budget-s", "soon"], "argument --budget-s: invalid float value: 'soon'"),
+        (["--report", "--out", "/nonexistent/records"], "no campaign records in /nonexistent/records"),
+    ],
+    ids=["part-3", "parts", "budget", "budget-type", "no-records"],
+)
+def test_gpu_campaign_refuses_bad_input_in_one_line(args, message):
+    done = _campaign(*args, timeout=120)
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpu_campaign: ") and message in lines[0], done.stderr
+
+
+@pytest.fixture
+def campaign(monkeypatch):
+    """benchmarks/gpu_campaign.py as a module (it imports gpu_model_accuracy's shapes from beside it)."""
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("gpu_campaign", ROOT / "benchmarks" / "gpu_campaign.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gpu_campaign", module)  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_campaign_shapes_vary_every_knob_the_issue_names_and_hold_a_fixed_third_out(campaign):
+    import gpu_model_accuracy
+
+    table = campaign.shapes()
+    labels = [label for label, _, _ in table]
+    assert len(labels) >= 30 and len(set(labels)) == len(labels)
+    assert table[:8] == gpu_model_accuracy.shapes()  # the recorded H100 run's shapes, measured again
+    assert campaign.HELD_OUT < set(labels) and 0.2 < len(campaign.HELD_OUT) / len(labels) < 0.4
+    configs = [cfg for _, cfg, _ in table]
+    # d_model and d_ff off the 64 elements and off the 16 bytes (8 bf16 elements), beside aligned ones.
+    for widths in ([c.d_model for c in configs], [c.d_ff for c in configs]):
+        assert {w % 64 == 0 for w in widths} == {True, False} and any(w % 8 for w in widths)
+    assert len({c.head_dim for c in configs}) >= 5
+    assert {c.n_heads // c.n_kv_heads for c in configs} >= {1, 4, 8, 16}
+    assert len({c.seq_len for c in configs}) >= 5 and len({batch for _, _, batch in table}) >= 6
+    assert {50257, 50304, 256} <= {c.vocab_size for c in configs}
+    assert campaign.SMOKE_HELD_OUT < {label for label, _, _ in campaign.smoke_shapes()}
+
+
+def test_gpu_campaign_searches_the_gpu_example_with_only_the_proxy_cut(campaign):
+    import tomllib
+
+    from archsearch.search.spec import parse_spec
+
+    example = tomllib.loads((ROOT / "examples" / "gpu.toml").read_text())
+    args = campaign.parse_args([])
+    generated = tomllib.loads(campaign.to_toml(campaign.search_space(args, "h200")))
+    for table in ("model", "rules", "budget", "objectives"):
+        assert generated[table] == example[table], table
+    assert generated["proxy"] == {**example["proxy"], "tokens": 3_000_000, "device": "cuda"}
+    assert generated["profile"]["devices"] == [*example["profile"]["devices"], "h200"]
+    assert generated["search"] == {**example["search"], "prune_min_trials": 2}
+    assert parse_spec(campaign.to_toml(campaign.search_space(args, "h100-sxm"))).defaults.prune
+    smoke = parse_spec(campaign.to_toml(campaign.search_space(campaign.parse_args(["--smoke"]), "h100-sxm")))
+    smoke.space.check_feasible()  # raises when no tiny shape meets the budget
+
+
+def test_gpu_campaign_records_a_failing_shape_and_measures_the_rest(campaign, monkeypatch, tmp_path, capsys):
+    from archsearch.evaluators import step_record
+    from archsearch.evaluators.device import detect_device
+
+    measured, broken = [], {"t-d128-mqa"}
+
+    def measure(label, cfg, batch, *args):
+        measured.append(label)
+        if label in broken:
+            raise RuntimeError("no kernel for this shape")
+        return {"label": label, "config": cfg.to_dict(), "batch": batch, "train_step_s": None, "measure_s": 0}
+
+    monkeypatch.setattr(step_record, "measure_shape", measure)
+    monkeypatch.setattr(step_record, "time_fit_gemms", lambda gemms, *a: [[*g, 1e-6] for g in gemms])
+    info = detect_device("cpu")
+    files = campaign.Files(tmp_path, "cpu")
+    labels = [label for label, _, _ in campaign.smoke_shapes()]
+
+    def run(*argv):
+        measured.clear()
+        campaign.part_steps(campaign.parse_args(["--smoke", *argv]), info, files, campaign.Budget(None))
+        return json.loads(files.steps.read_text())
+
+    first = run()
+    assert measured == labels
+    assert [s["label"] for s in first["shapes"]] == [x for x in labels if x != "t-d128-mqa"]
+    assert first["failed"] == [{
+        "label": "t-d128-mqa", "config": first["failed"][0]["config"], "batch": 2,
+        "error": "RuntimeError: no kernel for this shape",
+    }]  # fmt: skip
+    assert "t-d128-mqa: not measured: RuntimeError: no kernel for this shape" in capsys.readouterr().out
+    assert run()["shapes"] == first["shapes"] and measured == []  # recorded as failed: not tried again
+    assert "5 of 6 shapes recorded (1 failed: --retry-failed measures them again), 0 to measure" in (
+        capsys.readouterr().out
+    )
+    broken.clear()
+    again = run("--retry-failed")
+    assert measured == ["t-d128-mqa"] and again["failed"] == []
+    assert sorted(s["label"] for s in again["shapes"]) == sorted(labels)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -337,7 +337,8 @@ def refit(
     try:
         shapes = raw["shapes"]
         launches = {entry["label"]: count(ArchConfig.from_dict(entry["config"])) for entry in shapes}
-        extra = [GemmMeasurement(m, n, k, "bf16", t) for m, n, k, t in raw.get("fit_gemms", [])]
+        dtype = raw.get("dtype", "bf16")  # runs before 2026-11-25 name none: they timed bf16
+        extra = [GemmMeasurement(m, n, k, dtype, t) for m, n, k, t in raw.get("fit_gemms", [])]
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"not a recorded gpu_model_accuracy run: {exc!r}") from exc
     records = records_from_benchmark(raw, launches)
@@ -364,3 +365,47 @@ def refit(
         ),
         holdout=tuple(fits),
     )
+
+
+def held_out_fit(
+    raw: dict[str, Any],
+    device: str,
+    count: Callable[[ArchConfig], int],
+    held_out: Collection[str],
+) -> tuple[Refit, tuple[Holdout, ...]]:
+    """Fit catalogued `device` to the shapes of a recorded run that are not `held_out` (as `refit`
+    fits them: `archsearch fit-device`), then predict each held-out shape's real step with it.
+
+    Unlike `leave_one_out`, one fit scores every held-out shape, and the split is the caller's,
+    fixed before the run: the error of a model on shapes chosen in advance that it never saw.
+
+    Args:
+        raw: the run's JSON (`benchmarks/gpu_model_accuracy.py --save`, `gpu_campaign.py` part 1).
+        device: the catalogue key the fit is for.
+        count: kernels an eager step of a config launches (`model.eager_kernel_count`).
+        held_out: labels of the run's shapes left out of the fit; a shape without a real step
+            is left out of both.
+
+    Returns:
+        (the fit on the other shapes, one `Holdout` per held-out shape with a real step).
+
+    Raises:
+        ConfigError: the file is not such a run, a held-out label is not in it, or too few shapes
+            are left to fit.
+        UnknownNameError: `device` is not catalogued.
+    """
+    try:
+        shapes = list(raw["shapes"])
+        labels = {entry["label"] for entry in shapes}
+    except (KeyError, TypeError) as exc:
+        raise ConfigError(f"not a recorded gpu_model_accuracy run: {exc!r}") from exc
+    if unknown := sorted(set(held_out) - labels):
+        raise ConfigError(f"held-out shape(s) not in the run: {', '.join(unknown)}")
+    fit = refit({**raw, "shapes": [e for e in shapes if e["label"] not in held_out]}, device, count)
+    held = [entry for entry in shapes if entry["label"] in held_out]
+    try:
+        launches = {entry["label"]: count(ArchConfig.from_dict(entry["config"])) for entry in held}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"not a recorded gpu_model_accuracy run: {exc!r}") from exc
+    records = records_from_benchmark({"shapes": held}, launches)
+    return fit, tuple(Holdout(r.label, r.real_step_s, predicted_step(fit.model, r)) for r in records)

@@ -118,3 +118,17 @@ def test_cuda_training_runs_and_reports_mfu():
     assert result.val_loss < math.log(256) - 1.0
     assert 0 < result.mfu < 1
     assert result.peak_flops_per_second / 1e12 < IMPOSSIBLE_TFLOPS
+
+
+def test_a_recorded_cuda_step_waits_for_the_gpu_and_names_the_attention_kernels():
+    # benchmarks/gpu_campaign.py part 1's measurement on the device it is for (the CPU runs it in
+    # tests/evaluators/test_step_record.py).
+    from archsearch.evaluators import step_record
+
+    cfg = ArchConfig(vocab_size=256, seq_len=1024, d_model=1024, n_layers=4, n_heads=16, n_kv_heads=4,
+                     head_dim=64, d_ff=4096)  # fmt: skip
+    entry = step_record.measure_shape("cuda", cfg, 8, "cuda", InMemoryCache(), 0.02, "bf16", train_steps=3)
+    flops = sum(g.flops for g in step_kernels(cfg, 8).gemms)
+    assert flops / entry["train_step_s"] / 1e12 < IMPOSSIBLE_TFLOPS  # the step clock waited
+    assert entry["train_step_s"] >= entry["report"]["kernel_time_s"] * 0.5  # the kernels ran in the step
+    assert entry["attention_kernels"] and all(isinstance(name, str) for name in entry["attention_kernels"])

@@ -17,11 +17,12 @@ import pytest
 from typer.testing import CliRunner
 
 from archsearch.cli import app
+from archsearch.errors import ConfigError
 from archsearch.evaluators.catalogue import FITTED
 from archsearch.evaluators.hardware import device_model, misalignment, plan_gemm, predict_step
 from archsearch.evaluators.kernels import step_kernels
 from archsearch.evaluators.model import _kernels_per_step, eager_kernel_count
-from archsearch.evaluators.step_fit import fitted_fields, refit
+from archsearch.evaluators.step_fit import fitted_fields, held_out_fit, refit
 from archsearch.space import preset
 from archsearch.space.knobs import config_from_knobs
 
@@ -130,3 +131,28 @@ def test_fit_device_prints_the_fit_and_refuses_bad_files(tmp_path):
         result = runner.invoke(app, ["fit-device", str(path)])
         assert result.exit_code == 2 and message in result.output, result.output
         assert len(result.output.strip().splitlines()) == 1
+
+
+def test_a_held_out_fit_scores_shapes_it_never_saw():
+    raw = json.loads((ROOT / H100.data).read_text())
+    labels = [entry["label"] for entry in raw["shapes"]]
+    fit, holdouts = held_out_fit(raw, "h100-sxm", eager_kernel_count, {"d1024-ff2760", "byte-d512"})
+    assert [r.label for r in fit.records] == [x for x in labels if x not in {"d1024-ff2760", "byte-d512"}]
+    assert [h.label for h in holdouts] == ["d1024-ff2760", "byte-d512"]
+    assert all(h.real_step_s > 0 and h.predicted_s > 0 for h in holdouts)
+    # One shape held out is fit-device's --holdout for that shape: the byte-level proxy is the
+    # catalogued fit's worst held-out shape.
+    _, (alone,) = held_out_fit(raw, "h100-sxm", eager_kernel_count, {"byte-d512"})
+    assert abs(alone.error) == pytest.approx(H100.holdout_worst, abs=5e-4)
+    # Nothing held out: the fit on every shape, as `refit`.
+    everything, none = held_out_fit(raw, "h100-sxm", eager_kernel_count, set())
+    assert none == () and fitted_fields(everything.model) == pytest.approx(dict(H100.fields), rel=1e-3)
+
+
+def test_a_held_out_fit_refuses_labels_the_run_does_not_hold():
+    raw = json.loads((ROOT / H100.data).read_text())
+    with pytest.raises(ConfigError, match=r"held-out shape\(s\) not in the run: gpt2-large, nope"):
+        held_out_fit(raw, "h100-sxm", eager_kernel_count, {"nope", "gpt2-large", "byte-d512"})
+    all_but_one = {entry["label"] for entry in raw["shapes"][1:]}
+    with pytest.raises(ConfigError, match="at least 2 shapes with a real step, got 1"):
+        held_out_fit(raw, "h100-sxm", eager_kernel_count, all_but_one)

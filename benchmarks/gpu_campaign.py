@@ -1,0 +1,809 @@
+"""The GPU campaign (issue 25): every GPU claim archsearch makes, measured in one sitting on a lent
+CUDA device, in commands of at most 10 minutes that each resume what the last one recorded.
+
+Parts (`--parts 1,2`, the default; `--part N` for one):
+1. steps: real eager training steps (bf16 autocast on a GPU, fp32 loss, fused AdamW: the step
+   `model.eager_kernel_count` counts) of 41 shapes that vary d_model and d_ff alignment, head_dim,
+   GQA groups, seq_len, vocab 50257 against 50304, batch, and the byte-level shapes the GPU search
+   trains, each with every distinct GEMM and SDPA call of its step timed and the synthetic GEMM
+   set that `archsearch fit-device` reads (`evaluators.step_record`, shared with
+   benchmarks/gpu_model_accuracy.py). Then the step model is fitted as `fit-device` fits it
+   (`step_fit.refit`) on a part of the shapes fixed here in advance (`HELD_OUT` is the rest) and
+   scored on the shapes it never saw: median and worst held-out error.
+2. search: `archsearch search` on examples/gpu.toml end to end (Ray, the SQLite database, the
+   measured and modelled step times, pruning), as a real process, for a handful of trials at a
+   shortened proxy: the generated space file (the example with `[proxy] tokens` and `[search]
+   prune_min_trials` cut, this GPU's catalogued model added to `[profile] devices`; the trial
+   count is the command's) is kept beside the database so every resume runs the same study.
+Decode and prefill against the serving model (issue 25's third part) are not in this campaign:
+the serving model is being built in another change, and its measurements come with it.
+
+Records go to `--out` (default benchmarks/data/), named by the device (`gpu_campaign_<device>_*`),
+each written atomically as each measurement finishes: part 1's run as one JSON in the format
+`archsearch fit-device` and `gpu_model_accuracy.py --load` read, rewritten after every shape; part
+2's database as a self-contained SQLite snapshot, copied every 30 s while the search runs and at
+its end, with a JSON of its trials; a JSONL log of what each invocation did. A run cut off keeps
+what it measured; the next one resumes (a recorded shape is not measured again, the study is
+resumed with `--resume`), as long as it runs on the same device and torch (checked; a different
+one is refused in one line). `--budget-s` bounds one invocation: no new shape starts that would
+not end inside it, and the search is stopped (SIGTERM: its running trial is re-queued) when it
+runs out. `--mirror DIR` writes every record to DIR too: on the lent machine, $OUT, whose files
+come back even when the command is killed.
+
+On a lent CUDA machine (at most 40 minutes of device time in all; estimated, not yet measured:
+part 1 5-9 minutes, part 2 4-6), from the repository root, each command under its 10 minutes;
+copy the files that come back in $OUT into benchmarks/data/ before the next call, which may get a
+fresh machine (a second command of a part measures only what the first did not):
+
+    PYTHONUNBUFFERED=1 python benchmarks/gpu_campaign.py --part 1 --budget-s 540 --mirror "$OUT"
+    PYTHONUNBUFFERED=1 python benchmarks/gpu_campaign.py --part 1 --budget-s 540 --mirror "$OUT"  # if cut
+    PYTHONUNBUFFERED=1 python benchmarks/gpu_campaign.py --part 2 --budget-s 540 --mirror "$OUT"
+    python benchmarks/gpu_campaign.py --report       # anywhere: what is recorded, scored again
+
+    python benchmarks/gpu_campaign.py --smoke        # CPU, tiny shapes and budgets, a temporary folder
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "benchmarks" / "data"
+GPU_SPACE = ROOT / "examples" / "gpu.toml"
+STUDY = "gpu-campaign"
+PARTS = {1: "steps", 2: "search"}
+NOT_HERE = {3: "decode and prefill (issue 25's part 3) wait for the serving model, another change's"}
+SNAPSHOT_EVERY_S = 30.0  # how often the search's database is copied out while it runs
+STOP_GRACE_S = 60.0  # after SIGTERM, time for the search to record its interrupted trial and stop
+SEARCH_START_S = 60.0  # Ray's start and the first trial's imports: a search needs this much budget
+FIRST_TRIAL_S = 300.0  # the first trial ends well inside this (a 500M shape: about 1 min on an H100)
+# Per kernel 0.1 s of repeats and 10 real steps, as the recorded H100 run; part 2's proxy: 3M
+# tokens (6% of the example's 50M: about 730 steps of 4 x 1024, under a minute a trial on an H100)
+# for 8 trials, a handful that still lets pruning act after 2.
+DEFAULTS = {"min_run_time": 0.1, "train_steps": 10, "search_tokens": 3_000_000, "search_trials": 8}
+SMOKE_DEFAULTS = {"min_run_time": 0.01, "train_steps": 3, "search_tokens": 4096, "search_trials": 3}
+
+# ------------------------------------------------------------------------------------------------
+# Part 1's shapes
+# ------------------------------------------------------------------------------------------------
+
+LLAMA = dict(activation="swiglu", norm="rmsnorm", pos_embedding="rope", bias=False, tie_embeddings=False)
+# LLaMA-style 1024-wide base: 16 heads of 64, d_ff 2752 (LLaMA-7B's 11008 / 4), 8k tokens a step.
+D1024 = dict(d_model=1024, n_layers=8, head_dim=64, d_ff=2752, vocab_size=32000, seq_len=1024, **LLAMA)
+BYTES = dict(vocab_size=256, seq_len=1024)  # examples/gpu.toml's data and context
+
+
+def shapes() -> list[tuple[str, Any, int]]:
+    """(label, config, micro-batch): the 8 shapes of the 2026-11-22 H100 run first, then 33 more,
+    one knob moved at a time from a base where one can be."""
+    import dataclasses as dc
+
+    from gpu_model_accuracy import shapes as first_run  # benchmarks/ is this script's folder
+
+    from archsearch.space import preset
+    from archsearch.space.knobs import config_from_knobs as knobs
+
+    d1024 = {k: v for k, v in D1024.items() if k != "head_dim"}
+    gpt2 = preset("gpt2-small")
+    d2048 = dict(d_model=2048, n_layers=8, head_dim=128, d_ff=5632, vocab_size=32000, seq_len=2048, **LLAMA)
+    return [
+        *first_run(),
+        # d_model: 8-aligned but not 64 (1032), off the 16 bytes (1020), wider (1536); 16 heads
+        # of 64 each time, so the attention does not move with it.
+        ("d1032-8al", knobs(n_heads=16, head_dim=64, **{**d1024, "d_model": 1032}), 8),
+        ("d1020-misal", knobs(n_heads=16, head_dim=64, **{**d1024, "d_model": 1020}), 8),
+        ("d1536", knobs(head_dim=64, **{**d1024, "d_model": 1536, "d_ff": 4096}), 8),
+        # d_ff around 4x: 64-aligned, 8-aligned, off the 16 bytes.
+        ("d1024-ff4096", knobs(**{**D1024, "d_ff": 4096}), 8),
+        ("d1024-ff4104", knobs(**{**D1024, "d_ff": 4104}), 8),
+        ("d1024-ff4100", knobs(**{**D1024, "d_ff": 4100}), 8),
+        # head_dim: flash attention's favourites (64, 128) against 32, 80, 96 and 256.
+        ("d1024-hd32", knobs(**{**D1024, "head_dim": 32}), 8),
+        ("d1024-hd128", knobs(**{**D1024, "head_dim": 128}), 8),
+        ("d1024-hd256", knobs(**{**D1024, "head_dim": 256}), 8),
+        ("d960-hd80", knobs(head_dim=80, **{**d1024, "d_model": 960, "d_ff": 2560}), 8),
+        ("d1152-hd96", knobs(head_dim=96, **{**d1024, "d_model": 1152, "d_ff": 3072}), 8),
+        # GQA groups at 2048 x 2048 tokens, 16 heads of 128: MHA, 4 and 8 query heads per KV head, MQA.
+        ("d2048-kv16", knobs(**d2048), 4),
+        ("d2048-kv4", knobs(n_kv_heads=4, **d2048), 4),
+        ("d2048-kv2", knobs(n_kv_heads=2, **d2048), 4),
+        ("d2048-kv1", knobs(n_kv_heads=1, **d2048), 4),
+        # seq_len at the same 8k tokens a step: attention's share grows with it.
+        ("d1024-s256-b32", knobs(**{**D1024, "seq_len": 256}), 32),
+        ("d1024-s512-b16", knobs(**{**D1024, "seq_len": 512}), 16),
+        ("d1024-s2048-b4", knobs(**{**D1024, "seq_len": 2048}), 4),
+        ("d1024-s4096-b2", knobs(**{**D1024, "seq_len": 4096}), 2),
+        ("d1024-s8192-b1", knobs(**{**D1024, "seq_len": 8192}), 1),
+        # vocab: GPT-2's 50257 (the recorded gpt2-small) against nanoGPT's padded 50304.
+        ("gpt2-small-v50304", dc.replace(gpt2, vocab_size=50304), 8),
+        ("d1024-v50257", knobs(**{**D1024, "vocab_size": 50257}), 8),
+        ("d1024-v50304", knobs(**{**D1024, "vocab_size": 50304}), 8),
+        # batch: from launch-bound (1 x 1024) to 32k tokens a step.
+        ("gpt2-small-b1", gpt2, 1),
+        ("gpt2-small-b2", gpt2, 2),
+        ("gpt2-small-b4", gpt2, 4),
+        ("gpt2-small-b16", gpt2, 16),
+        ("d1024-b1", knobs(**D1024), 1),
+        ("d1024-b32", knobs(**D1024), 32),
+        # what examples/gpu.toml trains: bytes, 1024 tokens, batch 4, its activations, placements
+        # and layouts; and a tiny host-bound one.
+        ("byte-d512-L4-b4", knobs(d_model=512, n_layers=4, head_dim=64, d_ff=2048, **BYTES), 4),
+        ("byte-d1024-L8-sandwich", knobs(d_model=1024, n_layers=8, head_dim=128, n_kv_heads=2, d_ff=2816,
+                                         activation="swiglu", norm_placement="sandwich", qk_norm=True,
+                                         **BYTES), 4),
+        ("byte-d2048-L16-reglu", knobs(d_model=2048, n_layers=16, head_dim=128, n_kv_heads=2, d_ff=5376,
+                                       activation="reglu", **BYTES), 4),
+        ("byte-d256-L2-b16", knobs(d_model=256, n_layers=2, head_dim=64, d_ff=1024, vocab_size=256,
+                                   seq_len=256), 16),
+    ]  # fmt: skip
+
+
+# Scored on, never fitted to: fixed before any shape was measured, about a third of each group
+# (the first run's 8 are all fitted, as the catalogued fit was).
+HELD_OUT = frozenset({
+    "d1032-8al", "d1024-ff4100", "d1024-hd128", "d960-hd80", "d2048-kv4", "d1024-s512-b16",
+    "d1024-s4096-b2", "d1024-v50304", "gpt2-small-b2", "d1024-b32", "byte-d1024-L8-sandwich",
+    "byte-d256-L2-b16",
+})  # fmt: skip
+
+
+def smoke_shapes() -> list[tuple[str, Any, int]]:
+    """Tiny shapes that run the same path on a CPU in seconds."""
+    from archsearch.space.knobs import config_from_knobs as knobs
+
+    tiny = dict(d_model=64, n_layers=2, head_dim=32, d_ff=256, vocab_size=256, seq_len=64)
+    return [
+        ("t-d64", knobs(**tiny), 4),
+        ("t-d64-ff196", knobs(**{**tiny, "d_ff": 196}), 4),
+        ("t-d128-mqa", knobs(**{**tiny, "d_model": 128, "n_kv_heads": 1, "d_ff": 384}, activation="swiglu"),
+         2),
+        ("t-d64-b8", knobs(**tiny), 8),
+        ("t-d64-s128", knobs(**{**tiny, "seq_len": 128}), 2),
+        ("t-v250", knobs(**{**tiny, "vocab_size": 250}), 4),
+    ]  # fmt: skip
+
+
+SMOKE_HELD_OUT = frozenset({"t-d64-s128", "t-v250"})
+SMOKE_FIT_GEMMS = ((64, 64, 64), (128, 128, 128), (256, 256, 256), (256, 64, 256), (512, 128, 64))
+
+
+# ------------------------------------------------------------------------------------------------
+# Plumbing: one-line errors, the budget, the record files
+# ------------------------------------------------------------------------------------------------
+
+
+class CampaignError(Exception):
+    """Bad input or a record that cannot be resumed here: one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]  # one line, not the usage
+        raise CampaignError(message)
+
+
+class Budget:
+    """Seconds this invocation may spend, from its start; None: no limit."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self.t0 = time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def left(self) -> float:
+        return float("inf") if self.seconds is None else self.seconds - self.elapsed()
+
+    def allows(self, seconds: float) -> bool:
+        return seconds <= self.left()
+
+
+@dataclass(frozen=True)
+class Files:
+    """The campaign's records for one device, and where copies go (`--mirror`)."""
+
+    folder: Path
+    device: str  # slug of the device's name
+    mirror: Path | None = None
+
+    def path(self, suffix: str) -> Path:
+        return self.folder / f"gpu_campaign_{self.device}{suffix}"
+
+    @property
+    def steps(self) -> Path:
+        return self.path("_steps.json")
+
+    @property
+    def space(self) -> Path:
+        return self.path("_search.toml")
+
+    @property
+    def database(self) -> Path:
+        return self.path("_search.sqlite")
+
+    @property
+    def search(self) -> Path:
+        return self.path("_search.json")
+
+    @property
+    def log(self) -> Path:
+        return self.path(".jsonl")
+
+    def write(self, path: Path, data: bytes) -> None:
+        """`path` whole or not at all, and its copy in the mirror."""
+        from archsearch.fileio import write_atomic
+
+        write_atomic(path, data)
+        if self.mirror is not None:
+            write_atomic(self.mirror / path.name, data)
+
+    def write_json(self, path: Path, data: Any) -> None:
+        self.write(path, (json.dumps(data, indent=1) + "\n").encode())
+
+    def event(self, event: str, **fields: Any) -> None:
+        """One line of the log (the file is rewritten whole, so a kill never leaves half a line)."""
+        line = json.dumps({"time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "event": event,
+                           **fields})  # fmt: skip
+        old = self.log.read_bytes() if self.log.exists() else b""
+        self.write(self.log, old + line.encode() + b"\n")
+
+
+def device_slug(info: Any) -> str:
+    """ "NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3"; any CPU -> "cpu"."""
+    return "cpu" if info.type == "cpu" else re.sub(r"[^a-z0-9]+", "-", info.name.lower()).strip("-")
+
+
+# The catalogued model a GPU's fit starts from, by a word of its name (a CPU: the H100's, which
+# exercises the fit without meaning anything).
+CATALOGUE_BY_NAME = (
+    (r"\bH200\b", "h200"), (r"\bH100\b", "h100-sxm"), (r"\bA100\b", "a100-80gb"), (r"\bL4\b", "l4"),
+    (r"\b4090\b", "rtx4090"),
+)  # fmt: skip
+
+
+def catalogue_model(device: dict[str, Any], asked: str) -> str:
+    """The catalogue key for `device` (`DeviceInfo.to_dict()`): `asked`, or by its name ("auto")."""
+    from archsearch.evaluators.catalogue import ACCELERATORS
+
+    if asked != "auto":
+        if asked not in ACCELERATORS:
+            raise CampaignError(
+                f"--model {asked!r} is not catalogued; valid: auto, {', '.join(ACCELERATORS)}"
+            )
+        return asked
+    if device["type"] == "cpu":
+        return "h100-sxm"
+    for pattern, key in CATALOGUE_BY_NAME:
+        if re.search(pattern, device["name"]):
+            return key
+    raise CampaignError(f"no catalogued model for {device['name']!r}; name one with --model")
+
+
+# ------------------------------------------------------------------------------------------------
+# Part 1: real steps, fitted on a fixed part and scored on the rest
+# ------------------------------------------------------------------------------------------------
+
+
+def _load(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise CampaignError(f"cannot resume from {path}: {exc}") from None
+
+
+def _same_device(raw: dict[str, Any], info: Any, path: Path) -> None:
+    recorded = raw.get("device", {})
+    if recorded.get("fingerprint") != info.fingerprint:
+        raise CampaignError(
+            f"{path} was recorded on {recorded.get('name')} with torch {recorded.get('torch_version')} "
+            f"(fingerprint {recorded.get('fingerprint')}), this is {info.name} with torch "
+            f"{info.torch_version} ({info.fingerprint}); record into another --out"
+        )
+
+
+def part_steps(args: argparse.Namespace, info: Any, files: Files, budget: Budget) -> None:
+    from archsearch.evaluators import step_record
+    from archsearch.evaluators.profiler import InMemoryCache, ProfilerError, resolve_precision
+
+    table = smoke_shapes() if args.smoke else shapes()
+    raw = _load(files.steps)
+    if raw is None:
+        # What training runs here: bf16 on a GPU (what the catalogued models model), fp32 on a CPU
+        # without native bf16, whose emulated bf16 would time nothing a run ever does.
+        raw = step_record.run_header(info, args.min_run_time, resolve_precision(info, "auto"))
+    else:
+        _same_device(raw, info, files.steps)
+    dtype = raw["dtype"]
+    wanted = {label: (cfg.to_dict(), batch) for label, cfg, batch in table}
+    if args.retry_failed:
+        raw["failed"] = []
+    failed = {f["label"] for f in raw.setdefault("failed", [])}
+    kept = [e for e in raw["shapes"] if wanted.get(e["label"]) == (e["config"], e["batch"])]
+    if len(kept) < len(raw["shapes"]):  # a label whose shape changed in this file is measured again
+        dropped = sorted({e["label"] for e in raw["shapes"]} - {e["label"] for e in kept})
+        print(f"part 1: dropped {len(dropped)} record(s) whose shape changed: {', '.join(dropped)}")
+        raw["shapes"] = kept
+    done = {e["label"] for e in kept} | failed
+    todo = [(label, cfg, batch) for label, cfg, batch in table if label not in done]
+    if done or raw["fit_gemms"]:
+        note = f" ({len(failed)} failed: --retry-failed measures them again)" if failed else ""
+        print(f"part 1: resumed {files.steps.name}: {len(kept)} of {len(table)} shapes recorded{note}, "
+              f"{len(todo)} to measure", flush=True)  # fmt: skip
+    files.event("part 1 start", recorded=len(done), to_measure=len(todo))
+    if not raw["fit_gemms"]:
+        gemms = SMOKE_FIT_GEMMS if args.smoke else step_record.FIT_GEMMS
+        t0 = time.perf_counter()
+        raw["fit_gemms"] = step_record.time_fit_gemms(gemms, info, args.min_run_time, dtype)
+        files.write_json(files.steps, raw)
+        print(f"part 1: fit set: {len(gemms)} GEMMs in {time.perf_counter() - t0:.1f} s", flush=True)
+    cache = InMemoryCache()  # a kernel shared by two shapes is timed once per invocation
+    measured = 0
+    for label, cfg, batch in todo:
+        expected = _expected_seconds(raw, info)
+        if not budget.allows(expected):
+            print(f"part 1: budget spent ({budget.elapsed():.0f} of {budget.seconds:g} s; the next shape "
+                  f"takes about {expected:.0f} s): {len(todo) - measured} shapes left, run again to resume",
+                  flush=True)  # fmt: skip
+            files.event("part 1 budget spent", measured=measured, left=len(todo) - measured)
+            break
+        try:
+            entry = step_record.measure_shape(
+                label, cfg, batch, args.device, cache, args.min_run_time, dtype, args.train_steps
+            )
+        except Exception as exc:  # one shape's failure is recorded; the others are still measured
+            error = str(exc) if isinstance(exc, ProfilerError) else f"{type(exc).__name__}: {exc}"
+            raw["failed"].append({"label": label, "config": cfg.to_dict(), "batch": batch, "error": error})
+            files.write_json(files.steps, raw)
+            print(f"part 1: {label}: not measured: {error}", flush=True)
+            _check_device(info)  # a lost CUDA context fails every later shape: stop here instead
+            continue
+        raw["shapes"].append(entry)
+        files.write_json(files.steps, raw)
+        measured += 1
+        real = entry["train_step_s"]
+        step = f"real step {real * 1e3:.2f} ms" if real else entry.get("error", "no real step")
+        print(f"part 1: {label} ({len(raw['shapes'])}/{len(table)}): {step}, measured in "
+              f"{entry['measure_s']:.1f} s", flush=True)  # fmt: skip
+    else:
+        files.event("part 1 measured", measured=measured, recorded=len(raw["shapes"]))
+    score_steps(raw, args.model, SMOKE_HELD_OUT if args.smoke else HELD_OUT, files)
+
+
+def _check_device(info: Any) -> None:
+    """Raise if the CUDA device no longer runs work (a sticky error poisons the context)."""
+    if info.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(info.torch_device)
+
+
+def _expected_seconds(raw: dict[str, Any], info: Any) -> float:
+    """What the next shape will probably take: the slowest recorded so far, with a margin."""
+    times = [e["measure_s"] for e in raw["shapes"] if "measure_s" in e]
+    if not times:
+        return 60.0 if info.type == "cuda" else 5.0
+    return 1.25 * max(times)
+
+
+def score_steps(
+    raw: dict[str, Any], model: str, held_out: frozenset[str], files: Files | None
+) -> dict | None:
+    """Fit on the recorded shapes not held out (as `fit-device`), predict the held-out ones."""
+    from archsearch.errors import ConfigError
+    from archsearch.evaluators.model import eager_kernel_count
+    from archsearch.evaluators.step_fit import held_out_fit
+
+    for f in raw.get("failed", []):
+        print(f"part 1: {f['label']} was not measured: {f['error']}")
+    timed = [e for e in raw["shapes"] if e.get("train_step_s")]
+    held = {e["label"] for e in timed} & held_out
+    fitted = [e for e in timed if e["label"] not in held]
+    if len(fitted) < 2:  # a partial record between parts: nothing to fit yet
+        print(f"part 1: {len(raw['shapes'])} shapes recorded, {len(timed)} with a real step: too few to fit")
+        return None
+    print(f"part 1: {len(raw['shapes'])} shapes recorded, {len(timed)} with a real step: fitting {model} on "
+          f"{len(fitted)} as `archsearch fit-device` does, scoring it on {len(held)} held out")  # fmt: skip
+    try:
+        fit, holdouts = held_out_fit(raw, model, eager_kernel_count, held)
+    except ConfigError as exc:  # too few shapes yet: a partial record is normal between parts
+        print(f"part 1: no fit yet: {exc}")
+        return None
+    print(f"  {'shape':<24} {'batch':>5} {'real ms':>9} {'model ms':>9} {'error':>7}")
+    for record, predicted in zip(fit.records, fit.predicted, strict=True):
+        real = record.real_step_s
+        print(f"  {record.label:<24} {record.batch:>5} {real * 1e3:>9.2f} {predicted * 1e3:>9.2f} "
+              f"{predicted / real - 1:>+7.1%}  fitted")  # fmt: skip
+    for h in holdouts:
+        batch = next(e["batch"] for e in timed if e["label"] == h.label)
+        print(f"  {h.label:<24} {batch:>5} {h.real_step_s * 1e3:>9.2f} {h.predicted_s * 1e3:>9.2f} "
+              f"{h.error:>+7.1%}  held out")  # fmt: skip
+    in_fit = [abs(p / r.real_step_s - 1) for p, r in zip(fit.predicted, fit.records, strict=True)]
+    summary: dict[str, Any] = {
+        "model": model, "fitted_shapes": len(fit.records), "held_out_shapes": len(holdouts),
+        "fitted_median": statistics.median(in_fit), "fitted_worst": max(in_fit),
+    }  # fmt: skip
+    print(f"part 1: fitted shapes: median |error| {summary['fitted_median']:.1%}, worst "
+          f"{summary['fitted_worst']:.1%}")  # fmt: skip
+    if holdouts:
+        worst = max(holdouts, key=lambda h: abs(h.error))
+        summary |= {
+            "held_out_median": statistics.median(abs(h.error) for h in holdouts),
+            "held_out_worst": abs(worst.error), "held_out_worst_shape": worst.label,
+        }  # fmt: skip
+        print(f"part 1: held out: median |error| {summary['held_out_median']:.1%}, worst "
+              f"{summary['held_out_worst']:.1%} ({worst.label}) over {len(holdouts)} shapes")  # fmt: skip
+    if files is not None:
+        files.event("part 1 scored", **summary)
+        shown = files.steps.relative_to(ROOT) if files.steps.is_relative_to(ROOT) else files.steps
+        print(f"part 1: the fit on every shape: archsearch fit-device {shown} --device {model}")
+    return summary
+
+
+# ------------------------------------------------------------------------------------------------
+# Part 2: the GPU example searched end to end
+# ------------------------------------------------------------------------------------------------
+
+
+def search_space(args: argparse.Namespace, model: str) -> dict[str, Any]:
+    """examples/gpu.toml with the proxy cut to a campaign's and pruning allowed after 2 trials (the
+    example's 8 would never prune a handful). The trial count is the command's (`--trials`): a
+    study resumes with another, and the file stays the same."""
+    spec = tomllib.loads(GPU_SPACE.read_text())
+    spec["proxy"] |= {"tokens": args.search_tokens, "device": args.device}
+    spec["search"]["prune_min_trials"] = 2
+    if model not in spec["profile"]["devices"]:
+        spec["profile"]["devices"].append(model)  # this GPU, modelled beside its measurement
+    if args.smoke:  # tiny shapes on a CPU: the same tables, small enough for seconds a trial
+        spec["model"] |= {
+            "seq_len": 64, "d_model": {"min": 64, "max": 128, "step": 64},
+            "aspect_ratio": {"min": 32, "max": 64, "step": 32}, "head_dim": [32],
+            "attention_layout": ["mha", "gqa:2"],
+        }  # fmt: skip
+        spec["rules"]["multiple_of"] = 64
+        spec["budget"]["params"] = {"min": 1e4, "max": 2e6}
+        spec["proxy"] |= {"precision": "auto", "threads": 1}
+        spec["profile"]["min_run_time"] = 0.01
+        spec["search"]["prune_min_trials"] = 1
+    return spec
+
+
+def to_toml(spec: dict[str, Any]) -> str:
+    """A spec of tables of scalars, lists and inline tables as TOML text (no writer in the stdlib)."""
+
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, int | float):
+            return repr(v)
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
+        raise TypeError(f"cannot write {v!r} as TOML")
+
+    tables = [
+        f"[{name}]\n" + "".join(f"{k} = {value(v)}\n" for k, v in table.items())
+        for name, table in spec.items()
+    ]
+    return "# Generated by benchmarks/gpu_campaign.py from examples/gpu.toml: do not edit.\n\n" + "\n".join(
+        tables
+    )
+
+
+def part_search(args: argparse.Namespace, model: str, files: Files, budget: Budget) -> None:
+    text = to_toml(search_space(args, model))
+    if files.space.exists() and files.space.read_text() != text:
+        raise CampaignError(
+            f"{files.space} holds the recorded study's space, with other settings than these "
+            "(--search-tokens, the device or the example changed); record into another --out"
+        )
+    files.write(files.space, text.encode())
+    work = Path(tempfile.mkdtemp(prefix="gpu_campaign."))
+    try:
+        db = work / "search.db"
+        if files.database.exists():
+            shutil.copyfile(files.database, db)
+        before = _study_counts(db)
+        if before:
+            from archsearch.trial import FINISHED
+
+            finished = sum(before.get(state, 0) for state in FINISHED)
+            print(f"part 2: resumed {files.database.name}: study {STUDY} has {finished} of "
+                  f"{args.search_trials} trials finished", flush=True)  # fmt: skip
+            if finished >= args.search_trials:
+                print("part 2: nothing to run")
+                _record_search(db, files, model)
+                return
+        files.event("part 2 start", counts=before)
+        status = _run_search(args, db, files, budget)
+        if status is None:
+            return
+        snapshot(db, files)
+        files.event("part 2 search exited", status=status, counts=_study_counts(db))
+        _record_search(db, files, model)
+        if status != 0:
+            print(f"part 2: the search exited {status}; run again to resume", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _study_counts(db: Path) -> dict[str, int]:
+    if not db.exists():
+        return {}
+    from archsearch.storage import Storage
+
+    with Storage.open(f"sqlite:///{db}", create=False) as storage:
+        record = storage.study(STUDY)
+        return dict(record.counts or {}) if record is not None else {}
+
+
+def _run_search(args: argparse.Namespace, db: Path, files: Files, budget: Budget) -> int | None:
+    """`archsearch search` as a real process, its output streamed; stopped with SIGTERM when the
+    budget runs out (it re-queues the running trial), or when no trial has finished `FIRST_TRIAL_S`
+    after it started (a GPU trial Ray cannot place waits forever). Returns its exit status (None:
+    not run)."""
+    from archsearch.trial import FINISHED
+
+    if not budget.allows(SEARCH_START_S + STOP_GRACE_S):
+        print(f"part 2: budget spent ({budget.left():.0f} s left, a search needs "
+              f"{SEARCH_START_S + STOP_GRACE_S:.0f}); run again to resume", flush=True)  # fmt: skip
+        return None
+
+    def finished() -> int:
+        counts = _study_counts(db)
+        return sum(counts.get(state, 0) for state in FINISHED)
+
+    argv = [
+        sys.executable, "-m", "archsearch", "search", "--space", str(files.space), "--study", STUDY,
+        "--storage", f"sqlite:///{db}", "--trials", str(args.search_trials), "--workers", "1", "--resume",
+    ]  # fmt: skip
+    if _is_cuda(args.device):
+        argv += ["--gpus-per-trial", f"{args.gpus_per_trial:g}"]
+    print("+ " + " ".join(["archsearch", *argv[3:]]), flush=True)
+    finished_before = finished()
+    proc = subprocess.Popen(argv, cwd=ROOT)
+    next_copy = time.monotonic() + SNAPSHOT_EVERY_S
+    stop_at = budget.left() - STOP_GRACE_S if budget.seconds is not None else float("inf")
+    started, watching = time.monotonic(), True
+    try:
+        while proc.poll() is None:
+            time.sleep(1.0)
+            now = time.monotonic()
+            if now >= next_copy and db.exists():
+                snapshot(db, files)
+                next_copy = now + SNAPSHOT_EVERY_S
+            stuck = False
+            if watching and now - started >= FIRST_TRIAL_S:  # checked once
+                watching, stuck = False, finished() == finished_before
+            if stuck or now - started >= stop_at:
+                why = "budget spent"
+                if stuck:
+                    why = (f"no trial finished in {FIRST_TRIAL_S:.0f} s (does Ray see the GPU? try "
+                           "--gpus-per-trial 0)")  # fmt: skip
+                print(f"part 2: {why}: stopping the search (SIGTERM); run again to resume", flush=True)
+                files.event("part 2 stopped", why=why)
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                break
+        return proc.wait()
+    except BaseException:
+        if proc.poll() is None:  # our own interruption: the search stops its trial and exits
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=STOP_GRACE_S)
+        raise
+
+
+def _is_cuda(device: str) -> bool:
+    return device.split(":")[0] == "cuda"
+
+
+def snapshot(db: Path, files: Files) -> None:
+    """A consistent, self-contained copy of the live database (SQLite's backup API) as the record."""
+    import sqlite3
+
+    tmp = db.with_name(db.name + ".snapshot")
+    tmp.unlink(missing_ok=True)
+    src, dst = sqlite3.connect(db), sqlite3.connect(tmp)
+    try:
+        src.backup(dst)
+        dst.execute("PRAGMA journal_mode = DELETE")  # one file, no -wal beside it
+    finally:
+        src.close()
+        dst.close()
+    files.write(files.database, tmp.read_bytes())
+    tmp.unlink()
+
+
+def _record_search(db: Path, files: Files, model: str) -> dict[str, Any] | None:
+    """The study's trials as JSON beside the database, and a summary on stdout."""
+    from archsearch.storage import Storage
+    from archsearch.trial import FINISHED
+
+    if not db.exists():
+        return None
+    with Storage.open(f"sqlite:///{db}", create=False) as storage:
+        study = storage.study(STUDY)
+        if study is None:
+            print("part 2: no study recorded yet")
+            return None
+        trials = []
+        for t in storage.trials(STUDY):
+            profiles = {p["device"]: p["step_time_s"] for p in storage.profiles(t.id)}
+            trials.append({
+                "number": t.number, "status": t.status, "reason": t.reason,
+                "config": t.config.to_dict() if t.config else None,
+                **{k: t.values.get(k) for k in ("params_total", "loss", "flops_forward_per_token", "steps",
+                                                "train_seconds", "tokens_per_second", "mfu", "precision",
+                                                "pruned_rung", "step_time_s", "step_time_device")},
+                "profiles": profiles,
+            })  # fmt: skip
+        counts = dict(study.counts or {})
+    data = {"study": STUDY, "space": files.space.name, "model": model, "counts": counts, "trials": trials}
+    files.write_json(files.search, data)
+    print(f"part 2: study {STUDY}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    for t in trials:
+        if t["status"] not in FINISHED:
+            continue
+        cfg = t["config"] or {}
+        local, modelled = t["profiles"].get("local"), t["profiles"].get(model)
+        vs = (
+            f", {model} model {modelled * 1e3:.2f} ms ({modelled / local - 1:+.1%})"
+            if local and modelled
+            else ""
+        )
+        step = f"step {local * 1e3:.2f} ms{vs}" if local else ""
+        loss = f"loss {t['loss']:.4f}" if t["loss"] is not None else ""
+        print(f"  trial {t['number']}: {t['status']:<8} d{cfg.get('d_model')} L{cfg.get('n_layers')} "
+              f"{cfg.get('activation')} {loss} {step} {t['reason'] or ''}".rstrip())  # fmt: skip
+    errors = [
+        abs(t["profiles"][model] / t["profiles"]["local"] - 1)
+        for t in trials if t["profiles"].get("local") and t["profiles"].get(model)
+    ]  # fmt: skip
+    if errors:
+        print(f"part 2: {model} model against the measured step of {len(errors)} trials: median |error| "
+              f"{statistics.median(errors):.1%}, worst {max(errors):.1%}")  # fmt: skip
+    return data
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def report(args: argparse.Namespace) -> None:
+    """Score what `--out` holds, on any machine: every device's part 1 and part 2 records."""
+    found = sorted(args.out.glob("gpu_campaign_*_steps.json")) + sorted(
+        args.out.glob("gpu_campaign_*_search.json")
+    )
+    if not found:
+        raise CampaignError(f"no campaign records in {args.out}")
+    for path in found:
+        print(f"== {path.name}")
+        raw = _load(path)
+        if path.name.endswith("_steps.json"):
+            held = SMOKE_HELD_OUT if raw["device"]["type"] == "cpu" else HELD_OUT
+            model = catalogue_model(raw["device"], args.model)
+            score_steps(raw, model, held, None)
+        else:
+            print(f"study {raw['study']}: " + ", ".join(f"{n} {s}" for s, n in sorted(raw["counts"].items())))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = _Parser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--parts", default="1,2", help="comma-separated parts to run: 1 steps, 2 search")
+    parser.add_argument("--part", type=int, help="one part (as --parts N)")
+    parser.add_argument(
+        "--budget-s", type=float, help="seconds this invocation may spend (default: no limit)"
+    )
+    parser.add_argument("--out", type=Path, default=DATA, help="records folder (default benchmarks/data)")
+    parser.add_argument("--mirror", type=Path, help="also write every record here (on a lent machine: $OUT)")
+    parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu")
+    parser.add_argument(
+        "--model", default="auto", help="catalogued model the fit starts from (auto: by name)"
+    )
+    parser.add_argument("--min-run-time", type=float, help="seconds of repeats per kernel (0.1)")
+    parser.add_argument("--train-steps", type=int, help="real steps timed per shape, after 3 more (10)")
+    parser.add_argument("--search-tokens", type=int, help="part 2's proxy tokens per trial (3,000,000)")
+    parser.add_argument("--search-trials", type=int, help="part 2's finished trials (8)")
+    parser.add_argument(
+        "--gpus-per-trial", type=float, default=1.0, help="part 2 on CUDA: Ray GPUs per trial"
+    )
+    parser.add_argument("--retry-failed", action="store_true", help="part 1: measure failed shapes again")
+    parser.add_argument("--smoke", action="store_true", help="CPU, tiny shapes and budgets: about a minute")
+    parser.add_argument("--report", action="store_true", help="score the records in --out; measure nothing")
+    args = parser.parse_args(argv)
+    try:
+        parts = [args.part] if args.part is not None else [int(p) for p in args.parts.split(",") if p.strip()]
+    except ValueError:
+        raise CampaignError(f"--parts must be numbers, got {args.parts!r}") from None
+    for part in parts:
+        if part in NOT_HERE:
+            raise CampaignError(f"part {part} is not in this campaign: {NOT_HERE[part]}")
+        if part not in PARTS:
+            raise CampaignError(
+                f"no part {part}; parts: " + ", ".join(f"{n} {name}" for n, name in PARTS.items())
+            )
+    if not parts:
+        raise CampaignError("no part to run")
+    args.parts = sorted(set(parts))
+    if args.budget_s is not None and not args.budget_s > 0:
+        raise CampaignError(f"--budget-s must be positive, got {args.budget_s:g}")
+    # Defaults, a campaign's or (--smoke) a CPU minute's; a value given is kept either way.
+    defaults = SMOKE_DEFAULTS if args.smoke else DEFAULTS
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.smoke:
+        args.device = "cpu"
+    if not args.min_run_time > 0:
+        raise CampaignError(f"--min-run-time must be positive, got {args.min_run_time:g}")
+    if args.train_steps < 1 or args.search_tokens < 1 or args.search_trials < 1:
+        raise CampaignError("--train-steps, --search-tokens and --search-trials must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.report:
+        report(args)
+        return
+    budget = Budget(args.budget_s)
+    if args.smoke:
+        import torch
+
+        # The suite shares a few cores: on 2 loaded ones a tiny step took 6x longer on 2 torch
+        # threads than on 1 (OpenMP contention); the trials of part 2 run on 1 too ([proxy] threads).
+        torch.set_num_threads(1)
+    from archsearch.errors import ArchsearchError
+    from archsearch.evaluators.device import detect_device
+
+    try:
+        info = detect_device(args.device)
+    except ArchsearchError as exc:
+        raise CampaignError(str(exc)) from None
+    temporary = args.smoke and args.out == DATA  # a smoke run never writes into the records
+    if temporary:
+        args.out = Path(tempfile.mkdtemp(prefix="gpu_campaign_smoke."))
+    args.model = catalogue_model(info.to_dict(), args.model)
+    files = Files(args.out, device_slug(info), args.mirror)
+    limit = "none" if args.budget_s is None else f"{args.budget_s:g} s"
+    print(f"gpu campaign on {info.name} ({info.type}, fingerprint {info.fingerprint}), torch "
+          f"{info.torch_version}; parts {','.join(map(str, args.parts))}; records in {args.out}; model "
+          f"{args.model}; budget {limit}", flush=True)  # fmt: skip
+    files.event("start", argv=sys.argv[1:], device=info.name, fingerprint=info.fingerprint)
+    try:
+        if 1 in args.parts:
+            part_steps(args, info, files, budget)
+        if 2 in args.parts:
+            part_search(args, args.model, files, budget)
+        files.event("end", elapsed_s=round(budget.elapsed(), 1))
+        print(f"gpu campaign: {budget.elapsed():.0f} s", flush=True)
+    finally:
+        if temporary:
+            shutil.rmtree(args.out, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except CampaignError as exc:
+        print(f"gpu_campaign: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
