@@ -30,7 +30,8 @@ ALLOWED = {
     "storage": {"space", "storage"},
     "evaluators": {"space", "evaluators"},
     "search": {"space", "storage", "evaluators", "search"},
-    "cli": {"space", "storage", "evaluators", "search", "cli"},
+    "results": {"space", "storage", "evaluators", "search", "results"},
+    "cli": {"space", "storage", "evaluators", "search", "results", "cli"},
 }
 
 

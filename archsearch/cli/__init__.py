@@ -5,6 +5,7 @@
 - `measure`: train, profile, align, devices;
 - `search`: space check, search;
 - `validate`: validate;
+- `ladder`: ladder (and the ladder's lines in export --scale-to and pareto --at-size);
 - `results`: pareto, studies, trials;
 - `export`: export;
 - `progress`: the progress bars, fed by the library's callbacks.
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 # Importing the command modules registers their commands on `app`, in this order in --help.
 # isort: off
-from archsearch.cli import shape, measure, search, validate, results, export  # noqa: F401
+from archsearch.cli import shape, measure, search, validate, ladder, results, export  # noqa: F401
 
 # isort: on
 from archsearch.cli.common import app
