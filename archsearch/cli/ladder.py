@@ -5,6 +5,7 @@ Also the ladder's lines in `export --scale-to` and the table of `pareto --at-siz
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -13,6 +14,7 @@ from rich.table import Table
 
 from archsearch.cli.common import JsonFlag, StorageOpt, StudyOpt, app, print_json, si, stdout
 from archsearch.cli.progress import live_display
+from archsearch.errors import ConfigError
 from archsearch.trial import FAILED
 
 
@@ -39,6 +41,9 @@ def ladder(
     ] = None,
     cpus_per_run: Annotated[float, typer.Option(help="Ray CPUs per rung.")] = 1.0,
     gpus_per_run: Annotated[float, typer.Option(help="Ray GPUs per rung.")] = 0.0,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write the ladder curves (rungs, fit, 95% band) to FILE.png.")
+    ] = None,
     storage: StorageOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -52,6 +57,9 @@ def ladder(
     from archsearch.results.ladder import LadderOptions, run_ladder
     from archsearch.storage import Storage
     from archsearch.units import parse_count
+
+    if plot is not None and plot.suffix.lower() != ".png":
+        raise ConfigError(f"cannot plot ladders to {plot.name!r}: use a .png file")
 
     options = LadderOptions(
         study=study, numbers=tuple(trial or ()), knee=knee, front=front, rungs=rungs,
@@ -75,6 +83,11 @@ def ladder(
         _print_ladders(summary)
     if summary.fit_error:
         typer.echo(f"no fit: {summary.fit_error}", err=True)
+    elif plot is not None:
+        from archsearch.results.ladder_plot import plot_ladders
+
+        plot_ladders(summary.fit, plot)
+        typer.echo(f"wrote {plot}", err=True)
     typer.echo(f"{summary.trained} rungs trained, {summary.skipped} reused from earlier runs", err=True)
 
 
@@ -119,16 +132,16 @@ def _at_4x(fit: Any) -> list[Any]:
 def _print_ladders(summary: Any) -> None:
     console = stdout()
     fit = summary.fit
-    fitted = {(r["design"], r["n"]): r for r in fit.to_dict()["residuals"]} if fit is not None else {}
     table = Table(title=f"Ladders of {summary.study!r} at {summary.tokens_per_param:g} tokens per parameter")
     for column in ("trial", "shape", "params", "non-emb", "tokens", "loss", "fitted", "residual"):
         table.add_column(column, justify="left" if column == "shape" else "right")
     for r in summary.rungs:
-        f = fitted.get((r.trial_number, float(r.params_non_embedding)))
+        fitted = fit is not None and r.trial_number in fit.designs
+        f = float(fit.loss(r.trial_number, r.params_non_embedding)) if fitted else None
         table.add_row(
             str(r.trial_number), escape(r.config.describe()), si(r.params_total), si(r.params_non_embedding),
-            si(r.tokens), f"{r.val_loss:.4f}", f"{f['fitted']:.4f}" if f else "-",
-            f"{f['residual']:+.4f}" if f else "-",
+            si(r.tokens), f"{r.val_loss:.4f}", f"{f:.4f}" if f is not None else "-",
+            f"{f - r.val_loss:+.4f}" if f is not None else "-",
         )  # fmt: skip
     console.print(table)
     if fit is None:
@@ -245,7 +258,6 @@ def pareto_at_size(
     studies: list[str], at_size: str, front_options: tuple[Any, ...], storage: str | None, as_json: bool
 ) -> None:
     """`pareto --at-size N`: one study's laddered designs ranked at N (not its front)."""
-    from archsearch.errors import ConfigError
     from archsearch.results.ladder import predict_at_size
     from archsearch.storage import Storage
     from archsearch.units import parse_count

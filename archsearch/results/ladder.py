@@ -540,8 +540,13 @@ def predict_trial(
     if ratio is None:
         return None
     same = [r for r in rungs if r.tokens_per_param == ratio]
-    fit = fit_study_ladders(same)
     mine = tuple(r for r in same if r.trial_number == trial)
+    if len({r.params_non_embedding for r in mine}) < 2:
+        raise LadderFitError(
+            f"trial {trial}'s ladder at {ratio:g} tokens per parameter has one size so far: rerun its "
+            "`archsearch ladder` to train the rest"
+        )
+    fit = fit_study_ladders(same)
     prediction = fit.predict(trial, float(counts.non_embedding))
     return LadderPrediction(
         trial, ratio, counts.total, counts.non_embedding, prediction, mine, len(fit.designs), fit

@@ -144,9 +144,10 @@ def _run(*args: str):
         (("--trial", "0", "--knee"), "give exactly one of --trial N, --knee, --front (got --trial, --knee)"),
         (("--trial", "0", "--tokens-per-param", "0"), "--tokens-per-param must be a finite number > 0"),
         (("--trial", "0", "--top", "2k"), "no shape keeping the design (mha, head_dim 32"),
+        (("--trial", "0", "--plot", "x.svg"), "cannot plot ladders to 'x.svg': use a .png file"),
     ],
     ids=["one-rung", "no-design", "unknown-trial", "past-budget", "too-few-rungs", "two-selectors",
-         "no-tokens", "too-small"],
+         "no-tokens", "too-small", "plot-suffix"],
 )  # fmt: skip
 def test_bad_ladders_exit_2_with_one_line_and_store_nothing(tmp_path, args, message):
     url = _study(f"sqlite:///{tmp_path / 't.db'}", tiny_spec(budget="params = { max = 2e6 }"))
@@ -298,7 +299,7 @@ def test_ladder_options_are_checked_before_anything_runs():
 
 
 # --- one real ladder through the CLI ------------------------------------------------------------
-def test_a_real_ladder_trains_stores_fits_and_a_rerun_trains_nothing(url, ray_session):
+def test_a_real_ladder_trains_stores_fits_and_a_rerun_trains_nothing(url, ray_session, tmp_path):
     args = ("--study", "tiny", "--trial", "0", "--trial", "1", "--rungs", "3", "--tokens-per-param", "0.01",
             "--workers", "2", "--storage", url, "--json")  # fmt: skip
     first = _run(*args)
@@ -307,6 +308,33 @@ def test_a_real_ladder_trains_stores_fits_and_a_rerun_trains_nothing(url, ray_se
     assert (doc["trained"], doc["skipped"], doc["failed"]) == (6, 0, [])
     assert len(doc["rungs"]) == 6 and doc["fit"]["designs"] == [0, 1] and doc["fit_error"] is None
     assert all(r["tokens"] >= round(0.01 * r["params_total"]) for r in doc["rungs"])
-    again = json.loads(_run(*args).stdout)
+    plot = tmp_path / "ladders.png"
+    again_run = _run(*args, "--plot", str(plot))
+    assert again_run.exit_code == 0, again_run.output
+    assert plot.read_bytes().startswith(b"\x89PNG") and f"wrote {plot}" in again_run.stderr
+    again = json.loads(again_run.stdout)
     assert (again["trained"], again["skipped"]) == (0, 6)
     assert [r["loss"] for r in again["rungs"]] == [r["loss"] for r in doc["rungs"]]
+
+
+def test_export_of_a_trial_whose_ladder_has_one_size_says_so(url, tmp_path):
+    _laddered(url)
+    with Storage.open(url) as db:
+        [first, *_] = plan_ladder(db, LadderOptions("tiny", numbers=(3,), rungs=4, top=200_000))
+        db.add_ladder_rung(
+            "tiny", trial_number=3, tokens_per_param=20, target_params=first.target, config=first.config,
+            seed=0, tokens=first.settings["tokens"], val_loss=_law(first.config),
+        )  # fmt: skip
+    result = CliRunner().invoke(
+        app, ["export", "--study", "tiny", "--trial", "3", "--scale-to", "350M", "--format", "json", "-o",
+              str(tmp_path / "o"), "--storage", url],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "predicted loss" not in result.stdout
+    assert (
+        "ladder: no prediction for trial 3: trial 3's ladder at 20 tokens per parameter has one size so far"
+        in result.stderr
+    )
+    # pareto --at-size leaves it out and says why.
+    ranked = CliRunner().invoke(app, ["pareto", "--study", "tiny", "--at-size", "2M", "--storage", url])
+    assert ranked.exit_code == 0 and "left out: trial 3: its ladder has one size so far" in ranked.stderr
