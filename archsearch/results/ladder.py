@@ -7,7 +7,8 @@ trial's design at several sizes and fits a law across ladders (`ladder_fit`):
 1. The designs: `--trial N` (repeatable), the front's `--knee`, or every `--front` member; each a
    complete trial whose design (`space.scale.design_choices`) is kept.
 2. The rungs: `rungs` sizes spaced `SPACING` x apart, the largest `top` total parameters (default
-   the trial's own size, never past the space's `[budget]`). Each rung's shape is re-chosen the
+   the trial's own size, raised when the smallest rung cannot be built: `default_top`; never past
+   the space's `[budget]`). Each rung's shape is re-chosen the
    way `export --scale-to` re-chooses one (`space.scale.scaled_candidates`: the design kept,
    depth from the aspect window published models use at that size) on finer grids than a GPU's
    (d_model a multiple of `D_MODEL_GRID`, d_ff of `D_FF_GRID`, the trial's head_dim): at 20k-2M
@@ -55,6 +56,8 @@ TOLERANCE = 0.25  # a rung within 25% of its target: 2x apart, neighbours never 
 ASPECT_SLACK = 2.0  # the published aspect window, widened 2x each way for tiny shapes (rung_shape)
 D_MODEL_GRID = 32  # finer than the GPU tile (128): 2x in parameters is about 1.4x in width
 D_FF_GRID = 16
+# Default top rungs tried, as multiples of the trial's size (`default_top`): 1 first, then up.
+TOP_SHIFTS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0)
 LADDER_SCHEDULE = dict(schedule="cosine", min_lr=0.1)  # as `validate`'s long runs: how users train
 
 
@@ -209,6 +212,24 @@ def rung_shape(cfg: ArchConfig, target: int, params_max: int | None = None) -> A
     return min(candidates, key=cost)
 
 
+def default_top(cfg: ArchConfig, own: int, rungs: int, params_max: int | None = None) -> int:
+    """The top rung when none is given: the trial's own size, raised (up to `TOP_SHIFTS`) until
+    every rung below it can be built, within the budget. A design's smallest shape has a floor (a
+    layer of its smallest valid width plus the embeddings: 93k parameters for an MQA SwiGLU 4x design
+    with 32-wide heads at vocabulary 256), which 4 rungs under a 0.5M trial would cross."""
+    for shift in TOP_SHIFTS:
+        top = round(own * shift)
+        if params_max is not None and top > params_max:
+            break
+        try:
+            for target in rung_targets(top, rungs):
+                rung_shape(cfg, target, params_max)
+        except LadderError:
+            continue
+        return top
+    return own  # plan_ladder reports why the trial's own size does not ladder
+
+
 def ladder_settings(proxy: dict[str, Any], tokens: int, seed: int) -> dict[str, Any]:
     """A rung's `TrainSettings` fields: the proxy's, with a token budget, the cosine schedule, `seed`."""
     return {**proxy, "tokens": int(tokens), "flops": None, "seconds": None, **LADDER_SCHEDULE, "seed": seed}
@@ -271,7 +292,10 @@ def plan_ladder(storage: Storage, options: LadderOptions) -> list[PlannedRung]:
     planned = []
     for trial in designs:
         cfg = trial.config
-        top = options.top if options.top is not None else int(trial["params_total"])
+        if options.top is not None:
+            top = options.top
+        else:
+            top = default_top(cfg, int(trial["params_total"]), options.rungs, params_max)  # type: ignore[arg-type]
         if params_max is not None and top > params_max:
             raise LadderError(
                 f"the top rung of {format_si(top)} parameters is past the space's budget of "

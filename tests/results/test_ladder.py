@@ -17,6 +17,7 @@ from archsearch.cli import app
 from archsearch.results.ladder import (
     LadderError,
     LadderOptions,
+    default_top,
     plan_ladder,
     predict_trial,
     run_ladder,
@@ -115,6 +116,23 @@ def test_rungs_are_about_2x_apart_keep_the_design_and_train_in_proportion(url):
             assert p.settings["tokens"] == round(20 * p.params)
             assert (p.settings["schedule"], p.settings["min_lr"], p.settings["seed"]) == ("cosine", 0.1, 0)
             assert p.settings["batch_size"] == 4  # the study's [proxy] otherwise
+
+
+def test_without_top_the_ladder_rises_until_its_smallest_rung_can_be_built():
+    # The tiny-hf quick start's knee: MQA with 32-wide heads, SwiGLU 4x. At its own 541k, the
+    # smallest of 4 rungs (68k) is below the design's smallest shape (d_model 64, one layer: 94k).
+    knee = ArchConfig(
+        vocab_size=256, seq_len=128, d_model=128, n_layers=2, n_heads=4, n_kv_heads=1, head_dim=32, d_ff=512,
+        activation="swiglu",
+    )  # fmt: skip
+    own = param_counts(knee).total
+    with pytest.raises(LadderError, match=r"has 67\.66k parameters within 25%"):
+        rung_shape(knee, rung_targets(own, 4)[0])
+    top = default_top(knee, own, 4, params_max=2_000_000)
+    assert top == round(1.25 * own)
+    shapes = [rung_shape(knee, t) for t in rung_targets(top, 4)]
+    assert shapes[0].d_model == 64 and all(s.attention_layout == "mqa" for s in shapes)
+    assert default_top(knee, own, 4, params_max=600_000) == own  # raising it would pass the budget
 
 
 def test_rung_targets_halve_from_the_top():
