@@ -5,7 +5,8 @@
    parameter counts, one trial per design (`space.scale.design_choices`), each kept only when all
    its rungs and its 4x shape exist (`results.ladder.rung_shape`).
 3. Their ladders: `archsearch ladder --trial ... --top 500k --rungs 4 --tokens-per-param 20`
-   (rungs of about 62k-500k parameters), stored in the study's database and resumed like any ladder.
+   (rungs of about 62k-500k parameters; 3 rungs from 125k when fewer than 8 designs can be built
+   down to 62k), stored in the study's database and resumed like any ladder.
 4. A real run of each design at 2M parameters, its shape built as a rung's would be, at the same
    tokens per parameter, the same settings (`results.ladder.ladder_settings`) and the same run
    function as a rung (`search.validate.long_run`); each run is appended to `real_runs.jsonl` in
@@ -211,9 +212,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--space", type=Path, default=ROOT / "examples" / "tiny-hf.toml")
     parser.add_argument("--study", default=STUDY)
-    parser.add_argument("--trials", type=int, default=40, help="finished trials of the search")
+    parser.add_argument("--trials", type=int, default=60, help="finished trials of the search")
     parser.add_argument("--designs", type=int, default=8)
-    parser.add_argument("--rungs", type=int, default=4)
+    parser.add_argument("--rungs", type=int, default=4, help="3 when fewer than --designs ladder at 4")
     parser.add_argument("--top", default="500k", help="the largest rung's parameters")
     parser.add_argument("--real", default="2M", help="the size of the real runs")
     parser.add_argument("--tokens-per-param", type=float, default=20.0)
@@ -265,9 +266,15 @@ def main() -> None:
         "search", "--space", str(space), "--study", args.study, "--storage", url, "--trials", str(trials),
         "--workers", workers, "--resume",
     ))  # fmt: skip
-    targets = rung_targets(top, rungs)
     with Storage.open(url, create=False) as storage:
-        chosen = choose_designs(storage, args.study, designs, targets, real_size)
+        # Fewer rungs when too few designs can be built down to the smallest (a design's smallest
+        # shape has a floor: one layer of its narrowest valid width plus the embeddings).
+        for count in range(rungs, min(rungs, 3) - 1, -1):  # down to 3 rungs, or the 2 asked for
+            chosen = choose_designs(storage, args.study, designs, rung_targets(top, count), real_size)
+            if len(chosen) == designs:
+                break
+            print(f"{len(chosen)} designs ladder at {count} rungs; trying {count - 1}", flush=True)
+        rungs = count
         beta = storage.require_study(args.study).size_beta or 0.0
         proxy = storage.require_study(args.study).spec["proxy"]
         data_path = storage.require_study(args.study).spec.get("data")
