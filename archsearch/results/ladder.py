@@ -301,7 +301,10 @@ def plan_ladder(storage: Storage, options: LadderOptions) -> list[PlannedRung]:
                 f"the top rung of {format_si(top)} parameters is past the space's budget of "
                 f"{format_si(params_max)}: give a smaller --top"
             )
-        shapes = [rung_shape(cfg, t, params_max) for t in rung_targets(top, options.rungs)]  # type: ignore[arg-type]
+        try:
+            shapes = [rung_shape(cfg, t, params_max) for t in rung_targets(top, options.rungs)]  # type: ignore[arg-type]
+        except LadderError as exc:
+            raise LadderError(f"trial {trial.number}: {exc}") from None
         for shape in shapes:
             if flops_max is not None and flop_counts(shape).forward > flops_max:
                 raise LadderError(

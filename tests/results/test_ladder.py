@@ -161,7 +161,7 @@ def _run(*args: str):
         (("--trial", "0", "--rungs", "2"), "1 design of 2 rungs cannot fit the law's 3 constants"),
         (("--trial", "0", "--knee"), "give exactly one of --trial N, --knee, --front (got --trial, --knee)"),
         (("--trial", "0", "--tokens-per-param", "0"), "--tokens-per-param must be a finite number > 0"),
-        (("--trial", "0", "--top", "2k"), "no shape keeping the design (mha, head_dim 32"),
+        (("--trial", "0", "--top", "2k"), "trial 0: no shape keeping the design (mha, head_dim 32"),
         (("--trial", "0", "--plot", "x.svg"), "cannot plot ladders to 'x.svg': use a .png file"),
     ],
     ids=["one-rung", "no-design", "unknown-trial", "past-budget", "too-few-rungs", "two-selectors",
