@@ -360,9 +360,24 @@ def run_ladder(
     storage.require_writable()  # before training rungs whose results could not be stored
     planned = plan_ladder(storage, options)
     ratio = float(options.tokens_per_param)
-    stored = {r.key for r in storage.ladder_rungs(options.study, ratio)}
-    todo = [p for p in planned if (p.trial, ratio, shape_key(p.config), options.seed) not in stored]
-    skipped = len(planned) - len(todo)
+    records = storage.ladder_rungs(options.study, ratio)
+    stored = {r.key for r in records}
+    # A shape trained for another trial of the same design (two trials differing only in size,
+    # laddered to the same --top) is the same run: its result is stored for this trial too.
+    known = {(r.shape_key, r.seed): r for r in records}
+    todo, twins = [], {}  # twins: shape key -> rungs of other trials waiting on its run
+    for p in planned:
+        key = shape_key(p.config)
+        if (p.trial, ratio, key, options.seed) in stored:
+            continue
+        if (key, options.seed) in known:
+            _store_twin(storage, options, p, known[(key, options.seed)])
+        elif key in twins:
+            twins[key].append(p)
+        else:
+            twins[key] = []
+            todo.append(p)
+    skipped = len(planned) - len(todo) - sum(len(t) for t in twins.values())
     data = record.spec.get("data")
     start = time.monotonic()
     failed: list[str] = []
@@ -397,6 +412,11 @@ def run_ladder(
                         if why is None:
                             trained += 1
                             last = f"{name}: {result['val_loss']:.4f}"  # type: ignore[index]
+                            for twin in twins.get(
+                                shape_key(rung.config), []
+                            ):  # the same run, stored once more
+                                _store(storage, options, twin, result, reason)
+                                skipped += 1
                         else:
                             failed.append(last := f"{name}: {why}")
                             log.warning("rung failed: %s", last)
@@ -430,6 +450,25 @@ def run_ladder(
         storage.add_ladder_fit(options.study, tokens_per_param=ratio, fit=fit.to_dict())
     return LadderSummary(
         options.study, ratio, tuple(planned), rungs, fit, fit_error, trained, skipped, tuple(failed)
+    )
+
+
+def _store_twin(storage: Storage, options: LadderOptions, rung: PlannedRung, twin: LadderRungRecord) -> None:
+    """Store `twin`'s run (the same shape, another trial) as `rung`'s, without training it again."""
+    storage.add_ladder_rung(
+        options.study,
+        trial_number=rung.trial,
+        tokens_per_param=options.tokens_per_param,
+        target_params=rung.target,
+        config=rung.config,
+        seed=options.seed,
+        tokens=twin.tokens,
+        val_loss=twin.val_loss,
+        val_curve=twin.val_curve,
+        settings={**twin.settings, "reused_from_trial": twin.trial_number},
+        device_fingerprint=twin.device_fingerprint,
+        corpus_fingerprint=twin.corpus_fingerprint,
+        wall_time_s=0.0,
     )
 
 

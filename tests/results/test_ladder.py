@@ -34,8 +34,13 @@ from tests.specs import tiny_spec
 
 E, ALPHA = 1.2, 0.34  # the stand-in run's law, on non-embedding parameters
 A = {"gelu": 30.0, "swiglu": 24.0}
-# number -> (d_model, n_layers, activation, proxy loss); trial 2 failed.
-SHAPES = {0: (128, 2, "gelu", 2.9), 1: (128, 2, "swiglu", 2.8), 3: (64, 2, "swiglu", 3.0)}
+# number -> (d_model, n_layers, activation, proxy loss); trial 2 failed; 4 is trial 0's design, narrower.
+SHAPES = {
+    0: (128, 2, "gelu", 2.9),
+    1: (128, 2, "swiglu", 2.8),
+    3: (64, 2, "swiglu", 3.0),
+    4: (64, 4, "gelu", 3.1),
+}
 
 
 def _cfg(d_model: int, layers: int, activation: str) -> ArchConfig:
@@ -51,7 +56,7 @@ def _study(url: str, spec=None) -> str:
             "tiny", spec_fingerprint=spec.fingerprint, spec_source=spec.source, spec=spec.to_dict(),
             objectives=spec.objectives,
         )  # fmt: skip
-        for number in range(4):
+        for number in range(max(SHAPES) + 1):
             slot = db.claim_trial("tiny", 100, 60)
             if number not in SHAPES:
                 db.assign_trial(slot, number=number, optuna_trial_id=number, params={}, config=None)
@@ -228,6 +233,33 @@ def test_a_failed_rung_is_reported_not_stored_and_tried_again(url, tmp_path, ray
         assert summary.fit is None and "cannot fit 3 constants" in summary.fit_error  # 3 rungs, 1 design
         again = run_ladder(db, options, run_fn=_logged(log))
         assert (again.trained, again.skipped, len(again.failed)) == (0, 3, 1)
+
+
+def test_a_shape_already_trained_for_a_trial_of_the_same_design_is_not_trained_again(
+    url, tmp_path, ray_session
+):
+    log = tmp_path / "runs.log"
+    with Storage.open(url) as db:
+        first = run_ladder(db, LadderOptions("tiny", numbers=(0,), rungs=4, top=920_000), run_fn=_logged(log))
+        assert (first.trained, first.skipped) == (4, 0)
+        # Trial 4 is trial 0's design: to the same top, its rungs are the same shapes.
+        both = LadderOptions("tiny", numbers=(4, 0), rungs=4, top=920_000)
+        again = run_ladder(db, both, run_fn=_logged(log))
+        assert (again.trained, again.skipped) == (0, 8) and len(_lines(log)) == 4
+        rungs = db.ladder_rungs("tiny")
+    by_trial = {n: [(r.shape_key, r.val_loss) for r in rungs if r.trial_number == n] for n in (0, 4)}
+    assert by_trial[0] == by_trial[4] and len(by_trial[0]) == 4
+    assert all(r.settings.get("reused_from_trial") == 0 for r in rungs if r.trial_number == 4)
+
+
+def test_two_trials_of_one_design_share_each_run_in_one_ladder(url, tmp_path, ray_session):
+    log = tmp_path / "runs.log"
+    with Storage.open(url) as db:
+        summary = run_ladder(
+            db, LadderOptions("tiny", numbers=(0, 4), rungs=3, top=460_000), run_fn=_logged(log)
+        )
+        assert (summary.trained, summary.skipped) == (3, 3) and len(_lines(log)) == 3
+        assert len(db.ladder_rungs("tiny")) == 6
 
 
 # --- reading: export --scale-to and pareto --at-size --------------------------------------------
