@@ -130,7 +130,7 @@ def test_trainer_throughput_smoke_trains_in_the_precision_auto_resolves_to(cpu_b
 def test_every_benchmark_has_a_smoke_test():
     scripts = {p.stem for p in (ROOT / "benchmarks").glob("*.py")}
     tested = set(SMOKES) | {"query_speed", "proxy_fidelity", "step_time_accuracy", "threads"}
-    tested |= {"search_quality", "trainer_throughput", "calibration", "gpu_campaign"}
+    tested |= {"search_quality", "trainer_throughput", "calibration", "gpu_campaign", "ladder_accuracy"}
     assert scripts == tested
 
 
@@ -375,3 +375,24 @@ def test_gpu_campaign_records_a_failing_shape_and_measures_the_rest(campaign, mo
     again = run("--retry-failed")
     assert measured == ["t-d128-mqa"] and again["failed"] == []
     assert sorted(s["label"] for s in again["shapes"]) == sorted(labels)
+
+
+def test_ladder_accuracy_smoke_predicts_the_real_runs_and_resumes_without_training_again(tmp_path):
+    import os
+
+    env = {**os.environ, "ARCHSEARCH_LADDER_DIR": str(tmp_path)}
+    out = tmp_path / "record.json"
+    done = _smoke("ladder_accuracy.py", "--out", str(out), timeout=900, env=env)
+    assert "3 designs; law: E " in done.stdout, done.stdout[-3000:]
+    assert "median abs error" in done.stdout and "Spearman against the real ranking: ladder" in done.stdout
+    record = json.loads(out.read_text())
+    rows = record["rows"]
+    assert len(rows) == 3 and all(r["real"] is not None and len(r["rungs"]) == 3 for r in rows), rows
+    assert all(r["low"] <= r["predicted"] <= r["high"] and r["distance"] > 1 for r in rows), rows
+    assert any(c.startswith("archsearch ladder --study ladder-smoke") for c in record["commands"])
+    assert set(record["measures"]["spearman"]) == {"ladder", "proxy", "proxy_adjusted"}
+    # Again: the ladder finds every rung stored and the real runs recorded; nothing is trained.
+    again = _smoke("ladder_accuracy.py", "--out", str(out), timeout=900, env=env)
+    assert "real runs: 0 to train, 3 recorded" in again.stdout, again.stdout[-3000:]
+    assert "0 rungs trained, 9 reused from earlier runs" in again.stderr, again.stderr[-3000:]
+    assert [r["real"] for r in json.loads(out.read_text())["rows"]] == [r["real"] for r in rows]

@@ -7,6 +7,7 @@
 - `devices`: align, devices, fit-device (the GPU catalogue and its model);
 - `search`: space check, search;
 - `validate`: validate;
+- `ladder`: ladder (and the ladder's lines in export --scale-to and pareto --at-size);
 - `results`: pareto, studies, trials;
 - `export`: export;
 - `report`: report, the HTML file that shares a study;
@@ -21,7 +22,7 @@ from __future__ import annotations
 # Importing the command modules registers their commands on `app`, in this order in --help.
 # isort: off
 from archsearch.cli import shape, train, profile, devices, search  # noqa: F401
-from archsearch.cli import validate, results, export, report  # noqa: F401
+from archsearch.cli import validate, ladder, results, export, report  # noqa: F401
 
 # isort: on
 from archsearch.cli.common import app

@@ -62,6 +62,13 @@ def export(
         int | None,
         typer.Option(help="With --scale-to: sequences per micro-batch (default 16384 tokens' worth).", min=1),
     ] = None,
+    tokens: Annotated[
+        str | None,
+        typer.Option(
+            help="With --scale-to: the tokens you will train on (26B); where the trial has a ladder, its "
+            "predicted loss is for the ladder trained nearest that many tokens per parameter."
+        ),
+    ] = None,
     storage: StorageOpt = None,
 ) -> None:
     """A trial's shape for a real trainer: Hugging Face config, litgpt YAML, nanoGPT GPTConfig or JSON.
@@ -77,10 +84,12 @@ def export(
 
     choice = Choice(fmt, trial, knee, best_under_flops, front, exportable)
     request = _scale_request(scale_to, device, vocab, seq_len, batch, front)
+    train_tokens = _tokens(tokens, scale_to)
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ConfigError(f"--output {output} exists and is not an empty folder")
     with Storage.open(storage, create=False) as db:
         selection = select(db, study, choice)
+        rungs = db.ladder_rungs(study) if request is not None else []
     if request is not None:
         from archsearch.search.scale import scaled_export
 
@@ -89,6 +98,9 @@ def export(
         entry = plan.index[0]
         typer.echo(f"{output}: trial {entry['number']} scaled to {scale_to} as {entry['target']}")
         _print_scaled(result)
+        from archsearch.cli.ladder import print_scaled_prediction
+
+        print_scaled_prediction(rungs, study, entry["number"], result.chosen.config, train_tokens)
         for note in entry["notes"]:
             typer.echo(f"note: {note}", err=True)
         return
@@ -105,6 +117,17 @@ def export(
         if entry["folder"] is not None:
             where = output / entry["folder"] if entry["folder"] else output
             typer.echo(f"{where}: trial {entry['number']} as {entry['target']}")
+
+
+def _tokens(tokens: str | None, scale_to: str | None) -> int | None:
+    """`--tokens`, parsed before the database is opened; only with `--scale-to`."""
+    if tokens is None:
+        return None
+    if scale_to is None:
+        raise ConfigError("--tokens only goes with --scale-to")
+    from archsearch.units import parse_count
+
+    return parse_count(tokens, "--tokens")
 
 
 def _scale_request(

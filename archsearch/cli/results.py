@@ -54,10 +54,22 @@ def pareto(
         ),
     ] = None,
     plot: Annotated[Path | None, typer.Option(help="Write a plot: FILE.png or FILE.html.")] = None,
+    at_size: Annotated[
+        str | None,
+        typer.Option(
+            help="Instead of the front: the laddered designs (`archsearch ladder`) ranked by the loss their "
+            "law predicts at this many parameters (1.3B, 350M), with intervals."
+        ),
+    ] = None,
     storage: StorageOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """The Pareto front of a study: non-dominated trials along the front, the knee, the hypervolume."""
+    if at_size is not None:
+        from archsearch.cli.ladder import pareto_at_size
+
+        pareto_at_size(study, at_size, (objectives, reference, loss, plot), storage, as_json)
+        return
     from archsearch.search.pareto import study_fronts
     from archsearch.space.objectives import parse_objectives
     from archsearch.storage import Storage

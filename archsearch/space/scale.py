@@ -68,10 +68,12 @@ def design_choices(cfg: ArchConfig) -> dict[str, Any]:
     }
 
 
-def d_ff_options(cfg: ArchConfig, d_model: int) -> tuple[int, ...]:
-    """The trial's d_ff / d_model ratio at `d_model`, rounded up to each of D_FF_MULTIPLES."""
+def d_ff_options(
+    cfg: ArchConfig, d_model: int, multiples: tuple[int, ...] = D_FF_MULTIPLES
+) -> tuple[int, ...]:
+    """The trial's d_ff / d_model ratio at `d_model`, rounded up to each of `multiples`."""
     exact = Fraction(cfg.d_ff, cfg.d_model) * d_model
-    return tuple(sorted({m * math.ceil(exact / m) for m in D_FF_MULTIPLES}))
+    return tuple(sorted({m * math.ceil(exact / m) for m in multiples}))
 
 
 def naive_d_ff(cfg: ArchConfig, d_model: int) -> int:
@@ -109,6 +111,9 @@ def scaled_candidates(
     vocab_size: int,
     tolerance: float = 0.1,
     aspect: tuple[int, int] | None = None,
+    d_model_multiple: int = D_MODEL_MULTIPLE,
+    d_ff_multiples: tuple[int, ...] = D_FF_MULTIPLES,
+    head_dims: tuple[int, ...] | None = None,
 ) -> tuple[ArchConfig, ...]:
     """Every shape within `tolerance` of `target_params` that keeps `cfg`'s design choices.
 
@@ -119,13 +124,22 @@ def scaled_candidates(
         vocab_size: its vocabulary, used as given (pad it first with `pad_vocab`).
         tolerance: the largest relative distance from the target kept.
         aspect: the d_model / n_layers window; default `aspect_range(target_params)`.
+        d_model_multiple, d_ff_multiples: the grids of d_model and d_ff; the GPU tiles' unless
+            a size ladder's small rungs need finer ones (`results.ladder`).
+        head_dims: the head widths tried; default `head_dim_options(cfg)`.
 
     Returns:
         The shapes, ordered by (d_model, n_layers, head_dim, d_ff); empty when none fits.
 
     Raises:
-        ConfigError: a non-positive target, tolerance or aspect window.
+        ConfigError: a non-positive target, tolerance, aspect window or grid.
     """
+    grids = (d_model_multiple, *d_ff_multiples, *(head_dims or (1,)))
+    if not d_ff_multiples or head_dims == () or min(grids) <= 0:
+        raise ConfigError(
+            f"the grids must be positive, got d_model_multiple {d_model_multiple}, d_ff_multiples "
+            f"{d_ff_multiples}, head_dims {head_dims}"
+        )
     if target_params <= 0 or not 0 < tolerance < 1:
         raise ConfigError(
             f"target_params must be positive and tolerance in (0, 1), got {target_params}, {tolerance}"
@@ -136,16 +150,16 @@ def scaled_candidates(
     low, high = target_params * (1 - tolerance), target_params * (1 + tolerance)
     kept = {name: getattr(cfg, name) for name in KEPT_FIELDS}
     out = []
-    d_model = D_MODEL_MULTIPLE
+    d_model = d_model_multiple
     while True:
         shallowest = max(1, math.ceil(d_model / high_aspect))
         depths = range(shallowest, max(shallowest, math.floor(d_model / low_aspect)) + 1)
         smallest = None
-        for head_dim in head_dim_options(cfg):
+        for head_dim in head_dims or head_dim_options(cfg):
             heads = _heads(cfg, d_model, head_dim)
             if heads is None:
                 continue
-            for d_ff in d_ff_options(cfg, d_model):
+            for d_ff in d_ff_options(cfg, d_model, d_ff_multiples):
                 for n_layers in depths:
                     shape = ArchConfig(
                         vocab_size=vocab_size, seq_len=seq_len, d_model=d_model, n_layers=n_layers,
@@ -160,7 +174,7 @@ def scaled_candidates(
             break
         if d_model > 2**20:  # no head layout fits any width: nothing will
             break
-        d_model += D_MODEL_MULTIPLE
+        d_model += d_model_multiple
     return tuple(sorted(out, key=lambda c: (c.d_model, c.n_layers, c.head_dim, c.d_ff)))
 
 

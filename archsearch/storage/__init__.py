@@ -6,6 +6,7 @@ Imports neither torch nor Ray; Optuna is imported only when its storage is asked
 from archsearch.storage.db import (
     DEFAULT_STORAGE_URL,
     STORAGE_ENV,
+    LadderRungRecord,
     LongRunRecord,
     ReadOnlyStorageError,
     SchemaVersionError,
@@ -15,6 +16,7 @@ from archsearch.storage.db import (
     StudyRecord,
     TrialRecord,
     ValidationRecord,
+    shape_key,
     storage_url,
 )
 from archsearch.storage.kernels import KernelCache, measurement_row
@@ -26,6 +28,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "STORAGE_ENV",
     "KernelCache",
+    "LadderRungRecord",
     "LongRunRecord",
     "QueryError",
     "ReadOnlyStorageError",
@@ -39,6 +42,7 @@ __all__ = [
     "ValidationRecord",
     "compile_filter",
     "measurement_row",
+    "shape_key",
     "storage_url",
     "trials_frame",
     "trials_table",

@@ -141,6 +141,39 @@ class LongRunRecord:
 
 
 @dataclass(frozen=True)
+class LadderRungRecord:
+    """One stored rung of a size ladder: a trial's design at one size (`config`), trained."""
+
+    study: str
+    trial_number: int
+    tokens_per_param: float
+    target_params: int
+    shape_key: str  # sha256 of the config's JSON: one rung per shape
+    config: ArchConfig
+    params_total: int
+    params_non_embedding: int
+    seed: int
+    tokens: int
+    val_loss: float
+    val_curve: tuple[tuple[int, float], ...]
+    settings: dict[str, Any]
+    device_fingerprint: str | None
+    corpus_fingerprint: str | None
+    wall_time_s: float | None
+    created_at: float
+
+    @property
+    def key(self) -> tuple[int, float, str, int]:
+        """(trial number, tokens per parameter, shape key, seed): what a rerun matches to skip it."""
+        return (self.trial_number, self.tokens_per_param, self.shape_key, self.seed)
+
+
+def shape_key(cfg: ArchConfig) -> str:
+    """The key a ladder rung's shape is stored under: sha256 of its canonical JSON."""
+    return hashlib.sha256(cfg.to_json(indent=None).encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
 class ValidationRecord:
     """One stored `validate` report."""
 
@@ -964,6 +997,102 @@ class Storage:
                 for r in rows
             ]
 
+    # --- size ladders (`archsearch ladder`) ---------------------------------------------------------
+    def add_ladder_rung(
+        self,
+        study: str,
+        *,
+        trial_number: int,
+        tokens_per_param: float,
+        target_params: int,
+        config: ArchConfig,
+        seed: int,
+        tokens: int,
+        val_loss: float,
+        val_curve: Sequence[Sequence[float]] = (),
+        settings: Mapping[str, Any] | None = None,
+        device_fingerprint: str | None = None,
+        corpus_fingerprint: str | None = None,
+        wall_time_s: float | None = None,
+    ) -> bool:
+        """Record one trained rung, in one transaction; the first of a (trial, tokens per parameter,
+        shape, seed) wins.
+
+        Returns:
+            True when written, False when that rung was already stored (it is left as it was).
+        """
+        key = shape_key(config)
+        counts = param_counts(config)
+        with self._session() as s:
+            s.execute(select(schema.Study.name).where(schema.Study.name == study).with_for_update())
+            found = s.scalar(
+                select(schema.LadderRung.id).where(
+                    schema.LadderRung.study == study,
+                    schema.LadderRung.trial_number == trial_number,
+                    schema.LadderRung.tokens_per_param == float(tokens_per_param),
+                    schema.LadderRung.shape_key == key,
+                    schema.LadderRung.seed == seed,
+                )
+            )
+            if found is not None:
+                return False
+            s.add(
+                schema.LadderRung(
+                    study=study,
+                    trial_number=trial_number,
+                    tokens_per_param=float(tokens_per_param),
+                    target_params=int(target_params),
+                    shape_key=key,
+                    config_json=config.to_json(indent=None),
+                    params_total=counts.total,
+                    params_non_embedding=counts.non_embedding,
+                    seed=seed,
+                    tokens=int(tokens),
+                    val_loss=float(val_loss),
+                    val_curve_json=json.dumps([[int(t), float(v)] for t, v in val_curve]),
+                    settings_json=json.dumps(dict(settings or {}), sort_keys=True),
+                    device_fingerprint=device_fingerprint,
+                    corpus_fingerprint=corpus_fingerprint,
+                    wall_time_s=wall_time_s,
+                    created_at=time.time(),
+                )
+            )
+            return True
+
+    def ladder_rungs(self, study: str, tokens_per_param: float | None = None) -> list[LadderRungRecord]:
+        """`study`'s stored rungs (at one tokens-per-parameter, or all), by trial, ratio, size, seed."""
+        with self._session(read_only=True) as s:
+            table = schema.LadderRung
+            q = select(table).where(table.study == study)
+            if tokens_per_param is not None:
+                q = q.where(table.tokens_per_param == float(tokens_per_param))
+            q = q.order_by(
+                table.trial_number, table.tokens_per_param, table.params_total, table.seed, table.id
+            )
+            return [_ladder_rung_record(r) for r in s.scalars(q).all()]
+
+    def add_ladder_fit(self, study: str, *, tokens_per_param: float, fit: Mapping[str, Any]) -> int:
+        """Store one fit of `study`'s ladders (`LadderFit.to_dict()`); returns its id."""
+        with self._session() as s:
+            row = schema.LadderFitRow(
+                study=study,
+                tokens_per_param=float(tokens_per_param),
+                fit_json=json.dumps(dict(fit), sort_keys=True),
+                created_at=time.time(),
+            )
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def ladder_fits(self, study: str) -> list[dict[str, Any]]:
+        """`study`'s stored ladder fits, oldest first: {"tokens_per_param", "fit", "created_at"}."""
+        with self._session(read_only=True) as s:
+            rows = self._oldest_first(s, schema.LadderFitRow, study, schema.LadderFitRow.created_at)
+            return [
+                dict(tokens_per_param=r.tokens_per_param, fit=json.loads(r.fit_json), created_at=r.created_at)
+                for r in rows
+            ]
+
     @staticmethod
     def _oldest_first(s: Session, table: Any, study: str, time: Any) -> Sequence[Any]:
         """The rows of a per-study table (`study` and `id` columns), oldest first by `time`."""
@@ -1084,6 +1213,28 @@ def _trial_record(row: schema.Trial) -> TrialRecord:
         params=json.loads(row.params_json) if row.params_json else {},
         config=ArchConfig.from_json(row.config_json) if row.config_json else None,
         values=values,
+    )
+
+
+def _ladder_rung_record(row: schema.LadderRung) -> LadderRungRecord:
+    return LadderRungRecord(
+        study=row.study,
+        trial_number=row.trial_number,
+        tokens_per_param=row.tokens_per_param,
+        target_params=row.target_params,
+        shape_key=row.shape_key,
+        config=ArchConfig.from_json(row.config_json),
+        params_total=row.params_total,
+        params_non_embedding=row.params_non_embedding,
+        seed=row.seed,
+        tokens=row.tokens,
+        val_loss=row.val_loss,
+        val_curve=tuple((int(t), float(v)) for t, v in json.loads(row.val_curve_json)),
+        settings=json.loads(row.settings_json),
+        device_fingerprint=row.device_fingerprint,
+        corpus_fingerprint=row.corpus_fingerprint,
+        wall_time_s=row.wall_time_s,
+        created_at=row.created_at,
     )
 
 

@@ -24,7 +24,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 3  # 2: archsearch_long_runs, archsearch_validations; 3: archsearch_search_runs
+# 2: archsearch_long_runs, archsearch_validations; 3: archsearch_search_runs; 4: archsearch_ladder_rungs,
+# archsearch_ladder_fits
+SCHEMA_VERSION = 4
 ADDITIVE_SINCE = 1  # versions 1 .. SCHEMA_VERSION - 1 differ from this one only by missing tables
 
 
@@ -215,3 +217,46 @@ class SearchRun(Base):
     host: Mapped[str] = mapped_column(String(256))
     settings_json: Mapped[str] = mapped_column(Text)  # sampler, seed, prune, trials, workers, ...
     started_at: Mapped[float] = mapped_column(Float)
+
+
+class LadderRung(Base):
+    """One rung of a size ladder (`archsearch ladder`): a trial's design at one size, its widths and
+    depth re-chosen, trained with tokens in proportion to its parameters.
+
+    One row per (study, trial, tokens per parameter, shape, seed); a rerun skips the rows it finds.
+    """
+
+    __tablename__ = "archsearch_ladder_rungs"
+    __table_args__ = (UniqueConstraint("study", "trial_number", "tokens_per_param", "shape_key", "seed"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    study: Mapped[str] = mapped_column(ForeignKey("archsearch_studies.name", ondelete="CASCADE"), index=True)
+    trial_number: Mapped[int] = mapped_column(Integer)  # the trial whose design the ladder keeps
+    tokens_per_param: Mapped[float] = mapped_column(Float)  # training tokens / total parameters
+    target_params: Mapped[int] = mapped_column(BigInteger)  # the size asked for; the shape's is exact
+    shape_key: Mapped[str] = mapped_column(String(64))  # sha256 of the rung's ArchConfig JSON
+    config_json: Mapped[str] = mapped_column(Text)  # the rung's ArchConfig
+    params_total: Mapped[int] = mapped_column(BigInteger)
+    params_non_embedding: Mapped[int] = mapped_column(BigInteger)
+    seed: Mapped[int] = mapped_column(Integer)
+    tokens: Mapped[int] = mapped_column(BigInteger)  # tokens actually trained
+    val_loss: Mapped[float] = mapped_column(Float)  # held-out nats per token at the end
+    val_curve_json: Mapped[str] = mapped_column(Text)  # [[tokens, loss], ...]
+    settings_json: Mapped[str] = mapped_column(Text)  # the TrainSettings it ran with
+    device_fingerprint: Mapped[str | None] = mapped_column(String(64))
+    corpus_fingerprint: Mapped[str | None] = mapped_column(String(64))
+    wall_time_s: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class LadderFitRow(Base):
+    """One fit of the law across a study's ladders at one tokens-per-parameter, with its residuals,
+    as JSON (`results.ladder_fit.LadderFit.to_dict`)."""
+
+    __tablename__ = "archsearch_ladder_fits"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    study: Mapped[str] = mapped_column(ForeignKey("archsearch_studies.name", ondelete="CASCADE"), index=True)
+    tokens_per_param: Mapped[float] = mapped_column(Float)
+    fit_json: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float)

@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import create_engine, make_url, text
 
 from archsearch.space import preset
+from archsearch.space.costs import param_counts
 from archsearch.storage import (
     SCHEMA_VERSION,
     KernelCache,
@@ -22,6 +23,7 @@ from archsearch.storage import (
     Storage,
     StorageError,
     StudyExistsError,
+    shape_key,
     storage_url,
 )
 from archsearch.trial import TrialOutcome
@@ -317,6 +319,8 @@ def test_an_older_database_gains_the_new_tables(db_url):
         conn.execute(text("DROP TABLE archsearch_long_runs"))
         conn.execute(text("DROP TABLE archsearch_validations"))
         conn.execute(text("DROP TABLE archsearch_search_runs"))
+        conn.execute(text("DROP TABLE archsearch_ladder_rungs"))
+        conn.execute(text("DROP TABLE archsearch_ladder_fits"))
         conn.execute(text("UPDATE archsearch_meta SET value = '1'"))
     engine.dispose()
     with Storage.open(db_url) as st:
@@ -325,10 +329,39 @@ def test_an_older_database_gains_the_new_tables(db_url):
         assert len(st.long_runs("s")) == 1
         st.add_search_run("s", {"sampler": "tpe"})
         assert [r["settings"] for r in st.search_runs("s")] == [{"sampler": "tpe"}]
+        assert _rung(st) and len(st.ladder_rungs("s")) == 1
     engine = create_engine(db_url)
     with engine.connect() as conn:
         assert conn.execute(text("SELECT value FROM archsearch_meta")).scalar_one() == str(SCHEMA_VERSION)
     engine.dispose()
+
+
+def _rung(storage, trial_number=0, seed=0, loss=2.0, tokens_per_param=20.0, cfg=CFG):
+    return storage.add_ladder_rung(
+        "s", trial_number=trial_number, tokens_per_param=tokens_per_param, target_params=1_000_000,
+        config=cfg, seed=seed, tokens=20_000_000, val_loss=loss, val_curve=[[10, 2.5], [20, loss]],
+        settings={"tokens": 20_000_000}, device_fingerprint="fp", corpus_fingerprint="c", wall_time_s=3.0,
+    )  # fmt: skip
+
+
+def test_ladder_rungs_are_stored_once_per_trial_ratio_shape_and_seed(storage):
+    wider = dataclasses.replace(CFG, d_model=CFG.d_model * 2)
+    assert _rung(storage, trial_number=2, cfg=wider)
+    assert _rung(storage, trial_number=2)
+    assert _rung(storage, trial_number=2, seed=1)
+    assert _rung(storage, trial_number=2, tokens_per_param=10.0)
+    assert not _rung(storage, trial_number=2, loss=9.0)  # the first run of that rung wins
+    rungs = storage.ladder_rungs("s", tokens_per_param=20)
+    assert [(r.config, r.seed) for r in rungs] == [(CFG, 0), (CFG, 1), (wider, 0)]  # by size, then seed
+    first = rungs[0]
+    assert first.val_loss == 2.0 and first.val_curve == ((10, 2.5), (20, 2.0))
+    assert first.params_total == param_counts(CFG).total
+    assert first.params_non_embedding == param_counts(CFG).non_embedding
+    assert first.key == (2, 20.0, shape_key(CFG), 0) and first.target_params == 1_000_000
+    assert (first.settings, first.wall_time_s) == ({"tokens": 20_000_000}, 3.0)
+    assert len(storage.ladder_rungs("s")) == 4 and storage.ladder_rungs("other") == []
+    storage.add_ladder_fit("s", tokens_per_param=20, fit={"alpha": 0.3})
+    assert [(f["tokens_per_param"], f["fit"]) for f in storage.ladder_fits("s")] == [(20.0, {"alpha": 0.3})]
 
 
 @contextlib.contextmanager

@@ -1,0 +1,278 @@
+"""`archsearch ladder`: a design trained at several sizes, and the loss its law predicts at yours.
+
+Also the ladder's lines in `export --scale-to` and the table of `pareto --at-size`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from archsearch.cli.common import JsonFlag, StorageOpt, StudyOpt, app, print_json, si, stdout
+from archsearch.cli.progress import live_display
+from archsearch.errors import ConfigError
+from archsearch.trial import FAILED
+
+
+@app.command()
+def ladder(
+    study: StudyOpt,
+    trial: Annotated[
+        list[int] | None, typer.Option("--trial", help="Ladder trial N's design (repeat for several).")
+    ] = None,
+    knee: Annotated[bool, typer.Option("--knee", help="Ladder the knee of the Pareto front.")] = False,
+    front: Annotated[bool, typer.Option("--front", help="Ladder every member of the Pareto front.")] = False,
+    rungs: Annotated[int, typer.Option(help="Sizes per design, each about 2x the one below (>= 2).")] = 4,
+    top: Annotated[
+        str | None,
+        typer.Option(help="Total parameters of the largest rung (500k, 2M); default the trial's own size."),
+    ] = None,
+    tokens_per_param: Annotated[
+        float, typer.Option(help="Training tokens per parameter of every rung (Chinchilla: 20).")
+    ] = 20.0,
+    workers: Annotated[int, typer.Option(help="Rungs trained at once.")] = 1,
+    seed: Annotated[int, typer.Option(help="Training seed of the rungs.")] = 0,
+    address: Annotated[
+        str | None, typer.Option(help="Ray cluster to join (default: start one here).")
+    ] = None,
+    cpus_per_run: Annotated[float, typer.Option(help="Ray CPUs per rung.")] = 1.0,
+    gpus_per_run: Annotated[float, typer.Option(help="Ray GPUs per rung.")] = 0.0,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write the ladder curves (rungs, fit, 95% band) to FILE.png.")
+    ] = None,
+    storage: StorageOpt = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Train chosen designs at several sizes and fit L(N) = E + A_d N^-alpha across them.
+
+    Each rung keeps the trial's design with widths and depth re-chosen as --scale-to does, and trains
+    on the study's corpus for --tokens-per-param x its parameters, cosine schedule. Rungs are stored
+    as they finish: a rerun (or one after Ctrl-C, exit 130) trains only what is missing. Then
+    `export --scale-to` prints the predicted loss and `pareto --at-size` ranks the laddered designs.
+    """
+    from archsearch.results.ladder import LadderOptions, run_ladder
+    from archsearch.storage import Storage
+    from archsearch.units import parse_count
+
+    if plot is not None and plot.suffix.lower() != ".png":
+        raise ConfigError(f"cannot plot ladders to {plot.name!r}: use a .png file")
+
+    options = LadderOptions(
+        study=study, numbers=tuple(trial or ()), knee=knee, front=front, rungs=rungs,
+        top=parse_count(top, "--top") if top is not None else None, tokens_per_param=tokens_per_param,
+        seed=seed, workers=workers, address=address, cpus_per_trial=cpus_per_run, gpus_per_trial=gpus_per_run,
+    )  # fmt: skip
+    with Storage.open(storage, create=False) as db, ladder_display() as update:
+        summary = run_ladder(db, options, on_update=update)
+    for line in summary.failed:
+        typer.echo(f"failed: {line}", err=True)
+    if summary.signal is not None:
+        typer.echo(
+            f"interrupted: {summary.trained} rungs trained and stored; rerun the same command to train "
+            "the rest",
+            err=True,
+        )
+        raise typer.Exit(128 + summary.signal)
+    if as_json:
+        print_json(_summary_dict(summary))
+    else:
+        _print_ladders(summary)
+    if summary.fit_error:
+        typer.echo(f"no fit: {summary.fit_error}", err=True)
+    elif plot is not None:
+        from archsearch.results.ladder_plot import plot_ladders
+
+        plot_ladders(summary.fit, plot)
+        typer.echo(f"wrote {plot}", err=True)
+    typer.echo(f"{summary.trained} rungs trained, {summary.skipped} reused from earlier runs", err=True)
+
+
+def ladder_display() -> Any:
+    """A ladder's progress (`LadderProgress` snapshots), counted in stored rungs."""
+
+    def text(p: Any) -> str:
+        failed = f", {p.failed} failed" if p.failed else ""
+        return f"{p.done}/{p.total} rungs stored{failed}; {p.last}"
+
+    return live_display("ladder", text, lambda p: (p.done, p.total))
+
+
+def _summary_dict(summary: Any) -> dict[str, Any]:
+    fit = summary.fit
+    return {
+        "study": summary.study,
+        "tokens_per_param": summary.tokens_per_param,
+        "trained": summary.trained,
+        "skipped": summary.skipped,
+        FAILED: list(summary.failed),
+        "rungs": [
+            {
+                "trial": r.trial_number, "target_params": r.target_params, "params_total": r.params_total,
+                "params_non_embedding": r.params_non_embedding, "tokens": r.tokens, "loss": r.val_loss,
+                "shape": r.config.describe(), "config": r.config.to_dict(), "seed": r.seed,
+                "wall_time_s": r.wall_time_s,
+            }
+            for r in summary.rungs
+        ],
+        "fit": fit.to_dict() if fit is not None else None,
+        "fit_error": summary.fit_error,
+        "at_4x_top": [p.to_dict() for p in _at_4x(fit)] if fit is not None else [],
+    }  # fmt: skip
+
+
+def _at_4x(fit: Any) -> list[Any]:
+    """Each design's prediction at 4x its largest rung: how far the issue's benchmark reaches."""
+    return [fit.predict(d, 4 * max(p.n for p in fit.points if p.design == d)) for d in fit.designs]
+
+
+def _print_ladders(summary: Any) -> None:
+    console = stdout()
+    fit = summary.fit
+    table = Table(title=f"Ladders of {summary.study!r} at {summary.tokens_per_param:g} tokens per parameter")
+    for column in ("trial", "shape", "params", "non-emb", "tokens", "loss", "fitted", "residual"):
+        table.add_column(column, justify="left" if column == "shape" else "right")
+    for r in summary.rungs:
+        fitted = fit is not None and r.trial_number in fit.designs
+        f = float(fit.loss(r.trial_number, r.params_non_embedding)) if fitted else None
+        table.add_row(
+            str(r.trial_number), escape(r.config.describe()), si(r.params_total), si(r.params_non_embedding),
+            si(r.tokens), f"{r.val_loss:.4f}", f"{f:.4f}" if f is not None else "-",
+            f"{f - r.val_loss:+.4f}" if f is not None else "-",
+        )  # fmt: skip
+    console.print(table)
+    if fit is None:
+        return
+    d = fit.to_dict()
+    e_low, e_high = d["E_interval"] or (float("nan"),) * 2
+    a_low, a_high = d["alpha_interval"] or (float("nan"),) * 2
+    console.print(
+        f"law: L(N) = E + A_d N^-alpha over {len(fit.designs)} designs, N non-embedding parameters: "
+        f"E {fit.e:.4f} [{e_low:.3f}, {e_high:.3f}], alpha {fit.alpha:.4f} [{a_low:.3f}, {a_high:.3f}] "
+        f"(95% bootstrap over rungs, {d['resamples']} resamples); residuals rms {d['rmse']:.4f}, worst "
+        f"{d['max_abs_relative_residual']:.2%}"
+    )
+    for p in _at_4x(fit):
+        console.print(
+            f"trial {p.design}: A {fit.coefficient(p.design):.4g}; at 4x its top rung ({si(p.n)} "
+            f"non-embedding): {p.loss:.4f} [{p.low:.4f}, {p.high:.4f}], extrapolated"
+        )
+
+
+def print_scaled_prediction(rungs: Any, study: str, trial: int, target: Any, tokens: int | None) -> None:
+    """`export --scale-to`'s ladder lines: the predicted loss at the scaled shape, its interval, the
+    rungs it rests on and how far it extrapolates; a hint on stderr when the trial has no ladder."""
+    from archsearch.results.ladder import predict_trial
+    from archsearch.results.ladder_fit import LadderFitError
+
+    try:
+        found = predict_trial(rungs, trial, target, tokens)
+    except LadderFitError as exc:
+        typer.echo(f"ladder: no prediction for trial {trial}: {exc}", err=True)
+        return
+    if found is None:
+        typer.echo(
+            f"note: no ladder of trial {trial}: `archsearch ladder --study {study} --trial {trial}` "
+            "predicts the loss at this size",
+            err=True,
+        )
+        return
+    p, sizes = found.prediction, [r.params_total for r in found.rungs]
+    lines = [
+        f"predicted loss: {p.loss:.4f} nats/token [{p.low:.4f}, {p.high:.4f}] (95% bootstrap over "
+        f"rungs), {reach(p)} in non-embedding parameters ({si(found.target_non_embedding)} against "
+        f"{si(p.n_low)}-{si(p.n_high)})",
+        f"  from the ladder of trial {trial}: {len(found.rungs)} rungs of {si(min(sizes))} to "
+        f"{si(max(sizes))} parameters at {found.tokens_per_param:g} tokens per parameter, fitted with "
+        f"{found.designs - 1} other design{'s' * (found.designs != 2)} (shared E {found.fit.e:.3f}, "
+        f"alpha {found.fit.alpha:.3f})",
+        f"  for {si(found.tokens)} training tokens ({found.tokens_per_param:g} per parameter), on the "
+        "ladder's corpus and vocabulary: a loss in that tokenizer's units",
+    ]
+    typer.echo("\n".join(lines))
+    if tokens is not None and abs(tokens / found.target_params / found.tokens_per_param - 1) > 0.05:
+        typer.echo(
+            f"note: --tokens {si(tokens)} is {tokens / found.target_params:.3g} tokens per parameter; the "
+            f"nearest ladder trained {found.tokens_per_param:g}, so the prediction is for "
+            f"{si(found.tokens)} tokens",
+            err=True,
+        )
+
+
+def reach(p: Any) -> str:
+    """How far a prediction reaches beyond its rungs: "extrapolated 2,381x past the top rung"."""
+
+    def times(x: float) -> str:
+        return f"{x:,.0f}x" if x >= 10 else f"{x:.1f}x"
+
+    if p.n > p.n_high:
+        return f"extrapolated {times(p.distance)} past the top rung"
+    if p.n < p.n_low:
+        return f"extrapolated {times(p.n_low / p.n)} below the smallest rung"
+    return "interpolated between the rungs"
+
+
+def print_at_size(study: str, target: int, predictions: list[Any], notes: list[str]) -> None:
+    """`pareto --at-size`: the laddered designs ranked by the loss predicted at `target`."""
+    console = stdout()
+    ratio = predictions[0][1].tokens_per_param if predictions else None
+    table = Table(
+        title=f"Laddered designs of {study!r} at {si(target)} parameters, ranked by predicted loss"
+        + (f" ({ratio:g} tokens per parameter)" if ratio is not None else "")
+    )
+    for column in (
+        "rank",
+        "trial",
+        "trial's shape",
+        "params at size",
+        "predicted",
+        "95% interval",
+        "past top",
+        "rungs",
+    ):
+        table.add_column(column, justify="left" if column == "trial's shape" else "right")
+    for rank, (trial, found) in enumerate(predictions, 1):
+        p = found.prediction
+        table.add_row(
+            str(rank), str(trial.number), escape(trial.config.describe()), si(found.target_params),
+            f"{p.loss:.4f}", f"[{p.low:.4f}, {p.high:.4f}]", f"{p.distance:,.1f}x", str(len(found.rungs)),
+        )  # fmt: skip
+    console.print(table)
+    for note in notes:
+        typer.echo(f"left out: {note}", err=True)
+
+
+def at_size_dict(study: str, target: int, predictions: list[Any], notes: list[str]) -> dict[str, Any]:
+    return {
+        "study": study,
+        "at_size": target,
+        "ranked": [{"rank": i, **found.to_dict()} for i, (_, found) in enumerate(predictions, 1)],
+        "left_out": notes,
+    }
+
+
+def pareto_at_size(
+    studies: list[str], at_size: str, front_options: tuple[Any, ...], storage: str | None, as_json: bool
+) -> None:
+    """`pareto --at-size N`: one study's laddered designs ranked at N (not its front)."""
+    from archsearch.results.ladder import predict_at_size
+    from archsearch.storage import Storage
+    from archsearch.units import parse_count
+
+    if len(studies) != 1:
+        raise ConfigError("--at-size ranks one study's ladders: give one --study")
+    if any(option is not None for option in front_options):
+        raise ConfigError(
+            "--at-size ranks ladders, not the front: --objectives, --reference, --loss and --plot do not "
+            "apply"
+        )
+    target = parse_count(at_size, "--at-size")
+    with Storage.open(storage, create=False) as db:
+        ranked, notes = predict_at_size(db, studies[0], target)
+    if as_json:
+        print_json(at_size_dict(studies[0], target, ranked, notes))
+    else:
+        print_at_size(studies[0], target, ranked, notes)

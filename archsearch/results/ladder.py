@@ -1,0 +1,677 @@
+"""`archsearch ladder`: a design's loss trend over size, and the loss it predicts at the user's size.
+
+A search ranks designs at 0.1-2M parameters; users train at 100M-70B, and the best design can
+change with scale (Tay et al. 2022; BRIEF.md sections 9 and 12). A ladder trains one chosen
+trial's design at several sizes and fits a law across ladders (`ladder_fit`):
+
+1. The designs: `--trial N` (repeatable), the front's `--knee`, or every `--front` member; each a
+   complete trial whose design (`space.scale.design_choices`) is kept.
+2. The rungs: `rungs` sizes spaced `SPACING` x apart, the largest `top` total parameters (default
+   the trial's own size, raised when the smallest rung cannot be built: `default_top`; never past
+   the space's `[budget]`). Each rung's shape is re-chosen the
+   way `export --scale-to` re-chooses one (`space.scale.scaled_candidates`: the design kept,
+   depth from the aspect window published models use at that size) on finer grids than a GPU's
+   (d_model a multiple of `D_MODEL_GRID`, d_ff of `D_FF_GRID`, the trial's head_dim): at 20k-2M
+   parameters the 128-wide tiles of the GPU grid are coarser than the 2x between rungs. The pick
+   trades closeness to the target against an aspect near the window's centre (`rung_shape`), so
+   a design's rungs form one family; the fit uses each shape's exact count.
+3. Training: the study's `[proxy]` settings and corpus with `tokens_per_param` x the rung's total
+   parameters tokens (Chinchilla's 20 by default: `--scale-to 1.3B --tokens 26B` is that ratio),
+   with the cosine schedule and floor that `validate`'s long runs use (how users train), on Ray
+   tasks (`search.validate.long_run`). Every rung is stored as it finishes
+   (`Storage.add_ladder_rung`); a rerun trains only the rungs not yet stored, and Ctrl-C keeps
+   what finished.
+4. The fit: every design of the study laddered at that ratio with 2 sizes or more, fitted
+   jointly on non-embedding parameters (Kaplan et al. 2020: embeddings bend the law at small
+   sizes; at byte-level vocabularies they are 10-30% of a rung); stored with its residuals
+   (`Storage.add_ladder_fit`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from archsearch.errors import ArchsearchError
+from archsearch.results.ladder_fit import LadderFit, LadderFitError, Prediction, RungPoint, fit_ladders
+from archsearch.space.costs import flop_counts, param_counts
+from archsearch.space.scale import aspect_range, scaled_candidates
+from archsearch.trial import COMPLETE
+from archsearch.units import format_si
+
+if TYPE_CHECKING:
+    from archsearch.space.config import ArchConfig
+    from archsearch.storage import LadderRungRecord, Storage, TrialRecord
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RUNGS = 4
+SPACING = 2.0  # "about 2x apart": four rungs span 8x, the top one 4x from the size predicted
+DEFAULT_TOKENS_PER_PARAM = 20.0  # Chinchilla's compute-optimal ratio (Hoffmann et al. 2022)
+TOLERANCE = 0.25  # a rung within 25% of its target: 2x apart, neighbours never overlap
+ASPECT_SLACK = 2.0  # the published aspect window, widened 2x each way for tiny shapes (rung_shape)
+D_MODEL_GRID = 32  # finer than the GPU tile (128): 2x in parameters is about 1.4x in width
+D_FF_GRID = 16
+# Default top rungs tried, as multiples of the trial's size (`default_top`): 1 first, then up.
+TOP_SHIFTS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0)
+LADDER_SCHEDULE = dict(schedule="cosine", min_lr=0.1)  # as `validate`'s long runs: how users train
+
+
+class LadderError(ArchsearchError):
+    """A ladder that cannot start: bad options, an unknown study, a trial without a design to keep,
+    rungs past the space's budget or with no shape that keeps the design."""
+
+
+@dataclass(frozen=True)
+class LadderOptions:
+    """What to ladder and how. Checked on construction, before anything is opened or written."""
+
+    study: str
+    numbers: tuple[int, ...] = ()  # --trial N ...
+    knee: bool = False
+    front: bool = False
+    rungs: int = DEFAULT_RUNGS
+    top: int | None = None  # the largest rung's total parameters; None: the trial's own size
+    tokens_per_param: float = DEFAULT_TOKENS_PER_PARAM
+    seed: int = 0  # the training seed of every rung
+    workers: int = 1  # rungs at once
+    # Ray, as `SearchOptions` names them (the driver's pool reads these four).
+    address: str | None = None
+    cpus_per_trial: float = 1.0
+    gpus_per_trial: float = 0.0
+    retries: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.study:
+            raise LadderError("--study is required")
+        chosen = [
+            flag
+            for flag, on in (("--trial", self.numbers), ("--knee", self.knee), ("--front", self.front))
+            if on
+        ]
+        if len(chosen) != 1:
+            got = f" (got {', '.join(chosen)})" if chosen else ""
+            raise LadderError(f"give exactly one of --trial N, --knee, --front{got}")
+        if len(set(self.numbers)) != len(self.numbers):
+            raise LadderError("a --trial number is given twice")
+        if self.rungs < 2:
+            raise LadderError(
+                f"a ladder of {self.rungs} rung{'s' * (self.rungs != 1)} fits no trend: give --rungs 2 "
+                "or more"
+            )
+        t = self.tokens_per_param
+        if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+            raise LadderError(f"--tokens-per-param must be a finite number > 0, got {t}")
+        if self.top is not None and self.top <= 0:
+            raise LadderError(f"--top must be a positive parameter count, got {self.top}")
+        if self.workers < 1:
+            raise LadderError(f"--workers must be at least 1, got {self.workers}")
+        if self.cpus_per_trial <= 0 or self.gpus_per_trial < 0 or self.retries < 0:
+            raise LadderError("--cpus-per-run must be > 0, --gpus-per-run and --retries >= 0")
+
+
+@dataclass(frozen=True)
+class PlannedRung:
+    """One rung to train (or found stored): a design at one size with its training settings."""
+
+    trial: int
+    target: int  # total parameters asked for
+    config: ArchConfig
+    settings: dict[str, Any]  # TrainSettings fields
+
+    @property
+    def params(self) -> int:
+        return param_counts(self.config).total
+
+
+@dataclass(frozen=True)
+class LadderProgress:
+    """A snapshot for progress displays: rungs stored of those planned."""
+
+    done: int
+    total: int
+    failed: int
+    last: str
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class LadderSummary:
+    study: str
+    tokens_per_param: float
+    planned: tuple[PlannedRung, ...]
+    rungs: tuple[LadderRungRecord, ...]  # every stored rung of the study at this ratio
+    fit: LadderFit | None  # None when interrupted or when the rungs cannot be fitted
+    fit_error: str | None  # why there is no fit
+    trained: int
+    skipped: int
+    failed: tuple[str, ...]
+    signal: int | None = None
+
+
+# ------------------------------------------------------------------------------------------------
+# Rungs
+# ------------------------------------------------------------------------------------------------
+def rung_targets(top: int, rungs: int, spacing: float = SPACING) -> tuple[int, ...]:
+    """The rungs' target sizes, smallest first: `top / spacing^k` for k = rungs-1 .. 0."""
+    return tuple(round(top / spacing**k) for k in range(rungs - 1, -1, -1))
+
+
+def rung_shape(cfg: ArchConfig, target: int, params_max: int | None = None) -> ArchConfig:
+    """`cfg`'s design at `target` total parameters, as a ladder builds it (module docstring, 2).
+
+    The candidates are `scaled_candidates`' within `TOLERANCE` of the target, with the aspect
+    window of published models at that size (`aspect_range`) widened `ASPECT_SLACK` x each way: at
+    20k-2M parameters one layer more or less is a 2x step, so the strict window leaves gaps. The
+    pick weighs the distance from the target (`TOLERANCE` counts 1) against the aspect's distance
+    from the window's centre (`ASPECT_SLACK` counts 1), both on log scales, so a design's rungs
+    form one family of shapes; the fit uses each shape's exact count.
+
+    Args:
+        cfg: the trial's shape; its vocabulary, context and head_dim are kept.
+        target: total parameters wanted.
+        params_max: a budget's cap; candidates above it are left out.
+
+    Raises:
+        LadderError: no shape near the target keeps the design (under the cap).
+    """
+    low, high = aspect_range(target)
+    candidates = [
+        c
+        for c in scaled_candidates(
+            cfg,
+            target,
+            seq_len=cfg.seq_len,
+            vocab_size=cfg.vocab_size,
+            tolerance=TOLERANCE,
+            aspect=(max(1, math.floor(low / ASPECT_SLACK)), math.ceil(high * ASPECT_SLACK)),
+            d_model_multiple=D_MODEL_GRID,
+            d_ff_multiples=(D_FF_GRID,),
+            head_dims=(cfg.head_dim,),
+        )
+        if params_max is None or param_counts(c).total <= params_max
+    ]
+    if not candidates:
+        raise LadderError(
+            f"no shape keeping the design ({cfg.attention_layout}, head_dim {cfg.head_dim}, d_ff/d_model "
+            f"{cfg.d_ff_ratio:.3g}) has {format_si(target)} parameters within {TOLERANCE:.0%}"
+            + (f" and at most the budget's {format_si(params_max)}" if params_max is not None else "")
+            + ": choose another --top or fewer --rungs"
+        )
+    centre = math.sqrt(low * high)
+
+    def cost(c: ArchConfig) -> tuple[float, int, int]:
+        size = math.log(param_counts(c).total / target) / math.log(1 + TOLERANCE)
+        aspect = math.log(c.aspect_ratio / centre) / math.log(ASPECT_SLACK)
+        return (size**2 + aspect**2, c.n_layers, c.d_model)
+
+    return min(candidates, key=cost)
+
+
+def default_top(cfg: ArchConfig, own: int, rungs: int, params_max: int | None = None) -> int:
+    """The top rung when none is given: the trial's own size, raised (up to `TOP_SHIFTS`) until
+    every rung below it can be built, within the budget. A design's smallest shape has a floor (a
+    layer of its smallest valid width plus the embeddings: 93k parameters for an MQA SwiGLU 4x design
+    with 32-wide heads at vocabulary 256), which 4 rungs under a 0.5M trial would cross."""
+    for shift in TOP_SHIFTS:
+        top = round(own * shift)
+        if params_max is not None and top > params_max:
+            break
+        try:
+            for target in rung_targets(top, rungs):
+                rung_shape(cfg, target, params_max)
+        except LadderError:
+            continue
+        return top
+    return own  # plan_ladder reports why the trial's own size does not ladder
+
+
+def ladder_settings(proxy: dict[str, Any], tokens: int, seed: int) -> dict[str, Any]:
+    """A rung's `TrainSettings` fields: the proxy's, with a token budget, the cosine schedule, `seed`."""
+    return {**proxy, "tokens": int(tokens), "flops": None, "seconds": None, **LADDER_SCHEDULE, "seed": seed}
+
+
+def rung_tokens(cfg: ArchConfig, tokens_per_param: float) -> int:
+    """Training tokens of a rung: `tokens_per_param` x its total parameters."""
+    return max(1, round(tokens_per_param * param_counts(cfg).total))
+
+
+def ladder_designs(storage: Storage, options: LadderOptions) -> list[TrialRecord]:
+    """The trials whose designs the ladder keeps.
+
+    Raises:
+        LadderError: an unknown trial, or one that is not complete (no design to keep).
+        ArchsearchError: `--knee` / `--front` of a study without a front (`selection.select`).
+    """
+    if not options.numbers:
+        from archsearch.search.selection import Choice, select
+
+        return list(
+            select(storage, options.study, Choice("json", knee=options.knee, front=options.front)).members
+        )
+    found = {t.number: t for t in storage.trials_by_number(options.study, list(options.numbers))}
+    out = []
+    for n in options.numbers:
+        t = found.get(n)
+        if t is None:
+            raise LadderError(f"study {options.study!r} has no trial {n} (see `archsearch trials`)")
+        if t.status != COMPLETE or t.config is None:
+            why = f" ({t.reason})" if t.reason else ""
+            raise LadderError(
+                f"trial {n} of {options.study!r} is {t.status}{why}: no design to keep; a ladder keeps a "
+                "complete trial's design"
+            )
+        out.append(t)
+    return out
+
+
+def plan_ladder(storage: Storage, options: LadderOptions) -> list[PlannedRung]:
+    """Every rung of every chosen design, stored or not; checked whole before anything trains.
+
+    Raises:
+        LadderError: see `ladder_designs`, `rung_shape`; a top rung past the space's budget; two
+            rungs of one design that come out as the same shape; too few rungs to fit the law.
+    """
+    record = storage.require_study(options.study)
+    proxy = record.spec.get("proxy")
+    if not proxy:
+        raise LadderError(f"study {options.study!r} stores no [proxy] settings to train rungs with")
+    budget = record.spec.get("space", {}).get("budget", {})
+    params_max, flops_max = budget.get("params_max"), budget.get("flops_max")
+    designs = ladder_designs(storage, options)
+    d = len(designs)
+    if d * options.rungs <= d + 2:
+        raise LadderError(
+            f"{d} design{'s' * (d > 1)} of {options.rungs} rungs cannot fit the law's {d + 2} constants "
+            f"(E, alpha and one A per design): give --rungs {math.floor(1 + 2 / d) + 1} or more"
+        )
+    planned = []
+    for trial in designs:
+        cfg = trial.config
+        if options.top is not None:
+            top = options.top
+        else:
+            top = default_top(cfg, int(trial["params_total"]), options.rungs, params_max)  # type: ignore[arg-type]
+        if params_max is not None and top > params_max:
+            raise LadderError(
+                f"the top rung of {format_si(top)} parameters is past the space's budget of "
+                f"{format_si(params_max)}: give a smaller --top"
+            )
+        try:
+            shapes = [rung_shape(cfg, t, params_max) for t in rung_targets(top, options.rungs)]  # type: ignore[arg-type]
+        except LadderError as exc:
+            raise LadderError(f"trial {trial.number}: {exc}") from None
+        for shape in shapes:
+            if flops_max is not None and flop_counts(shape).forward > flops_max:
+                raise LadderError(
+                    f"trial {trial.number}'s rung of {format_si(param_counts(shape).total)} parameters "
+                    f"needs {format_si(flop_counts(shape).forward)} forward FLOPs/token, past the space's "
+                    f"budget of {format_si(flops_max)}: give a smaller --top"
+                )
+        if len(set(shapes)) < len(shapes):
+            raise LadderError(
+                f"trial {trial.number}'s rungs below {format_si(top)} repeat a shape: give a larger --top or "
+                "fewer --rungs"
+            )
+        for target, shape in zip(rung_targets(top, options.rungs), shapes, strict=True):
+            tokens = rung_tokens(shape, options.tokens_per_param)
+            planned.append(
+                PlannedRung(trial.number, target, shape, ladder_settings(proxy, tokens, options.seed))
+            )  # type: ignore[arg-type]
+    return planned
+
+
+# ------------------------------------------------------------------------------------------------
+# The driver
+# ------------------------------------------------------------------------------------------------
+def run_ladder(
+    storage: Storage,
+    options: LadderOptions,
+    *,
+    on_update: Callable[[LadderProgress], None] | None = None,
+    run_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> LadderSummary:
+    """Train the rungs not yet stored, then fit the study's ladders at this ratio and store the fit.
+
+    Args:
+        storage: the trial database (the study must be in it).
+        options: see `LadderOptions`.
+        on_update: called with a `LadderProgress` after each rung, for progress displays.
+        run_fn: the Ray task body; `search.validate.long_run` (train one config) by default.
+
+    Returns:
+        A `LadderSummary`; `fit` is None and `signal` set when SIGINT / SIGTERM stopped it early
+        (finished rungs are kept; a rerun continues), and `fit_error` says why when the rungs
+        cannot be fitted.
+
+    Raises:
+        LadderError: see `plan_ladder`.
+        ReadOnlyStorageError: the database cannot be written here.
+    """
+    from archsearch.search.driver import _RayPool, _signals, _Stop
+    from archsearch.search.validate import long_run
+    from archsearch.storage import shape_key
+
+    record = storage.require_study(options.study)
+    storage.require_writable()  # before training rungs whose results could not be stored
+    planned = plan_ladder(storage, options)
+    ratio = float(options.tokens_per_param)
+    records = storage.ladder_rungs(options.study, ratio)
+    stored = {r.key for r in records}
+    # A shape trained for another trial of the same design (two trials differing only in size,
+    # laddered to the same --top) is the same run: its result is stored for this trial too.
+    known = {(r.shape_key, r.seed): r for r in records}
+    todo, twins = [], {}  # twins: shape key -> rungs of other trials waiting on its run
+    for p in planned:
+        key = shape_key(p.config)
+        if (p.trial, ratio, key, options.seed) in stored:
+            continue
+        if (key, options.seed) in known:
+            _store_twin(storage, options, p, known[(key, options.seed)])
+        elif key in twins:
+            twins[key].append(p)
+        else:
+            twins[key] = []
+            todo.append(p)
+    skipped = len(planned) - len(todo) - sum(len(t) for t in twins.values())
+    data = record.spec.get("data")
+    start = time.monotonic()
+    failed: list[str] = []
+    trained = 0
+    stop = _Stop()
+    if todo:
+        log.info("ladder %s: %d rungs to train, %d stored", options.study, len(todo), skipped)
+        # Largest first: the longest runs start while the small ones fill the other workers.
+        todo.sort(key=lambda p: -p.params)
+        with _RayPool(options, run_fn or long_run) as pool, _signals(stop):  # type: ignore[arg-type]
+            running: dict[Any, tuple[PlannedRung, dict[str, Any], int]] = {}  # ref -> rung, request, attempt
+            if on_update is not None:
+                on_update(LadderProgress(skipped, len(planned), 0, f"training {len(todo)} rungs", 0.0))
+            try:
+                while stop.signum is None and (todo or running):
+                    while todo and len(running) < options.workers:
+                        rung = todo.pop(0)
+                        request = dict(
+                            config=rung.config.to_dict(), settings=rung.settings, data=data,
+                            cpus=options.cpus_per_trial,
+                        )  # fmt: skip
+                        running[pool.task.remote(request)] = (rung, request, 1)
+                    for ref in pool.wait(list(running), 0.5):
+                        rung, request, attempt = running.pop(ref)
+                        result, reason, died = pool.result(ref)
+                        name = f"trial {rung.trial} at {format_si(rung.params)}"
+                        if result is None and died and attempt <= options.retries:
+                            log.warning("%s: %s; retrying", name, reason)
+                            running[pool.task.remote(request)] = (rung, request, attempt + 1)
+                            continue
+                        why = _store(storage, options, rung, result, reason)
+                        if why is None:
+                            trained += 1
+                            last = f"{name}: {result['val_loss']:.4f}"  # type: ignore[index]
+                            for twin in twins.get(
+                                shape_key(rung.config), []
+                            ):  # the same run, stored once more
+                                _store(storage, options, twin, result, reason)
+                                skipped += 1
+                        else:
+                            failed.append(last := f"{name}: {why}")
+                            log.warning("rung failed: %s", last)
+                        if on_update is not None:
+                            elapsed = time.monotonic() - start
+                            done = skipped + trained
+                            on_update(LadderProgress(done, len(planned), len(failed), last, elapsed))
+            finally:
+                for ref in running:  # Ctrl-C: what finished is stored; what runs is dropped
+                    pool.cancel(ref)
+    rungs = tuple(storage.ladder_rungs(options.study, ratio))
+    if stop.signum is not None:
+        return LadderSummary(
+            options.study,
+            ratio,
+            tuple(planned),
+            rungs,
+            None,
+            None,
+            trained,
+            skipped,
+            tuple(failed),
+            stop.signum,
+        )
+    fit, fit_error = None, None
+    try:
+        fit = fit_study_ladders(rungs)
+    except LadderFitError as exc:
+        fit_error = str(exc)
+    if fit is not None:
+        storage.add_ladder_fit(options.study, tokens_per_param=ratio, fit=fit.to_dict())
+    return LadderSummary(
+        options.study, ratio, tuple(planned), rungs, fit, fit_error, trained, skipped, tuple(failed)
+    )
+
+
+def _store_twin(storage: Storage, options: LadderOptions, rung: PlannedRung, twin: LadderRungRecord) -> None:
+    """Store `twin`'s run (the same shape, another trial) as `rung`'s, without training it again."""
+    storage.add_ladder_rung(
+        options.study,
+        trial_number=rung.trial,
+        tokens_per_param=options.tokens_per_param,
+        target_params=rung.target,
+        config=rung.config,
+        seed=options.seed,
+        tokens=twin.tokens,
+        val_loss=twin.val_loss,
+        val_curve=twin.val_curve,
+        settings={**twin.settings, "reused_from_trial": twin.trial_number},
+        device_fingerprint=twin.device_fingerprint,
+        corpus_fingerprint=twin.corpus_fingerprint,
+        wall_time_s=0.0,
+    )
+
+
+def _store(
+    storage: Storage,
+    options: LadderOptions,
+    rung: PlannedRung,
+    result: dict[str, Any] | None,
+    reason: str | None,
+) -> str | None:
+    """Store one finished rung (one transaction); the reason instead when it has no loss.
+
+    A failed rung is not stored, so a rerun tries it again.
+    """
+    if result is None or result["status"] != COMPLETE or result["val_loss"] is None:
+        return reason or (result or {}).get("reason") or "no loss"
+    storage.add_ladder_rung(
+        options.study,
+        trial_number=rung.trial,
+        tokens_per_param=options.tokens_per_param,
+        target_params=rung.target,
+        config=rung.config,
+        seed=options.seed,
+        tokens=result["tokens"],
+        val_loss=result["val_loss"],
+        val_curve=result["val_curve"],
+        settings=rung.settings,
+        device_fingerprint=result["device_fingerprint"],
+        corpus_fingerprint=result["corpus_fingerprint"],
+        wall_time_s=result["wall_time_s"],
+    )
+    return None
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading ladders: the fit and its predictions
+# ------------------------------------------------------------------------------------------------
+def fit_study_ladders(rungs: Sequence[LadderRungRecord], *, resamples: int | None = None) -> LadderFit:
+    """The law over stored rungs of one tokens-per-parameter ratio: every design with at least 2
+    sizes, on non-embedding parameters; deterministic (the bootstrap is seeded).
+
+    Raises:
+        LadderFitError: no design has 2 sizes, rungs of several ratios, or too few rungs.
+    """
+    ratios = {r.tokens_per_param for r in rungs}
+    if len(ratios) > 1:
+        raise LadderFitError(f"rungs of {len(ratios)} tokens-per-parameter ratios cannot share one law")
+    sizes: dict[int, set[int]] = {}
+    for r in rungs:
+        sizes.setdefault(r.trial_number, set()).add(r.params_non_embedding)
+    points = [
+        RungPoint(r.trial_number, float(r.params_non_embedding), r.val_loss)
+        for r in rungs
+        if len(sizes[r.trial_number]) >= 2
+    ]
+    if not points:
+        raise LadderFitError("no design has rungs of 2 sizes yet")
+    kw = {} if resamples is None else {"resamples": resamples}
+    return fit_ladders(points, **kw)
+
+
+@dataclass(frozen=True)
+class LadderPrediction:
+    """What a trial's ladder predicts at a target shape."""
+
+    trial: int
+    tokens_per_param: float
+    target_params: int  # total
+    target_non_embedding: int  # what the law is evaluated at
+    prediction: Prediction
+    rungs: tuple[LadderRungRecord, ...]  # this design's
+    designs: int  # designs sharing the fit's E and alpha
+    fit: LadderFit
+
+    @property
+    def tokens(self) -> int:
+        """The training tokens the prediction is for: the ladder's ratio at the target."""
+        return round(self.tokens_per_param * self.target_params)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "trial": self.trial,
+            "tokens_per_param": self.tokens_per_param,
+            "tokens": self.tokens,
+            "target_params": self.target_params,
+            "target_non_embedding": self.target_non_embedding,
+            **{k: v for k, v in self.prediction.to_dict().items() if k != "design"},
+            "rungs": [
+                {
+                    "params_total": r.params_total,
+                    "params_non_embedding": r.params_non_embedding,
+                    "tokens": r.tokens,
+                    "loss": r.val_loss,
+                }
+                for r in self.rungs
+            ],
+            "designs": self.designs,
+            "E": self.fit.e,
+            "alpha": self.fit.alpha,
+        }
+
+
+def choose_ratio(
+    rungs: Sequence[LadderRungRecord], trial: int, tokens_per_param: float | None
+) -> float | None:
+    """The tokens-per-parameter ratio whose ladder of `trial` to use: the one nearest (log scale)
+    `tokens_per_param` when given, else the one with the most rungs of the trial (ties: larger);
+    None when the trial has no ladder."""
+    counts: dict[float, int] = {}
+    for r in rungs:
+        if r.trial_number == trial:
+            counts[r.tokens_per_param] = counts.get(r.tokens_per_param, 0) + 1
+    if not counts:
+        return None
+    if tokens_per_param is not None and tokens_per_param > 0:
+        return min(counts, key=lambda t: (abs(math.log(t / tokens_per_param)), -t))
+    return max(counts, key=lambda t: (counts[t], t))
+
+
+def predict_trial(
+    rungs: Sequence[LadderRungRecord],
+    trial: int,
+    target: ArchConfig,
+    tokens: int | None = None,
+) -> LadderPrediction | None:
+    """`trial`'s ladder's prediction at the shape `target` (e.g. `--scale-to`'s), or None without a
+    ladder. With `tokens`, the ladder whose ratio is nearest tokens / target parameters is used.
+
+    Raises:
+        LadderFitError: the trial has rungs but they cannot be fitted (one size, too few).
+    """
+    counts = param_counts(target)
+    wanted = tokens / counts.total if tokens else None
+    ratio = choose_ratio(rungs, trial, wanted)
+    if ratio is None:
+        return None
+    same = [r for r in rungs if r.tokens_per_param == ratio]
+    mine = tuple(r for r in same if r.trial_number == trial)
+    if len({r.params_non_embedding for r in mine}) < 2:
+        raise LadderFitError(
+            f"trial {trial}'s ladder at {ratio:g} tokens per parameter has one size so far: rerun its "
+            "`archsearch ladder` to train the rest"
+        )
+    fit = fit_study_ladders(same)
+    prediction = fit.predict(trial, float(counts.non_embedding))
+    return LadderPrediction(
+        trial, ratio, counts.total, counts.non_embedding, prediction, mine, len(fit.designs), fit
+    )
+
+
+def predict_at_size(
+    storage: Storage, study: str, target_params: int, tokens_per_param: float | None = None
+) -> tuple[list[tuple[TrialRecord, LadderPrediction]], list[str]]:
+    """Every laddered design of `study` at `target_params`, best predicted loss first; each
+    design's shape at the size is built as its rungs were (`rung_shape`).
+
+    Returns:
+        (the ranked (trial, prediction) pairs, notes on designs left out and why).
+
+    Raises:
+        LadderError: the study has no ladder (at that ratio).
+        LadderFitError: its rungs cannot be fitted.
+    """
+    storage.require_study(study)
+    rungs = storage.ladder_rungs(study)
+    ratios = sorted({r.tokens_per_param for r in rungs})
+    if not ratios:
+        raise LadderError(
+            f"study {study!r} has no ladder: run `archsearch ladder --study {study} --knee` first"
+        )
+    if tokens_per_param is None:
+        designs = {t: len({r.trial_number for r in rungs if r.tokens_per_param == t}) for t in ratios}
+        ratio = max(ratios, key=lambda t: (designs[t], t))
+    elif float(tokens_per_param) in ratios:
+        ratio = float(tokens_per_param)
+    else:
+        have = ", ".join(f"{t:g}" for t in ratios)
+        raise LadderError(
+            f"study {study!r} has no ladder at {tokens_per_param:g} tokens per parameter (it has {have})"
+        )
+    same = [r for r in rungs if r.tokens_per_param == ratio]
+    fit = fit_study_ladders(same)
+    trials = {t.number: t for t in storage.trials_by_number(study, list(fit.designs))}
+    ranked, notes = [], []
+    for number in fit.designs:
+        trial = trials[number]
+        try:
+            shape = rung_shape(trial.config, target_params)  # type: ignore[arg-type]
+        except LadderError as exc:
+            notes.append(f"trial {number}: {exc}")
+            continue
+        counts = param_counts(shape)
+        mine = tuple(r for r in same if r.trial_number == number)
+        p = fit.predict(number, float(counts.non_embedding))
+        ranked.append(
+            (
+                trial,
+                LadderPrediction(
+                    number, ratio, counts.total, counts.non_embedding, p, mine, len(fit.designs), fit
+                ),
+            )
+        )
+    left = sorted({r.trial_number for r in same} - set(fit.designs))
+    notes += [f"trial {n}: its ladder has one size so far" for n in left]
+    ranked.sort(key=lambda pair: (pair[1].prediction.loss, pair[0].number))
+    return ranked, notes

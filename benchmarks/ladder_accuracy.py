@@ -1,0 +1,376 @@
+"""How well size ladders predict a design's loss 4x past their top rung (issue 23).
+
+1. A tiny search (`archsearch search --space examples/tiny-hf.toml`), resumed if its study exists.
+2. At least 8 designs: the study's Pareto front, then other complete trials spread over their
+   parameter counts, one trial per design (`space.scale.design_choices`), each kept only when all
+   its rungs and its 4x shape exist (`results.ladder.rung_shape`).
+3. Their ladders: `archsearch ladder --trial ... --top 500k --rungs 4 --tokens-per-param 20`
+   (rungs of about 62k-500k parameters; 3 rungs from 125k when fewer than 8 designs can be built
+   down to 62k), stored in the study's database and resumed like any ladder.
+4. A real run of each design at 2M parameters, its shape built as a rung's would be, at the same
+   tokens per parameter, the same settings (`results.ladder.ladder_settings`) and the same run
+   function as a rung (`search.validate.long_run`); each run is appended to `real_runs.jsonl` in
+   the work folder as it finishes, so a rerun trains only the missing ones.
+5. The comparison: the law fitted over the ladders (`results.ladder.fit_study_ladders`) predicts
+   each design's loss at its 2M shape; the median and worst absolute error of those predictions
+   (relative to the real loss), how many real losses fall inside the 95% intervals, and the
+   Spearman of the predicted ranking of the designs against the real one beside the proxy's own
+   ranking (the stored proxy loss, and the study's size-adjusted loss objective), each with a 95%
+   bootstrap interval over designs (`search.fidelity_stats`), and the ladder's paired difference
+   against the proxy.
+
+Every step's command is printed; the record (commands, rungs, real runs, predictions, measures)
+goes to `--out` (default benchmarks/data/ladder_accuracy.json) after each step.
+
+    python benchmarks/ladder_accuracy.py                 # hours on 2 cores: ~8 x 40M tokens at 2M
+    python benchmarks/ladder_accuracy.py --tokens-per-param 5 --out /tmp/l5.json
+    python benchmarks/ladder_accuracy.py --smoke         # a toy space, tiny budgets: a minute or two
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "benchmarks" / "data"
+OUT = DATA / "ladder_accuracy.json"
+STUDY = "ladder-tiny-hf"
+
+# A toy space for --smoke: MHA only, so the smallest rungs of every design exist at 25k parameters.
+SMOKE_SPACE = """
+[model]
+vocab_size = 256
+seq_len = 32
+d_model = [64, 128]
+aspect_ratio = [32, 64]
+activation = ["gelu", "swiglu", "geglu", "reglu"]
+head_dim = [32]
+[budget]
+params = { max = 2e6 }
+[proxy]
+tokens = 2048
+batch_size = 4
+evals = 2
+eval_batches = 1
+device = "cpu"
+precision = "fp32"
+[profile]
+local = false
+[objectives]
+minimize = ["loss", "flops"]
+size_beta = 0.15
+[search]
+sampler = "random"
+seed = 3
+trials = 10
+prune = false
+"""
+
+
+def run(argv: list[str]) -> None:
+    """One CLI command, shown, its output streamed; a failure stops the benchmark."""
+    print("+ " + shlex.join(argv), flush=True)
+    done = subprocess.run(argv, cwd=ROOT)
+    if done.returncode != 0:
+        raise SystemExit(f"ladder_accuracy: `{shlex.join(argv)}` exited {done.returncode}")
+
+
+def archsearch(*args: str) -> list[str]:
+    return [sys.executable, "-m", "archsearch", *args]
+
+
+def design_key(cfg: Any) -> str:
+    from archsearch.space.scale import design_choices
+
+    return json.dumps({k: str(v) for k, v in design_choices(cfg).items()}, sort_keys=True)
+
+
+def choose_designs(storage: Any, study: str, n: int, targets: tuple[int, ...], real: int) -> list[Any]:
+    """`n` trials of distinct designs: the front first, then the rest spread over sizes; only those
+    whose every rung and whose `real`-size shape can be built."""
+    from archsearch.errors import ArchsearchError
+    from archsearch.results.ladder import rung_shape
+    from archsearch.search.pareto import study_front
+    from archsearch.trial import COMPLETE
+
+    complete = [t for t in storage.trials(study, status=COMPLETE) if t.config is not None and t["loss"]]
+    by_number = {t.number: t for t in complete}
+    sf = study_front(storage, study)
+    front = [by_number[m] for m in (sf.front.numbers if sf else ()) if m in by_number]
+    others = sorted((t for t in complete if t not in front), key=lambda t: t["params_total"])
+    # Spread: alternate from the small and the large end.
+    spread = [others[i // 2] if i % 2 == 0 else others[-1 - i // 2] for i in range(len(others))]
+    chosen, seen = [], set()
+    for t in front + spread:
+        key = design_key(t.config)
+        if key in seen:
+            continue
+        try:
+            for size in (*targets, real):
+                rung_shape(t.config, size)
+        except ArchsearchError as exc:
+            print(f"trial {t.number}: left out: {exc}", flush=True)
+            seen.add(key)
+            continue
+        seen.add(key)
+        chosen.append(t)
+        if len(chosen) == n:
+            break
+    return chosen
+
+
+def _real_run(request: dict[str, Any]) -> dict[str, Any]:
+    from archsearch.search.validate import long_run
+
+    return long_run(request)
+
+
+def real_runs(requests: dict[str, dict[str, Any]], cache: Path, workers: int) -> dict[str, dict[str, Any]]:
+    """Each request's result by key, trained unless `cache` holds it; appended as each finishes."""
+    done: dict[str, dict[str, Any]] = {}
+    if cache.exists():
+        for line in cache.read_text().splitlines():
+            entry = json.loads(line)
+            done[entry["key"]] = entry["result"]
+    todo = {k: r for k, r in requests.items() if k not in done}
+    print(f"real runs: {len(todo)} to train, {len(requests) - len(todo)} recorded", flush=True)
+    if todo:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = {pool.submit(_real_run, r): k for k, r in todo.items()}
+            for future in as_completed(futures):
+                key, result = futures[future], future.result()
+                if result["status"] != "complete":
+                    print(f"real run {key[:12]} failed: {result['reason']}", flush=True)
+                    continue
+                with cache.open("a") as f:
+                    f.write(json.dumps({"key": key, "result": result}) + "\n")
+                done[key] = result
+                print(
+                    f"real run {key[:12]}: {result['val_loss']:.4f} ({result['wall_time_s']:.0f} s)",
+                    flush=True,
+                )
+    return done
+
+
+def measures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Prediction errors and rank agreement with intervals; `rows` need predicted, real, proxy."""
+    from archsearch.search import fidelity_stats as fs
+
+    pred = np.array([r["predicted"] for r in rows])
+    real = np.array([r["real"] for r in rows])
+    err = np.abs(pred - real) / real
+    inside = sum(r["low"] <= r["real"] <= r["high"] for r in rows)
+    out: dict[str, Any] = {
+        "designs": len(rows),
+        "median_abs_error": float(np.median(err)),
+        "worst_abs_error": float(np.max(err)),
+        "inside_interval": [int(inside), len(rows)],
+    }
+    if len(rows) >= 3:
+        predictors = {
+            "ladder": pred,
+            "proxy": np.array([r["proxy_loss"] for r in rows]),
+            "proxy_adjusted": np.array([r["proxy_adjusted"] for r in rows]),
+        }
+        out["spearman"] = {k: fs.rank_correlation(v, real).to_dict() for k, v in predictors.items()}
+        out["ladder_vs_proxy"] = fs.paired_difference(pred, predictors["proxy"], real).to_dict()
+        out["ladder_vs_proxy_adjusted"] = fs.paired_difference(
+            pred, predictors["proxy_adjusted"], real
+        ).to_dict()
+    return out
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{os.cpu_count()}-core {line.split(':', 1)[1].strip()}"
+    except OSError:
+        pass
+    return f"{os.cpu_count()}-core CPU"
+
+
+def _est(e: dict[str, Any]) -> str:
+    def f(x: Any, spec: str) -> str:
+        return "-" if x is None else format(x, spec)
+
+    return f"{f(e['value'], '.3f')} [{f(e['low'], '.2f')}, {f(e['high'], '.2f')}]"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--space", type=Path, default=ROOT / "examples" / "tiny-hf.toml")
+    parser.add_argument("--study", default=STUDY)
+    parser.add_argument("--trials", type=int, default=60, help="finished trials of the search")
+    parser.add_argument("--designs", type=int, default=8)
+    parser.add_argument("--rungs", type=int, default=4, help="3 when fewer than --designs ladder at 4")
+    parser.add_argument("--top", default="500k", help="the largest rung's parameters")
+    parser.add_argument("--real", default="2M", help="the size of the real runs")
+    parser.add_argument("--tokens-per-param", type=float, default=20.0)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--out", type=Path, default=None, help=f"the record (default {OUT.relative_to(ROOT)})"
+    )
+    parser.add_argument("--smoke", action="store_true", help="a toy space and tiny budgets")
+    args = parser.parse_args()
+
+    from archsearch.fileio import write_atomic
+    from archsearch.results.ladder import (
+        fit_study_ladders,
+        ladder_settings,
+        rung_shape,
+        rung_targets,
+        rung_tokens,
+    )
+    from archsearch.space.costs import param_counts
+    from archsearch.space.objectives import size_adjusted_loss
+    from archsearch.storage import Storage, shape_key
+    from archsearch.units import parse_count
+
+    work = Path(os.environ.get("ARCHSEARCH_LADDER_DIR", ROOT / ".calibration" / "ladder"))
+    work.mkdir(parents=True, exist_ok=True)
+    space, trials, designs, rungs = args.space, args.trials, args.designs, args.rungs
+    top, real_size, ratio = (
+        parse_count(args.top, "--top"),
+        parse_count(args.real, "--real"),
+        args.tokens_per_param,
+    )
+    out = args.out or OUT
+    if args.smoke:
+        space = work / "ladder-smoke.toml"
+        space.write_text(SMOKE_SPACE)
+        trials, designs, rungs, top, real_size, ratio = 10, 3, 3, 100_000, 400_000, 0.05
+        out = args.out or work / "ladder_accuracy_smoke.json"
+        args.study = "ladder-smoke"
+    db = work / f"{args.study}.db"
+    url = f"sqlite:///{db}"
+    workers = str(args.workers)
+    commands: list[str] = []
+
+    def step(argv: list[str]) -> None:
+        run(argv)
+        commands.append(shlex.join(["archsearch", *argv[3:]]))
+
+    step(archsearch(
+        "search", "--space", str(space), "--study", args.study, "--storage", url, "--trials", str(trials),
+        "--workers", workers, "--resume",
+    ))  # fmt: skip
+    with Storage.open(url, create=False) as storage:
+        # Fewer rungs when too few designs can be built down to the smallest (a design's smallest
+        # shape has a floor: one layer of its narrowest valid width plus the embeddings).
+        for count in range(rungs, min(rungs, 3) - 1, -1):  # down to 3 rungs, or the 2 asked for
+            chosen = choose_designs(storage, args.study, designs, rung_targets(top, count), real_size)
+            if len(chosen) == designs:
+                break
+            print(f"{len(chosen)} designs ladder at {count} rungs; trying {count - 1}", flush=True)
+        rungs = count
+        beta = storage.require_study(args.study).size_beta or 0.0
+        proxy = storage.require_study(args.study).spec["proxy"]
+        data_path = storage.require_study(args.study).spec.get("data")
+    if len(chosen) < designs:
+        raise SystemExit(f"ladder_accuracy: only {len(chosen)} designs can be laddered; run more --trials")
+    numbers = [a for t in chosen for a in ("--trial", str(t.number))]
+    step(archsearch(
+        "ladder", "--study", args.study, "--storage", url, *numbers, "--rungs", str(rungs), "--top", str(top),
+        "--tokens-per-param", f"{ratio:g}", "--workers", workers,
+    ))  # fmt: skip
+
+    # The real runs: each design at `real_size`, built and trained as a rung would be.
+    shapes = {t.number: rung_shape(t.config, real_size) for t in chosen}
+    requests = {}
+    for t in chosen:
+        cfg = shapes[t.number]
+        settings = ladder_settings(proxy, rung_tokens(cfg, ratio), 0)
+        key = f"{shape_key(cfg)}-{settings['tokens']}"
+        requests[key] = dict(config=cfg.to_dict(), settings=settings, data=data_path, cpus=1.0)
+    started = time.monotonic()
+    results = real_runs(requests, work / f"{args.study}-real_runs.jsonl", args.workers)
+    print(f"real runs: {time.monotonic() - started:.0f} s", flush=True)
+
+    with Storage.open(url, create=False) as storage:
+        rungs_stored = [r for r in storage.ladder_rungs(args.study, ratio) if r.trial_number in shapes]
+    fit = fit_study_ladders(rungs_stored)
+    rows = []
+    for t, key in zip(chosen, requests, strict=True):
+        cfg = shapes[t.number]
+        counts = param_counts(cfg)
+        p = fit.predict(t.number, float(counts.non_embedding))
+        result = results.get(key)
+        rows.append({
+            "trial": t.number, "design": t.config.describe(), "shape_at_real": cfg.describe(),
+            "params_total": counts.total, "params_non_embedding": counts.non_embedding,
+            "tokens": requests[key]["settings"]["tokens"], "predicted": p.loss, "low": p.low, "high": p.high,
+            "distance": p.distance, "real": result["val_loss"] if result else None,
+            "real_wall_time_s": result["wall_time_s"] if result else None,
+            "proxy_loss": t["loss"], "proxy_adjusted": size_adjusted_loss(t["loss"], t["params_total"], beta),
+            "proxy_params": t["params_total"],
+            "rungs": [
+                {"params_total": r.params_total, "params_non_embedding": r.params_non_embedding,
+                 "tokens": r.tokens, "loss": r.val_loss, "wall_time_s": r.wall_time_s}
+                for r in rungs_stored if r.trial_number == t.number
+            ],
+        })  # fmt: skip
+    scored = [r for r in rows if r["real"] is not None]
+    result_measures = measures(scored) if scored else None
+    from archsearch import __version__
+
+    record = {
+        "what": (
+            f"Ladder accuracy (issue 23): {len(chosen)} designs of {args.study}, ladders of {rungs} rungs "
+            f"up to {top:,} parameters and a real run at {real_size:,}, all at {ratio:g} tokens per "
+            "parameter; losses in nats/token on the study's corpus"
+        ),
+        "measured": f"archsearch {__version__}, {_cpu()}",
+        "updated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "space": str(space.relative_to(ROOT)) if space.is_relative_to(ROOT) else str(space),
+        "commands": commands,
+        "fit": fit.to_dict(),
+        "rows": rows,
+        "measures": result_measures,
+    }
+    write_atomic(out, (json.dumps(record, indent=1) + "\n").encode())
+
+    print(
+        f"\n{len(rows)} designs; law: E {fit.e:.4f}, alpha {fit.alpha:.4f}; real runs at {real_size:,} "
+        "parameters"
+    )
+    print(
+        f"{'trial':>5} {'params':>9} {'x top':>6} {'predicted':>9} {'95% interval':>17} {'real':>7} "
+        f"{'error':>7}"
+    )
+    for r in rows:
+        real = f"{r['real']:.4f}" if r["real"] is not None else "-"
+        error = f"{(r['predicted'] - r['real']) / r['real']:+.2%}" if r["real"] is not None else "-"
+        print(
+            f"{r['trial']:>5} {r['params_total']:>9,} {r['distance']:>6.2f} {r['predicted']:>9.4f} "
+            f"[{r['low']:.4f}, {r['high']:.4f}] {real:>7} {error:>7}"
+        )
+    if result_measures:
+        m = result_measures
+        print(
+            f"median abs error {m['median_abs_error']:.2%}, worst {m['worst_abs_error']:.2%}; real loss "
+            f"inside the interval for {m['inside_interval'][0]}/{m['inside_interval'][1]}"
+        )
+        if "spearman" in m:
+            s = m["spearman"]
+            print(
+                f"Spearman against the real ranking: ladder {_est(s['ladder'])}, proxy {_est(s['proxy'])}, "
+                f"size-adjusted proxy {_est(s['proxy_adjusted'])}; ladder - proxy "
+                f"{_est(m['ladder_vs_proxy'])}"
+            )
+    print(f"recorded in {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,390 @@
+"""`archsearch ladder`: rungs that keep the design, refusals, storage, resume after Ctrl-C, and the
+predictions `export --scale-to` and `pareto --at-size` print. Studies are written through the storage
+API; the Ray tests train with a stand-in run function (a known law) unless they say otherwise."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from archsearch.cli import app
+from archsearch.results.ladder import (
+    LadderError,
+    LadderOptions,
+    default_top,
+    plan_ladder,
+    predict_trial,
+    run_ladder,
+    rung_shape,
+    rung_targets,
+)
+from archsearch.space.config import ArchConfig
+from archsearch.space.costs import param_counts
+from archsearch.space.knobs import config_from_knobs
+from archsearch.space.scale import KEPT_FIELDS
+from archsearch.storage import Storage, shape_key
+from archsearch.trial import TrialOutcome
+from tests.specs import tiny_spec
+
+E, ALPHA = 1.2, 0.34  # the stand-in run's law, on non-embedding parameters
+A = {"gelu": 30.0, "swiglu": 24.0}
+# number -> (d_model, n_layers, activation, proxy loss); trial 2 failed; 4 is trial 0's design, narrower.
+SHAPES = {
+    0: (128, 2, "gelu", 2.9),
+    1: (128, 2, "swiglu", 2.8),
+    3: (64, 2, "swiglu", 3.0),
+    4: (64, 4, "gelu", 3.1),
+}
+
+
+def _cfg(d_model: int, layers: int, activation: str) -> ArchConfig:
+    return config_from_knobs(
+        d_model=d_model, n_layers=layers, head_dim=32, vocab_size=256, seq_len=32, activation=activation
+    )
+
+
+def _study(url: str, spec=None) -> str:
+    spec = spec or tiny_spec()
+    with Storage.open(url) as db:
+        db.create_study(
+            "tiny", spec_fingerprint=spec.fingerprint, spec_source=spec.source, spec=spec.to_dict(),
+            objectives=spec.objectives,
+        )  # fmt: skip
+        for number in range(max(SHAPES) + 1):
+            slot = db.claim_trial("tiny", 100, 60)
+            if number not in SHAPES:
+                db.assign_trial(slot, number=number, optuna_trial_id=number, params={}, config=None)
+                db.finish_trial(slot, TrialOutcome(status="failed", reason="boom"))
+                continue
+            d_model, layers, activation, loss = SHAPES[number]
+            cfg = _cfg(d_model, layers, activation)
+            db.assign_trial(slot, number=number, optuna_trial_id=number, params={}, config=cfg)
+            db.finish_trial(slot, TrialOutcome(status="complete", train={"val_loss": loss, "tokens": 2048}))
+    return url
+
+
+@pytest.fixture
+def url(tmp_path):
+    return _study(f"sqlite:///{tmp_path / 't.db'}")
+
+
+def _law(cfg: ArchConfig) -> float:
+    return E + A[cfg.activation] * param_counts(cfg).non_embedding ** -ALPHA
+
+
+def _fake_run(log: str, request: dict) -> dict:
+    """A rung without training: the law's loss; each call is logged by the rung's shape key."""
+    cfg = ArchConfig.from_dict(request["config"])
+    with open(log, "a") as f:
+        f.write(shape_key(cfg) + "\n")
+    if (cfg.d_model, cfg.n_layers) == (32, 1):  # the one shape the failure test asks to fail
+        return dict(status="failed", reason="loss is NaN", val_loss=None)
+    return dict(
+        status="complete", reason=None, val_loss=_law(cfg), tokens=request["settings"]["tokens"],
+        val_curve=[], wall_time_s=0.0, corpus_fingerprint="c", device_fingerprint="d",
+    )  # fmt: skip
+
+
+def _logged(log: Path):
+    def run(request: dict) -> dict:  # a plain function: Ray's remote takes no partial
+        return _fake_run(str(log), request)
+
+    return run
+
+
+def _lines(log: Path) -> list[str]:
+    return log.read_text().split() if log.exists() else []
+
+
+# --- rungs --------------------------------------------------------------------------------------
+def test_rungs_are_about_2x_apart_keep_the_design_and_train_in_proportion(url):
+    with Storage.open(url) as db:
+        planned = plan_ladder(db, LadderOptions("tiny", numbers=(0, 1), rungs=3, tokens_per_param=20))
+    assert [p.trial for p in planned] == [0, 0, 0, 1, 1, 1]
+    for trial in (0, 1):
+        source = _cfg(*SHAPES[trial][:3])
+        mine = [p for p in planned if p.trial == trial]
+        assert [p.target for p in mine] == list(rung_targets(param_counts(source).total, 3))
+        sizes = [p.params for p in mine]
+        assert all(1.3 < b / a < 3.1 for a, b in itertools.pairwise(sizes)), sizes
+        for p in mine:
+            assert abs(p.params / p.target - 1) <= 0.25
+            assert all(getattr(p.config, f) == getattr(source, f) for f in KEPT_FIELDS)
+            assert (p.config.attention_layout, p.config.head_dim) == (source.attention_layout, 32)
+            assert abs(p.config.d_ff_ratio - source.d_ff_ratio) <= 16 / p.config.d_model  # d_ff on a 16 grid
+            assert p.settings["tokens"] == round(20 * p.params)
+            assert (p.settings["schedule"], p.settings["min_lr"], p.settings["seed"]) == ("cosine", 0.1, 0)
+            assert p.settings["batch_size"] == 4  # the study's [proxy] otherwise
+
+
+def test_without_top_the_ladder_rises_until_its_smallest_rung_can_be_built():
+    # The tiny-hf quick start's knee: MQA with 32-wide heads, SwiGLU 4x. At its own 541k, the
+    # smallest of 4 rungs (68k) is below the design's smallest shape (d_model 64, one layer: 94k).
+    knee = ArchConfig(
+        vocab_size=256, seq_len=128, d_model=128, n_layers=2, n_heads=4, n_kv_heads=1, head_dim=32, d_ff=512,
+        activation="swiglu",
+    )  # fmt: skip
+    own = param_counts(knee).total
+    with pytest.raises(LadderError, match=r"has 67\.66k parameters within 25%"):
+        rung_shape(knee, rung_targets(own, 4)[0])
+    top = default_top(knee, own, 4, params_max=2_000_000)
+    assert top == round(1.25 * own)
+    shapes = [rung_shape(knee, t) for t in rung_targets(top, 4)]
+    assert shapes[0].d_model == 64 and all(s.attention_layout == "mqa" for s in shapes)
+    assert default_top(knee, own, 4, params_max=600_000) == own  # raising it would pass the budget
+
+
+def test_rung_targets_halve_from_the_top():
+    assert rung_targets(400_000, 4) == (50_000, 100_000, 200_000, 400_000)
+
+
+def test_the_scaled_shape_at_a_large_size_keeps_the_design():
+    source = _cfg(128, 2, "swiglu")
+    big = rung_shape(source, 1_300_000_000)
+    assert abs(param_counts(big).total / 1.3e9 - 1) <= 0.25 and big.activation == "swiglu"
+    assert 50 <= big.aspect_ratio <= 400
+
+
+# --- refusals: one line, exit 2, nothing trained or written -------------------------------------
+def _run(*args: str):
+    return CliRunner().invoke(app, ["ladder", *args])
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--trial", "0", "--rungs", "1"), "a ladder of 1 rung fits no trend: give --rungs 2 or more"),
+        (("--trial", "2"), "trial 2 of 'tiny' is failed (boom): no design to keep"),
+        (("--trial", "9"), "study 'tiny' has no trial 9"),
+        (("--trial", "0", "--top", "3M"), "the top rung of 3M parameters is past the space's budget of 2M"),
+        (("--trial", "0", "--rungs", "2"), "1 design of 2 rungs cannot fit the law's 3 constants"),
+        (("--trial", "0", "--knee"), "give exactly one of --trial N, --knee, --front (got --trial, --knee)"),
+        (("--trial", "0", "--tokens-per-param", "0"), "--tokens-per-param must be a finite number > 0"),
+        (("--trial", "0", "--top", "2k"), "trial 0: no shape keeping the design (mha, head_dim 32"),
+        (("--trial", "0", "--plot", "x.svg"), "cannot plot ladders to 'x.svg': use a .png file"),
+    ],
+    ids=["one-rung", "no-design", "unknown-trial", "past-budget", "too-few-rungs", "two-selectors",
+         "no-tokens", "too-small", "plot-suffix"],
+)  # fmt: skip
+def test_bad_ladders_exit_2_with_one_line_and_store_nothing(tmp_path, args, message):
+    url = _study(f"sqlite:///{tmp_path / 't.db'}", tiny_spec(budget="params = { max = 2e6 }"))
+    result = _run("--study", "tiny", "--storage", url, *args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"error: {message}") and result.stderr.count("\n") == 1, result.stderr
+    assert result.stdout == ""
+    with Storage.open(url) as db:
+        assert db.ladder_rungs("tiny") == [] and db.ladder_fits("tiny") == []
+
+
+# --- training, storing, resuming (Ray, stand-in run) --------------------------------------------
+OPTIONS = LadderOptions("tiny", numbers=(0, 1), rungs=3, workers=1)
+
+
+def test_ctrl_c_keeps_finished_rungs_and_a_rerun_trains_the_rest_once(url, tmp_path, ray_session):
+    log = tmp_path / "runs.log"
+    seen = []
+
+    def interrupt(progress):
+        seen.append(progress.done)
+        if progress.done == 1 and seen.count(1) == 1:  # the first rung is stored
+            os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C: the driver's handler stops the loop
+
+    with Storage.open(url) as db:
+        summary = run_ladder(db, OPTIONS, on_update=interrupt, run_fn=_logged(log))
+        assert summary.signal == signal.SIGINT and summary.fit is None and summary.trained == 1
+        assert seen[0] == 0  # displays hear of the start, before any rung ends
+        [kept] = db.ladder_rungs("tiny")
+        assert db.ladder_fits("tiny") == []
+        first = _lines(log)
+        log.unlink()
+        again = run_ladder(db, OPTIONS, run_fn=_logged(log))
+        assert (again.trained, again.skipped, again.failed) == (5, 1, ())
+        rungs = db.ladder_rungs("tiny")
+        assert len(rungs) == 6 and len({r.key for r in rungs}) == 6 and kept in rungs
+        assert kept.shape_key not in _lines(log)  # the stored rung is not trained again
+        assert sorted(set(first) | set(_lines(log))) == sorted(r.shape_key for r in rungs)
+        # A third run trains nothing and fits the same.
+        log.unlink()
+        third = run_ladder(db, OPTIONS, run_fn=_logged(log))
+        assert (third.trained, third.skipped) == (0, 6) and _lines(log) == []
+        assert third.fit.to_dict() == again.fit.to_dict()
+        assert len(db.ladder_fits("tiny")) == 2
+    # The stand-in law is recovered from its six rungs.
+    assert again.fit.alpha == pytest.approx(ALPHA, rel=1e-3) and again.fit.e == pytest.approx(E, rel=1e-3)
+    assert again.fit.coefficient(0) == pytest.approx(A["gelu"], rel=1e-2)
+    assert again.fit.coefficient(1) == pytest.approx(A["swiglu"], rel=1e-2)
+
+
+def test_a_failed_rung_is_reported_not_stored_and_tried_again(url, tmp_path, ray_session):
+    log = tmp_path / "runs.log"
+    options = LadderOptions("tiny", numbers=(3,), rungs=4, top=200_000)  # its smallest rung is d_model 32
+    with Storage.open(url) as db:
+        planned = plan_ladder(db, options)
+        assert (planned[0].config.d_model, planned[0].config.n_layers) == (32, 1)
+        summary = run_ladder(db, options, run_fn=_logged(log))
+        assert summary.failed == (f"trial 3 at {planned[0].params / 1e3:.4g}k: loss is NaN",)
+        assert summary.trained == 3 and len(db.ladder_rungs("tiny")) == 3
+        assert summary.fit is None and "cannot fit 3 constants" in summary.fit_error  # 3 rungs, 1 design
+        again = run_ladder(db, options, run_fn=_logged(log))
+        assert (again.trained, again.skipped, len(again.failed)) == (0, 3, 1)
+
+
+def test_a_shape_already_trained_for_a_trial_of_the_same_design_is_not_trained_again(
+    url, tmp_path, ray_session
+):
+    log = tmp_path / "runs.log"
+    with Storage.open(url) as db:
+        first = run_ladder(db, LadderOptions("tiny", numbers=(0,), rungs=4, top=920_000), run_fn=_logged(log))
+        assert (first.trained, first.skipped) == (4, 0)
+        # Trial 4 is trial 0's design: to the same top, its rungs are the same shapes.
+        both = LadderOptions("tiny", numbers=(4, 0), rungs=4, top=920_000)
+        again = run_ladder(db, both, run_fn=_logged(log))
+        assert (again.trained, again.skipped) == (0, 8) and len(_lines(log)) == 4
+        rungs = db.ladder_rungs("tiny")
+    by_trial = {n: [(r.shape_key, r.val_loss) for r in rungs if r.trial_number == n] for n in (0, 4)}
+    assert by_trial[0] == by_trial[4] and len(by_trial[0]) == 4
+    assert all(r.settings.get("reused_from_trial") == 0 for r in rungs if r.trial_number == 4)
+
+
+def test_two_trials_of_one_design_share_each_run_in_one_ladder(url, tmp_path, ray_session):
+    log = tmp_path / "runs.log"
+    with Storage.open(url) as db:
+        summary = run_ladder(
+            db, LadderOptions("tiny", numbers=(0, 4), rungs=3, top=460_000), run_fn=_logged(log)
+        )
+        assert (summary.trained, summary.skipped) == (3, 3) and len(_lines(log)) == 3
+        assert len(db.ladder_rungs("tiny")) == 6
+
+
+# --- reading: export --scale-to and pareto --at-size --------------------------------------------
+def _laddered(url: str) -> str:
+    """Rungs of trials 0 and 1 stored as the stand-in law trains them, without Ray."""
+    with Storage.open(url) as db:
+        for p in plan_ladder(db, OPTIONS):
+            db.add_ladder_rung(
+                "tiny", trial_number=p.trial, tokens_per_param=20, target_params=p.target, config=p.config,
+                seed=0, tokens=p.settings["tokens"], val_loss=_law(p.config),
+            )  # fmt: skip
+    return url
+
+
+def test_export_scale_to_prints_the_predicted_loss_its_interval_and_distance(url, tmp_path):
+    _laddered(url)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        app,
+        ["export", "--study", "tiny", "--trial", "1", "--scale-to", "1.3B", "--tokens", "26B", "--format",
+         "json", "-o", str(out), "--storage", url],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    scaled = ArchConfig.from_dict(json.loads((out / "archsearch.json").read_text())["config"])
+    truth = E + A["swiglu"] * param_counts(scaled).non_embedding ** -ALPHA
+    line = next(x for x in result.stdout.splitlines() if x.startswith("predicted loss: "))
+    predicted = float(line.split()[2])
+    assert predicted == pytest.approx(truth, abs=5e-4)
+    assert "(95% bootstrap over rungs), extrapolated" in line and "x past the top rung" in line
+    assert (
+        "from the ladder of trial 1: 3 rungs of" in result.stdout
+        and "fitted with 1 other design" in result.stdout
+    )
+    assert "G training tokens (20 per parameter), on the ladder's corpus" in result.stdout
+    assert "note: --tokens" not in result.stderr  # 26B at 1.3B is the ladder's ratio
+    with Storage.open(url) as db:
+        found = predict_trial(db.ladder_rungs("tiny"), 1, scaled, 26 * 10**9)
+    assert found.prediction.distance > 1000 and found.prediction.extrapolated
+
+
+def test_export_scale_to_without_a_ladder_says_how_to_get_one(url, tmp_path):
+    result = CliRunner().invoke(
+        app, ["export", "--study", "tiny", "--trial", "0", "--scale-to", "350M", "--format", "json", "-o",
+              str(tmp_path / "o"), "--storage", url],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "predicted loss" not in result.stdout
+    assert "note: no ladder of trial 0: `archsearch ladder --study tiny --trial 0`" in result.stderr
+
+
+def test_tokens_without_scale_to_is_refused(url, tmp_path):
+    result = CliRunner().invoke(
+        app, ["export", "--study", "tiny", "--trial", "0", "--tokens", "26B", "--format", "json", "-o",
+              str(tmp_path / "o"), "--storage", url],
+    )  # fmt: skip
+    assert result.exit_code == 2 and result.stderr == "error: --tokens only goes with --scale-to\n"
+
+
+def test_pareto_at_size_ranks_the_laddered_designs_by_predicted_loss(url):
+    _laddered(url)
+    runner = CliRunner()
+    result = runner.invoke(app, ["pareto", "--study", "tiny", "--at-size", "2M", "--storage", url, "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert [r["trial"] for r in doc["ranked"]] == [1, 0]  # swiglu's A is the smaller
+    for r in doc["ranked"]:
+        assert r["low"] <= r["loss"] <= r["high"] and r["extrapolated"] and r["distance"] > 1
+        assert abs(r["target_params"] / 2e6 - 1) <= 0.25
+    table = runner.invoke(app, ["pareto", "--study", "tiny", "--at-size", "2M", "--storage", url])
+    assert "ranked by predicted loss" in table.stdout
+
+
+def test_pareto_at_size_without_ladders_is_one_error_line(url):
+    result = CliRunner().invoke(app, ["pareto", "--study", "tiny", "--at-size", "2M", "--storage", url])
+    assert result.exit_code == 2
+    assert (
+        result.stderr
+        == "error: study 'tiny' has no ladder: run `archsearch ladder --study tiny --knee` first\n"
+    )
+
+
+def test_ladder_options_are_checked_before_anything_runs():
+    with pytest.raises(LadderError, match="--workers must be at least 1"):
+        LadderOptions("s", knee=True, workers=0)
+    with pytest.raises(LadderError, match="given twice"):
+        LadderOptions("s", numbers=(1, 1))
+
+
+# --- one real ladder through the CLI ------------------------------------------------------------
+def test_a_real_ladder_trains_stores_fits_and_a_rerun_trains_nothing(url, ray_session, tmp_path):
+    args = ("--study", "tiny", "--trial", "0", "--trial", "1", "--rungs", "3", "--tokens-per-param", "0.01",
+            "--workers", "2", "--storage", url, "--json")  # fmt: skip
+    first = _run(*args)
+    assert first.exit_code == 0, first.output
+    doc = json.loads(first.stdout)
+    assert (doc["trained"], doc["skipped"], doc["failed"]) == (6, 0, [])
+    assert len(doc["rungs"]) == 6 and doc["fit"]["designs"] == [0, 1] and doc["fit_error"] is None
+    assert all(r["tokens"] >= round(0.01 * r["params_total"]) for r in doc["rungs"])
+    plot = tmp_path / "ladders.png"
+    again_run = _run(*args, "--plot", str(plot))
+    assert again_run.exit_code == 0, again_run.output
+    assert plot.read_bytes().startswith(b"\x89PNG") and f"wrote {plot}" in again_run.stderr
+    again = json.loads(again_run.stdout)
+    assert (again["trained"], again["skipped"]) == (0, 6)
+    assert [r["loss"] for r in again["rungs"]] == [r["loss"] for r in doc["rungs"]]
+
+
+def test_export_of_a_trial_whose_ladder_has_one_size_says_so(url, tmp_path):
+    _laddered(url)
+    with Storage.open(url) as db:
+        [first, *_] = plan_ladder(db, LadderOptions("tiny", numbers=(3,), rungs=4, top=200_000))
+        db.add_ladder_rung(
+            "tiny", trial_number=3, tokens_per_param=20, target_params=first.target, config=first.config,
+            seed=0, tokens=first.settings["tokens"], val_loss=_law(first.config),
+        )  # fmt: skip
+    result = CliRunner().invoke(
+        app, ["export", "--study", "tiny", "--trial", "3", "--scale-to", "350M", "--format", "json", "-o",
+              str(tmp_path / "o"), "--storage", url],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "predicted loss" not in result.stdout
+    assert (
+        "ladder: no prediction for trial 3: trial 3's ladder at 20 tokens per parameter has one size so far"
+        in result.stderr
+    )
+    # pareto --at-size leaves it out and says why.
+    ranked = CliRunner().invoke(app, ["pareto", "--study", "tiny", "--at-size", "2M", "--storage", url])
+    assert ranked.exit_code == 0 and "left out: trial 3: its ladder has one size so far" in ranked.stderr

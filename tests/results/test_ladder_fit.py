@@ -1,0 +1,111 @@
+"""The joint ladder law: it recovers known constants, states its interval and distance, refuses what
+it cannot fit."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from archsearch.results.ladder_fit import LadderFitError, RungPoint, fit_ladders, relative_errors
+
+E, ALPHA = 1.25, 0.34  # Chinchilla's exponent; a byte-level floor
+A = {"a": 30.0, "b": 36.0, "c": 45.0}  # per design: b and c worse than a at every size
+SIZES = (62_500, 125_000, 250_000, 500_000)
+
+
+def _points(noise: float = 0.0, seed: int = 0, sizes=SIZES, designs=A) -> list[RungPoint]:
+    rng = np.random.default_rng(seed)
+    return [
+        RungPoint(d, n, E + a * n**-ALPHA + noise * rng.standard_normal())
+        for d, a in designs.items()
+        for n in sizes
+    ]
+
+
+def test_the_fit_recovers_a_known_exponent_floor_and_coefficients():
+    fit = fit_ladders(_points(), resamples=0)
+    assert fit.alpha == pytest.approx(ALPHA, rel=1e-5)
+    assert fit.e == pytest.approx(E, rel=1e-5)
+    for design, a in A.items():
+        assert fit.coefficient(design) == pytest.approx(a, rel=1e-4)
+    assert np.max(np.abs(fit.residuals)) < 1e-8
+    # Four times past the top rung, the law's own loss.
+    p = fit.predict("b", 2e6)
+    assert p.loss == pytest.approx(E + A["b"] * 2e6**-ALPHA, rel=1e-6)
+    assert p.distance == pytest.approx(4.0) and p.extrapolated
+    assert math.isnan(p.low) and math.isnan(p.high)  # no resamples, no interval
+
+
+def test_with_noise_the_interval_holds_the_truth_and_grows_with_the_distance():
+    fit = fit_ladders(_points(noise=0.003, seed=1), resamples=200, seed=0)
+    assert abs(fit.alpha - ALPHA) < 0.1 and abs(fit.e - E) < 0.15
+    near, far = fit.predict("a", 2e6), fit.predict("a", 2e9)
+    truth = E + A["a"] * 2e6**-ALPHA
+    assert near.low <= truth <= near.high
+    assert near.low < near.loss < near.high
+    assert far.high - far.low > near.high - near.low  # further out, wider
+    inside = fit.predict("a", 200_000)
+    assert not inside.extrapolated and inside.distance == pytest.approx(0.4)
+    assert len(fit.boot) == 200
+
+
+def test_the_fit_is_reproducible_and_its_record_is_json():
+    one = fit_ladders(_points(noise=0.003), resamples=50, seed=3)
+    two = fit_ladders(_points(noise=0.003), resamples=50, seed=3)
+    assert np.array_equal(one.boot, two.boot) and one.predict("c", 1e7) == two.predict("c", 1e7)
+    record = json.loads(json.dumps(one.to_dict()))
+    assert record["law"] == "L(N) = E + A_d * N^-alpha" and record["designs"] == ["a", "b", "c"]
+    assert len(record["residuals"]) == 12 and record["resamples"] == 50
+    low, high = record["alpha_interval"]
+    assert low <= record["alpha"] <= high
+    assert record["rmse"] == pytest.approx(float(np.sqrt(np.mean(one.residuals**2))))
+
+
+def test_the_designs_share_the_exponent_so_the_ranking_is_the_same_at_every_size():
+    fit = fit_ladders(_points(noise=0.002), resamples=0)
+    for n in (1e5, 1e7, 1e10):
+        losses = [fit.loss(d, n) for d in A]
+        assert losses == sorted(losses)  # a < b < c by their coefficients
+
+
+@pytest.mark.parametrize(
+    "points, match",
+    [
+        ([], "no rungs to fit"),
+        ([RungPoint("a", 1e5, 2.0), *_points(designs={"b": 30.0})], "design 'a' has a ladder of 1 size"),
+        ([RungPoint("a", 1e5, 2.0), RungPoint("a", 1e5, 2.1)], "design 'a' has a ladder of 1 size"),
+        (_points(sizes=SIZES[:3], designs={"a": 30.0}), "3 rungs over 1 designs cannot fit 3 constants"),
+        (_points(sizes=SIZES[:2], designs={"a": 30.0, "b": 36.0}), "4 rungs over 2 designs cannot fit 4"),
+        ([RungPoint("a", 1e5, 0.0), *_points()], "a rung's loss must be a finite positive number"),
+        ([RungPoint("a", -1.0, 2.0), *_points()], "a rung's size must be a finite positive number"),
+        ([RungPoint("a", 1e5, math.nan), *_points()], "a rung's loss must be"),
+    ],
+    ids=["none", "one-rung", "one-size", "one-design-three-rungs", "two-rungs-each", "zero-loss",
+         "negative-size", "nan-loss"],
+)  # fmt: skip
+def test_what_cannot_be_fitted_is_refused_in_one_line(points, match):
+    with pytest.raises(LadderFitError, match=match) as caught:
+        fit_ladders(points, resamples=0)
+    assert "\n" not in str(caught.value)
+
+
+def test_predictions_refuse_an_unknown_design_or_size():
+    fit = fit_ladders(_points(), resamples=0)
+    with pytest.raises(LadderFitError, match="no ladder for 'z'"):
+        fit.predict("z", 1e6)
+    with pytest.raises(LadderFitError, match="positive size"):
+        fit.predict("a", 0)
+
+
+def test_two_designs_of_two_rungs_each_fit_when_one_has_a_third():
+    points = _points(sizes=SIZES[:2], designs={"a": 30.0}) + _points(sizes=SIZES[:3], designs={"b": 40.0})
+    fit = fit_ladders(points, resamples=20)
+    assert fit.alpha == pytest.approx(ALPHA, rel=1e-4)
+    assert len(fit.boot) + 0 <= 20  # resamples that keep a design on one size are drawn again or left out
+
+
+def test_relative_errors():
+    assert relative_errors([1.1, 0.9], [1.0, 1.0]).tolist() == pytest.approx([0.1, 0.1])
