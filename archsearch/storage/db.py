@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import math
 import os
 import socket
 import tempfile
@@ -29,10 +30,19 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ColumnElement, Engine, create_engine, event, func, insert, select, text, update
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DataError,
+    DBAPIError,
+    IntegrityError,
+    InterfaceError,
+    NoSuchModuleError,
+    OperationalError,
+    SQLAlchemyError,
+)
 from sqlalchemy.orm import Session
 
-from archsearch.errors import ArchsearchError, UnknownNameError, quoted
+from archsearch.errors import ArchsearchError, EnvironmentFailure, UnknownNameError, quoted
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts, kv_cache_bytes_per_token, param_counts
 from archsearch.storage import schema
@@ -63,6 +73,52 @@ class StudyExistsError(StorageError):
 
 class ReadOnlyStorageError(StorageError):
     """The database can be read but not written here: a read-only file, folder, mount or role."""
+
+
+class StorageUnavailableError(StorageError, EnvironmentFailure):
+    """The database failed under a statement: a server that went away, a lock held past the
+    timeout, a full disk, an I/O error. Not the input's fault: the CLI exits 1.
+
+    `cause` is the driver's error as one line (`OperationalError: database is locked`).
+    """
+
+    def __init__(self, message: str, cause: str | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+class ValueRefusedError(StorageError):
+    """The database refused a value it was given: a constraint broken, a number out of range."""
+
+
+def failure_cause(exc: BaseException) -> str:
+    """The database driver's error behind `exc` as one line, e.g. `OperationalError: database is
+    locked`: Optuna's `StorageInternalError` says only that a commit failed, its cause says why."""
+    seen: BaseException | None = exc
+    for _ in range(20):  # a chain of causes and contexts; bounded, in case one loops
+        if seen is None:
+            break
+        if isinstance(seen, StorageUnavailableError) and seen.cause:
+            return seen.cause
+        if isinstance(seen, DBAPIError):
+            return f"{type(seen.orig).__name__}: {_one_line(seen)}"
+        seen = seen.__cause__ or seen.__context__
+    return f"{type(exc).__name__}: {_one_line(exc)}"
+
+
+def database_failure(exc: BaseException) -> bool:
+    """Whether `exc` (from archsearch's or Optuna's calls) is the database failing, not a bug.
+
+    SQLAlchemy's operational and interface errors are the connection, the server or the file
+    failing (`StorageUnavailableError` once archsearch's session has turned them); Optuna wraps
+    them as its `StorageInternalError`. Integrity and data errors are a value the database
+    refused; other database errors (a corrupt file, a bug's SQL) are not the database failing.
+    """
+    if isinstance(exc, StorageError):
+        return isinstance(exc, StorageUnavailableError)
+    if type(exc).__name__ == "StorageInternalError":  # optuna.exceptions, not imported for a name
+        return True
+    return isinstance(exc, (OperationalError, InterfaceError))
 
 
 def storage_url(url: str | None = None) -> str:
@@ -441,8 +497,10 @@ class Storage:
     def _session(self, read_only: bool = False) -> Iterator[Session]:
         """One transaction: commits on success, rolls back on any error, always closes.
 
-        Database errors become `StorageError` with one line (`ReadOnlyStorageError` for a write
-        that the database refuses as read-only); the transaction leaves nothing.
+        Database errors become `StorageError` with one line: `ReadOnlyStorageError` for a write
+        that the database refuses as read-only, `ValueRefusedError` for a value it refuses (a
+        constraint, a number out of range), `StorageUnavailableError` for the database failing
+        (unreachable, locked past the timeout, full). The transaction leaves nothing.
         """
         try:
             bind = self._engine.execution_options(**{READ_ONLY: True}) if read_only else self._engine
@@ -451,7 +509,15 @@ class Storage:
         except DBAPIError as exc:
             if not read_only and _read_only(exc):
                 raise self._read_only_error(exc) from None
+            if isinstance(exc, (IntegrityError, DataError)):
+                raise ValueRefusedError(f"database error on {self.display_url}: {_one_line(exc)}") from None
+            if isinstance(exc, (OperationalError, InterfaceError)):
+                cause = failure_cause(exc)
+                message = f"the database {self.display_url} failed: {cause}"
+                raise StorageUnavailableError(message, cause) from None
             raise StorageError(f"database error on {self.display_url}: {_one_line(exc)}") from None
+        except OverflowError as exc:  # pysqlite binds integers only up to 2**63 - 1
+            raise ValueRefusedError(f"database error on {self.display_url}: {exc}") from None
 
     # --- studies ---------------------------------------------------------------------------------
     def create_study(
@@ -675,7 +741,13 @@ class Storage:
             )
 
     def finish_trial(self, trial_id: int, outcome: TrialOutcome) -> None:
-        """Write everything a trial produced, in one transaction: all of it or none of it."""
+        """Write everything a trial produced, in one transaction: all of it or none of it.
+
+        Raises:
+            ValueRefusedError: the database refused one of its values (nothing is written; the
+                driver then fails the trial with that reason, `end_trial`).
+            StorageUnavailableError: the database failed (nothing is written).
+        """
         now = time.time()
         train = outcome.train or {}
         with self._session() as s:
@@ -704,7 +776,9 @@ class Storage:
                     ("train", train.get("loss_curve") or ()),
                     ("val", train.get("val_curve") or ()),
                 ):
-                    points = {int(tokens): float(loss) for tokens, loss in curve}  # one point per token count
+                    # One point per token count; finite points only, on every backend: a run
+                    # stops at its first non-finite loss, which its reason records.
+                    points = {int(t): float(v) for t, v in curve if math.isfinite(float(v))}
                     s.add_all(
                         schema.Curve(trial_id=trial_id, kind=kind, tokens=t, loss=v)
                         for t, v in points.items()
