@@ -442,6 +442,7 @@ class _Driver:
         self._failed_here: list[tuple[_Running, str]] = []  # this run's failed trials, while none trained
         self._trained_here = 0  # this run's complete or pruned trials
         self.left: list[str] = []  # what a failure left for `--resume` (its lease) to settle
+        self._new_study = False  # no study of this name when the driver started (`check_study`)
 
     # --- setup -----------------------------------------------------------------------------------
     def check_study(self) -> None:
@@ -450,9 +451,22 @@ class _Driver:
         Ray starts before the study is created, so a Ctrl-C or a failure while it starts leaves
         no empty study behind for a plain rerun to refuse.
         """
-        record = self.storage.study(self.options.study)
+        name = self.options.study
+        record = self.storage.study(name)
+        found = self.storage.optuna_objectives(name)
         if record is None:
+            if found is not None:  # never adopted: its trials are not archsearch's
+                raise SearchError(
+                    f"{self.storage.display_url} holds an Optuna study {name!r} that archsearch did not "
+                    "create: choose another --study"
+                )
+            self._new_study = True
             return
+        if found is not None and found != len(record.objectives):
+            raise SearchError(
+                f"Optuna's study {name!r} has {found} objective(s), archsearch's {len(record.objectives)} "
+                f"({', '.join(record.objectives)}): the database was changed outside archsearch"
+            )
         if not self.options.resume:
             raise SearchError(
                 f"study {self.options.study!r} already exists ({record.finished} finished trials): pass "
@@ -468,6 +482,27 @@ class _Driver:
             )
 
     def open_study(self) -> None:
+        """Create or load the study (archsearch's record, then Optuna's). A new study whose
+        creation fails part-way is removed again where the database still allows it, so a
+        plain rerun is not refused as a clash with an empty study."""
+        try:
+            self._open_study()
+        except BaseException:
+            if self._new_study:
+                self._discard_new_study()
+            raise
+
+    def _discard_new_study(self) -> None:
+        import optuna
+
+        with contextlib.suppress(Exception):  # best effort: the database may be what failed
+            if self.storage.discard_empty_study(self.options.study):
+                ostorage = self.storage.optuna_storage()
+                study_id = ostorage.get_study_id_from_name(self.options.study)
+                if not ostorage.get_all_trials(study_id, deepcopy=False):
+                    optuna.delete_study(study_name=self.options.study, storage=ostorage)
+
+    def _open_study(self) -> None:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Engine, create_engine, event, func, insert, select, text, update
+from sqlalchemy import ColumnElement, Engine, create_engine, delete, event, func, insert, select, text, update
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import (
     ArgumentError,
@@ -484,8 +484,10 @@ class Storage:
             with self._init_lock():
                 try:
                     storage = optuna.storages.RDBStorage(self.url, engine_kwargs=_engine_kwargs(self._url))
-                except SQLAlchemyError as exc:
-                    raise StorageError(f"cannot open Optuna's tables: {_one_line(exc)}") from None
+                except (SQLAlchemyError, RuntimeError) as exc:  # RuntimeError: tables of another Optuna
+                    raise StorageError(
+                        f"cannot open Optuna's tables in {self.display_url}: {_one_line(exc)}"
+                    ) from None
             if self.is_sqlite:
                 _use_immediate_transactions(storage.engine)
                 storage.engine.dispose()  # connections opened before the listeners are dropped
@@ -589,6 +591,34 @@ class Storage:
                 + (f"studies: {shown}" if names else "it holds no studies")
             )
         return record
+
+    def optuna_objectives(self, name: str) -> int | None:
+        """How many objectives Optuna's study `name` has in this database; None when it has no
+        such study (or no Optuna tables yet). Read with SQL: Optuna is not imported."""
+        with self._session(read_only=True) as s:
+            conn = s.connection()
+            if not {"studies", "study_directions"} <= set(self._engine.dialect.get_table_names(conn)):
+                return None
+            study_id = conn.execute(text("SELECT study_id FROM studies WHERE study_name = :n"), {"n": name})
+            found = study_id.scalar()
+            if found is None:
+                return None
+            q = text("SELECT count(*) FROM study_directions WHERE study_id = :i")
+            return int(conn.execute(q, {"i": found}).scalar_one())
+
+    def discard_empty_study(self, name: str) -> bool:
+        """Delete archsearch's study `name` (and its search runs) if it holds no trials, in one
+        transaction under the study's lock: what a search start that failed after creating it
+        leaves. Returns whether it was deleted."""
+        with self._session() as s:
+            s.execute(select(schema.Study.name).where(schema.Study.name == name).with_for_update())
+            row = s.get(schema.Study, name)
+            trials = select(func.count()).select_from(schema.Trial).where(schema.Trial.study == name)
+            if row is None or s.scalar(trials):
+                return False
+            s.execute(delete(schema.SearchRun).where(schema.SearchRun.study == name))
+            s.delete(row)
+            return True
 
     def study_names(self) -> list[str]:
         """The names of every study, oldest first (no trial counts: cheap)."""

@@ -22,7 +22,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
-from archsearch.search.driver import SearchOptions, run_search
+from archsearch.search.driver import SearchError, SearchOptions, run_search
 from archsearch.storage import Storage, StorageUnavailableError
 from archsearch.storage import db as db_module
 from archsearch.trial import TrialOutcome
@@ -251,3 +251,27 @@ def test_a_postgresql_database_that_stops_taking_connections_mid_search(monkeypa
                 admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
             marker.unlink(missing_ok=True)
         _resume(url, lease_s=2)
+
+
+# --- the study's own state ---------------------------------------------------------------------------
+def test_a_failed_study_creation_leaves_no_study_and_a_plain_rerun_runs(backend_url, monkeypatch):
+    _optuna_failure("create_new_study", monkeypatch, lambda *a, **k: True)  # a full disk, say
+    with Storage.open(backend_url) as db, pytest.raises(StorageUnavailableError) as info:
+        run_search(tiny_spec(), db, SearchOptions(study="s", trials=N), evaluate_fn=instant)
+    assert re.match(
+        _message(backend_url, "opening the study", "OperationalError: database or disk is full"),
+        str(info.value),
+    )
+    monkeypatch.undo()
+    with Storage.open(backend_url) as db:
+        assert db.study_names() == [] and db.optuna_objectives("s") is None
+        run_search(tiny_spec(), db, SearchOptions(study="s", trials=N), evaluate_fn=instant)  # no --resume
+    _settled(backend_url, N)
+
+
+def test_a_foreign_optuna_study_of_the_same_name_is_never_adopted(backend_url):
+    with Storage.open(backend_url) as db:
+        optuna.create_study(study_name="s", storage=db.optuna_storage(), directions=["minimize"] * 3)
+        with pytest.raises(SearchError, match=r"holds an Optuna study 's' that archsearch did not create"):
+            run_search(tiny_spec(), db, SearchOptions(study="s", trials=N, resume=True), evaluate_fn=instant)
+        assert db.study_names() == [] and db.optuna_objectives("s") == 3  # nothing created, nothing changed
