@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 DEFAULT_STORAGE_URL = "sqlite:///archsearch.db"
 STORAGE_ENV = "ARCHSEARCH_STORAGE"
 BUSY_TIMEOUT_S = 30  # 5 s gave "database is locked" at 64 writers, 30 s none (BRIEF.md section 8)
+CONNECT_TIMEOUT_S = 15  # a PostgreSQL server that does not answer (libpq's connect_timeout)
 READ_ONLY = "archsearch_read_only"  # execution option of the sessions that only read
 _PG_INIT_LOCK = 0x61726368  # "arch": the advisory lock id that serialises table creation
 
@@ -253,7 +254,10 @@ def _engine_kwargs(url: URL) -> dict[str, Any]:
     if url.get_backend_name() == "sqlite":
         return {"connect_args": {"timeout": BUSY_TIMEOUT_S}}
     # pre-ping drops connections a server or proxy closed; a driver needs few connections.
-    return {"pool_pre_ping": True, "pool_size": 2, "max_overflow": 4}
+    kwargs: dict[str, Any] = {"pool_pre_ping": True, "pool_size": 2, "max_overflow": 4}
+    if url.get_backend_name() == "postgresql":  # libpq's own bound: a silent host would wait for TCP's
+        kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
+    return kwargs
 
 
 def _one_line(exc: BaseException) -> str:
@@ -405,7 +409,10 @@ class Storage:
                     conn.execute(text("SELECT pg_advisory_unlock(:id)"), {"id": _PG_INIT_LOCK})
                     conn.commit()
         except DBAPIError as exc:
-            raise StorageError(f"cannot reach the database {self.display_url}: {_one_line(exc)}") from None
+            raise StorageError(
+                f"cannot reach the database {self.display_url} (waited up to {CONNECT_TIMEOUT_S} s): "
+                f"{_one_line(exc)}"
+            ) from None
 
     def require_writable(self) -> None:
         """Check, before any work that will need it, that this process can write the database.
