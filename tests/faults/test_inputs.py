@@ -293,3 +293,20 @@ def test_a_signal_while_ray_starts_exits_128_plus_n_with_one_line_and_leaves_no_
     assert err.strip().splitlines() == [f"error: interrupted by {name}"], err
     with Storage.open(url, create=False) as db:
         assert db.study_names() == []  # a plain rerun is not refused
+
+
+def test_an_error_line_folds_line_breaks_and_cuts_a_huge_value():
+    from archsearch.cli.common import MAX_LINE, error_line
+
+    line = error_line("bad value:\n" + "x" * 10_000_000)
+    assert "\n" not in line and len(line) <= MAX_LINE + len("error: ")
+    assert line.startswith("error: bad value: xxx") and line.endswith("characters cut)")
+
+
+def test_trials_output_into_a_read_only_folder_is_refused_before_the_query(study_url, tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    with read_only(folder):
+        args = ["trials", "--study", "s", "--format", "csv", "-o", str(folder / "t.csv")]
+        result = CliRunner().invoke(app, [*args, "--storage", study_url])
+    _one_line(result, 2, f"the folder {folder} is not writable")
