@@ -29,6 +29,28 @@ def write_atomic(path: str | Path, data: bytes) -> None:
         raise
 
 
+def check_writable(path: str | Path, *, folder: bool = False) -> None:
+    """Refuse, before any work is spent, an output path that cannot be written: a file that is an
+    existing folder, a path below a regular file, or one whose nearest existing folder this
+    process may not write (the folders below it are made when written).
+
+    Raises:
+        ArchsearchError: one line naming the path and why.
+    """
+    from archsearch.errors import ArchsearchError
+
+    path = Path(path).absolute()
+    if not folder and path.is_dir():
+        raise ArchsearchError(f"cannot write {path}: it is a folder")
+    parent = path.parent
+    while not parent.exists():  # False too below a regular file (ENOTDIR)
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ArchsearchError(f"cannot write {path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):  # an immutable folder refuses root too
+        raise ArchsearchError(f"cannot write {path}: the folder {parent} is not writable here")
+
+
 def write_tree(output: str | Path, tree: dict[str, bytes]) -> None:
     """All of `tree` (relative path -> bytes) under the folder `output`, or nothing.
 

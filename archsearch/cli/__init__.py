@@ -31,5 +31,10 @@ __all__ = ["app", "main"]
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point: SIGTERM, from the first instant, ends like Ctrl-C (exit 143)."""
+    import signal
+
+    from archsearch.errors import on_sigterm
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     app()

@@ -1,7 +1,9 @@
 """What every command shares: the Typer apps, the options defined once, output helpers.
 
 Data goes to stdout (a table, or JSON with `--json`), messages to stderr. A user error (an
-`ArchsearchError`) becomes one line, `error: ...`, and exit code 2; a bug keeps its traceback.
+`ArchsearchError`) becomes one line, `error: ...`, and exit code 2; a failure of the environment
+(`EnvironmentFailure`, or an `OSError` such as an output path that cannot be written) one line and
+exit code 1; Ctrl-C one line and 130. A bug keeps its traceback.
 """
 
 from __future__ import annotations
@@ -14,14 +16,33 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from archsearch.errors import ArchsearchError, ConfigError
+from archsearch.errors import ArchsearchError, ConfigError, Terminated
 from archsearch.space import ArchConfig, load_config, preset
 from archsearch.units import format_si
 
 EXIT_USAGE = 2  # Click's code for bad usage; archsearch uses it for every bad input
+EXIT_ENVIRONMENT = 1  # a failure of what the command depends on (`errors.EnvironmentFailure`)
+EXIT_SIGINT = 130  # 128 + SIGINT, as shells report a process Ctrl-C stopped
+EXIT_SIGTERM = 143  # 128 + SIGTERM
+MAX_LINE = 1_000  # an error line longer than this is cut: a message may quote a huge value
 # Click's usage error class, from the Click that Typer runs: recent Typers vendor a copy whose
 # classes are not `click`'s. The public typer.BadParameter derives from it in both cases.
 _USAGE_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+def error_line(message: str) -> str:
+    """`error: message` as one line: line breaks folded, a long message cut (with what was cut)."""
+    text = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    if len(text) > MAX_LINE:
+        text = f"{text[: MAX_LINE - 40]}... ({len(text) - MAX_LINE + 40:,} characters cut)"
+    return f"error: {text}"
+
+
+def os_error_text(exc: OSError) -> str:
+    """An `OSError` as `cannot use PATH: Permission denied`, the file named when known."""
+    what = exc.strerror or type(exc).__name__
+    paths = [p for p in (exc.filename, exc.filename2) if p is not None]
+    return f"cannot use {' -> '.join(map(str, paths))}: {what}" if paths else f"{what}: {exc}"
 
 
 def usage_error_line(exc: Exception) -> str:
@@ -50,11 +71,18 @@ class _Group(TyperGroup):
         try:
             return super().invoke(ctx)
         except ArchsearchError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(EXIT_USAGE) from None
+            typer.echo(error_line(str(exc)), err=True)
+            raise typer.Exit(exc.exit_code) from None
         except _USAGE_ERROR as exc:
             typer.echo(usage_error_line(exc), err=True)
             raise typer.Exit(EXIT_USAGE) from None
+        except OSError as exc:  # an output path that cannot be written, a full disk
+            typer.echo(error_line(os_error_text(exc)), err=True)
+            raise typer.Exit(EXIT_ENVIRONMENT) from None
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (`errors.Terminated`) before a search runs
+            terminated = isinstance(exc, Terminated)
+            typer.echo(f"error: interrupted by {'SIGTERM' if terminated else 'SIGINT'}", err=True)
+            raise typer.Exit(EXIT_SIGTERM if terminated else EXIT_SIGINT) from None
 
 
 app = typer.Typer(

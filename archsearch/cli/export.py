@@ -9,6 +9,7 @@ import typer
 
 from archsearch.cli.common import StorageOpt, StudyOpt, app
 from archsearch.errors import ConfigError
+from archsearch.fileio import check_writable
 
 
 @app.command()
@@ -87,6 +88,7 @@ def export(
     train_tokens = _tokens(tokens, scale_to)
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ConfigError(f"--output {output} exists and is not an empty folder")
+    check_writable(output, folder=True)  # before the study is read and the configs built
     with Storage.open(storage, create=False) as db:
         selection = select(db, study, choice)
         rungs = db.ladder_rungs(study) if request is not None else []

@@ -26,6 +26,7 @@ from archsearch.cli.common import (
     stdout,
 )
 from archsearch.errors import ArchsearchError
+from archsearch.fileio import check_writable, write_atomic
 
 if TYPE_CHECKING:
     from archsearch.storage.query import TrialTable
@@ -76,6 +77,8 @@ def pareto(
 
     names = parse_objectives(objectives) if objectives else None
     ref = floats(reference, "--reference") if reference else None
+    if plot is not None:
+        check_writable(plot)  # before the fronts are ranked and drawn
     with Storage.open(storage, create=False) as db:
         fronts = study_fronts(db, study, names, ref, loss)
         long = {s: db.long_run_losses(s) for s in study}
@@ -188,7 +191,6 @@ def trials(
     The filter language and the columns are in docs/guide/results.md ("archsearch trials") and
     `archsearch.storage.query`; user text is parsed, never evaluated.
     """
-    from archsearch.fileio import write_atomic
     from archsearch.storage import Storage
     from archsearch.storage.query import FORMATS, QueryError, trials_table
 
@@ -198,6 +200,8 @@ def trials(
         raise QueryError("--output needs --format csv, json or parquet (the table is for the terminal)")
     if fmt != "table" and FORMATS[fmt].binary and output is None:
         raise QueryError(f"--format {fmt} is binary: give --output FILE")
+    if output is not None:
+        check_writable(output)  # before the query runs
     # A table without --limit fetches one row more than it shows, to know whether more match.
     fetch = TABLE_ROWS + 1 if fmt == "table" and limit is None else limit
     with Storage.open(storage, create=False) as db:

@@ -37,6 +37,7 @@ def space_check(
     from archsearch.space.search_space import sample_configs
 
     spec = load_spec(space)
+    spec.check_data()  # a corpus the trials could not read (empty, too short, ids past the vocab)
     feasibility = spec.space.feasibility()
     configs = sample_configs(spec.space, samples, seed)
     if as_json:
@@ -128,9 +129,9 @@ def search(
     Ctrl-C or SIGTERM stops dispatching, cancels the running trials (recorded as interrupted and
     re-queued) and exits 130 / 143; `--resume` then continues to the requested number.
     """
-    from archsearch.search.driver import SearchOptions, run_search
+    from archsearch.search.driver import SearchOptions, SetupFailureError, run_search
     from archsearch.search.spec import load_spec
-    from archsearch.storage import Storage
+    from archsearch.storage import Storage, StorageUnavailableError
 
     spec = load_spec(space)
     options = SearchOptions(
@@ -147,8 +148,13 @@ def search(
         retries=retries,
     )
     spec.space.check_feasible()  # an impossible budget fails here, before anything is written
+    spec.check_data()  # so does a corpus no trial could read
     with Storage.open(storage) as db, search_display(options.trials) as update:
-        summary = run_search(spec, db, options, on_update=update)
+        again = resume_command(space, options, db.display_url)
+        try:
+            summary = run_search(spec, db, options, on_update=update)
+        except (StorageUnavailableError, SetupFailureError) as exc:  # the work can continue
+            raise type(exc)(f"{exc}; continue with `{again}`") from None
     front = summary.front
     if as_json:
         report = {"study": summary.study, "counts": summary.progress.counts, "interrupted_by": summary.signal}
@@ -160,7 +166,22 @@ def search(
     if summary.signal is not None:
         typer.echo(
             f"interrupted: {summary.progress.finished} of {options.trials} trials finished; continue with "
-            f"`archsearch search --space {space} --study {options.study} --resume`",
+            f"`{again}`",
             err=True,
         )
         raise typer.Exit(128 + summary.signal)
+
+
+def resume_command(space: Path, options: Any, storage: str) -> str:
+    """The command that continues this search: the same space, study, database and trial count
+    (the storage URL as shown, its password hidden), and the options that change what runs."""
+    import shlex
+
+    args = ["archsearch", "search", "--space", str(space), "--study", options.study]
+    args += ["--storage", storage, "--trials", str(options.trials), "--resume"]
+    args += ["--sampler", options.sampler, "--seed", str(options.seed)]
+    if options.workers != 1:
+        args += ["--workers", str(options.workers)]
+    if not options.prune:
+        args.append("--no-prune")
+    return shlex.join(args)

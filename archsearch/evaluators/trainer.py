@@ -381,7 +381,7 @@ def _train(
             pending_loss.zero_()
             pending_steps = 0
             if not math.isfinite(mean_loss):
-                raise _Stop(FAILED, f"training loss is {mean_loss} at step {steps}")
+                raise _Stop(FAILED, f"non-finite loss: training loss is {mean_loss} at step {steps}")
             loss_curve.append((tokens, mean_loss))
             # Reported at every sync, evaluations included: with evaluations closer together than
             # log_every steps (a tiny budget) the count below never reaches log_every.
@@ -403,9 +403,10 @@ def _train(
                 t_eval = time.perf_counter()
                 val_loss = evaluate()
                 eval_time += time.perf_counter() - t_eval
+                if not math.isfinite(val_loss):  # the curve keeps finite points only, as the train curve
+                    why = f"non-finite loss: validation loss is {val_loss} after {tokens} tokens"
+                    raise _Stop(FAILED, why)
                 val_curve.append((tokens, val_loss))
-                if not math.isfinite(val_loss):
-                    raise _Stop(FAILED, f"validation loss is {val_loss} after {tokens} tokens")
                 if next_eval == len(eval_at) - 1:
                     break
                 if on_eval is not None and on_eval(tokens, val_loss):

@@ -28,6 +28,17 @@ Failure handling (BRIEF.md section 8):
   driver, which records it: the resume stops waiting for it once it sees the renewal.
 - A shape already running or trained in the study, by this driver or another, is not trained
   again: `Storage.assign_trial` checks under the study's lock and the point is a duplicate.
+- A database that fails under any write or read of the loop (archsearch's or inside Optuna's
+  calls: a server gone, a lock held past the timeout, a full disk) stops the search: running
+  trials are cancelled, and they and the trial whose outcome was being written are re-queued
+  as on an interrupt where the database still takes it (else `--resume` re-queues them once
+  their lease expires); `run_search` raises `StorageUnavailableError`, one line naming the
+  database, what was being done and the cause. A value the database refuses in a trial's
+  outcome fails that trial with the reason, and the search goes on.
+- The first trials of a run all failing with the same error in the evaluation (a corpus the
+  workers cannot read, a broken install) is a setup failure, not the shapes': the search stops
+  with `SetupFailureError` and those trials are re-queued, so a `--resume` after the fix runs
+  them.
 """
 
 from __future__ import annotations
@@ -49,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from archsearch.errors import ArchsearchError
+from archsearch.errors import ArchsearchError, EnvironmentFailure, Terminated
 from archsearch.search.pareto import StudyFront, pareto_mask, study_front
 from archsearch.search.pruning import DEFAULT_REDUCTION_FACTOR, MultiObjectiveHalving
 from archsearch.search.reaper import ray_reaped
@@ -60,7 +71,15 @@ from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts, param_counts
 from archsearch.space.objectives import OBJECTIVE_COLUMNS, size_adjusted_loss
 from archsearch.space.search_space import Rejected
-from archsearch.storage import Storage, StudyExistsError, TrialRecord
+from archsearch.storage import (
+    Storage,
+    StorageUnavailableError,
+    StudyExistsError,
+    TrialRecord,
+    ValueRefusedError,
+    database_failure,
+    failure_cause,
+)
 from archsearch.trial import COMPLETE, DUPLICATE, FAILED, INTERRUPTED, PRUNED, REJECTED, RUNNING, TrialOutcome
 
 if TYPE_CHECKING:
@@ -71,6 +90,10 @@ log = logging.getLogger(__name__)
 DEFAULT_LEASE_S = 120.0  # a running trial whose driver went silent this long is presumed dead
 WAIT_S = 0.5  # how long the loop blocks on Ray: also how fast a Ctrl-C is noticed
 MAX_REJECTIONS = 500  # rejected samples in a row before the search gives up on the sampler
+# Finished trials of a run that all failed with one error in the evaluation, and none trained,
+# before the search stops as a setup failure (fewer when the run asks for fewer, but at least 2).
+SETUP_FAILURES = 3
+EVALUATION_ERROR = "error in the evaluation: "  # `_RayPool.result`'s prefix of an exception's reason
 RAY_RESOURCE_UNIT = 1e-4  # the smallest fraction of a CPU or GPU Ray schedules
 # Where Ray's own log records go (appended), so a local search prints only archsearch's lines.
 RAY_LOG = Path(tempfile.gettempdir()) / "archsearch" / "ray.log"
@@ -84,6 +107,11 @@ SKIPPED_CONSTRAINT = {REJECTED: "valid_shape", DUPLICATE: "new_shape"}
 
 class SearchError(ArchsearchError):
     """A search that cannot start or continue (a study clash, a space the sampler cannot meet)."""
+
+
+class SetupFailureError(SearchError, EnvironmentFailure):
+    """Every trial of a run failed with the same error in the evaluation: the setup is at fault
+    (the data, the install), not the shapes; those trials were re-queued."""
 
 
 @dataclass(frozen=True)
@@ -257,6 +285,10 @@ class _RayPool:
         if not ray.is_initialized():
             self._stack.enter_context(_ray_logs_to(RAY_LOG))
             kwargs: dict[str, Any] = dict(log_to_driver=False, configure_logging=False)
+            # `ray.init` replaces SIGTERM's handler with one that exits 15: the caller's is put
+            # back once Ray is up, and a SIGTERM while it starts ends as the caller's would.
+            main = threading.current_thread() is threading.main_thread()
+            sigterm = signal.getsignal(signal.SIGTERM) if main else None
             try:
                 if self.options.address:
                     ray.init(address=self.options.address, **kwargs)
@@ -266,12 +298,19 @@ class _RayPool:
                         os.cpu_count() or 1, math.ceil(self.options.workers * self.options.cpus_per_trial)
                     )
                     start_local_ray(cpus, **kwargs)
-            except Exception as exc:
+            except BaseException as exc:  # the reaper (in the stack) stops what Ray started
                 self._stack.close()
+                if isinstance(exc, SystemExit) and exc.code == signal.SIGTERM:
+                    raise Terminated from None  # Ray's SIGTERM handler, while it started
+                if not isinstance(exc, Exception):
+                    raise
                 where = f"join Ray at {self.options.address}" if self.options.address else "start a local Ray"
                 raise SearchError(
                     f"cannot {where}: {type(exc).__name__}: {_first_line(exc)} (Ray's messages: {RAY_LOG})"
                 ) from None
+            finally:
+                if sigterm is not None:
+                    signal.signal(signal.SIGTERM, sigterm)
             self.owned = True
         self.ray = ray
         self.task = ray.remote(self.evaluate_fn).options(
@@ -380,6 +419,17 @@ def _first_line(exc: BaseException) -> str:
     return lines[-1 if type(exc).__name__ == "RayTaskError" else 0][:500] if lines else ""
 
 
+def _unusable_objectives(outcome: TrialOutcome) -> str:
+    """Why a complete outcome cannot be told to Optuna (`objective_values` gave None)."""
+    loss = (outcome.train or {}).get("val_loss")
+    if loss is not None and not math.isfinite(loss):
+        return f"non-finite loss: the proxy loss is {loss}"
+    step_time = outcome.step_time_s
+    if step_time is not None and not math.isfinite(step_time):
+        return f"non-finite step time: {step_time}"
+    return "an objective is missing"
+
+
 def objective_values(
     spec: SearchSpec, record: TrialRecord | TrialOutcome, cfg: ArchConfig
 ) -> list[float] | None:
@@ -421,9 +471,75 @@ class _Driver:
         self._wall_times: list[float] | None = None  # finished trials' wall times, as `_values`
         self._leases_seen: dict[int, float | None] = {}  # other drivers' trials: lease at first sight
         self._waited = False  # the wait for a dead driver's leases was announced
+        # What a database failure would leave half-done, for `_interrupt_all` to settle:
+        self.doing = "opening the study"  # the step under way, for the failure's message
+        self._claimed: int | None = None  # a slot claimed, its trial not yet asked or closed
+        self._asked: Any = None  # an Optuna trial asked for `_claimed`, not yet recorded
+        self._in_hand: _Running | None = None  # a trial off `running` whose outcome is not yet written
+        self._failed_here: list[tuple[_Running, str]] = []  # this run's failed trials, while none trained
+        self._trained_here = 0  # this run's complete or pruned trials
+        self.left: list[str] = []  # what a failure left for `--resume` (its lease) to settle
+        self._new_study = False  # no study of this name when the driver started (`check_study`)
 
     # --- setup -----------------------------------------------------------------------------------
+    def check_study(self) -> None:
+        """Refuse a study clash before Ray starts, from a read (`open_study` checks again, atomically).
+
+        Ray starts before the study is created, so a Ctrl-C or a failure while it starts leaves
+        no empty study behind for a plain rerun to refuse.
+        """
+        name = self.options.study
+        record = self.storage.study(name)
+        found = self.storage.optuna_objectives(name)
+        if record is None:
+            if found is not None:  # never adopted: its trials are not archsearch's
+                raise SearchError(
+                    f"{self.storage.display_url} holds an Optuna study {name!r} that archsearch did not "
+                    "create: choose another --study"
+                )
+            self._new_study = True
+            return
+        if found is not None and found != len(record.objectives):
+            raise SearchError(
+                f"Optuna's study {name!r} has {found} objective(s), archsearch's {len(record.objectives)} "
+                f"({', '.join(record.objectives)}): the database was changed outside archsearch"
+            )
+        if not self.options.resume:
+            raise SearchError(
+                f"study {self.options.study!r} already exists ({record.finished} finished trials): pass "
+                "--resume to continue it, or choose another --study"
+            )
+        self._check_fingerprint(record.spec_fingerprint)
+
+    def _check_fingerprint(self, found: str) -> None:
+        if found != self.spec.fingerprint:
+            raise SearchError(
+                f"study {self.options.study!r} was created from a different space file (fingerprint "
+                f"{found[:12]}, this one {self.spec.fingerprint[:12]}): use another --study"
+            )
+
     def open_study(self) -> None:
+        """Create or load the study (archsearch's record, then Optuna's). A new study whose
+        creation fails part-way is removed again where the database still allows it, so a
+        plain rerun is not refused as a clash with an empty study."""
+        try:
+            self._open_study()
+        except BaseException:
+            if self._new_study:
+                self._discard_new_study()
+            raise
+
+    def _discard_new_study(self) -> None:
+        import optuna
+
+        with contextlib.suppress(Exception):  # best effort: the database may be what failed
+            if self.storage.discard_empty_study(self.options.study):
+                ostorage = self.storage.optuna_storage()
+                study_id = ostorage.get_study_id_from_name(self.options.study)
+                if not ostorage.get_all_trials(study_id, deepcopy=False):
+                    optuna.delete_study(study_name=self.options.study, storage=ostorage)
+
+    def _open_study(self) -> None:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -435,11 +551,7 @@ class _Driver:
             )  # fmt: skip
         except StudyExistsError as exc:
             raise SearchError(f"{exc}: pass --resume to continue it, or choose another --study") from None
-        if record.spec_fingerprint != spec.fingerprint:
-            raise SearchError(
-                f"study {name!r} was created from a different space file (fingerprint "
-                f"{record.spec_fingerprint[:12]}, this one {spec.fingerprint[:12]}): use another --study"
-            )
+        self._check_fingerprint(record.spec_fingerprint)
         ostorage = self.storage.optuna_storage()
         # Trials recorded so far (any driver's); counted from archsearch's table because another
         # driver may not have created Optuna's study yet.
@@ -534,11 +646,13 @@ class _Driver:
         known_ref = pool.put(known)
         rejections = 0
         finished = False  # a trial ended since the last display: show it once the slot is refilled
+        failure: BaseException | None = None
         with _signals(self.stop):
             try:
                 while self.stop.signum is None:
                     started = len(self.running)
                     while len(self.running) < opts.workers and self.stop.signum is None:
+                        self.doing = "claiming a trial slot"
                         slot = self.storage.claim_trial(opts.study, opts.trials, opts.lease_s)
                         if slot is None:
                             break
@@ -571,8 +685,11 @@ class _Driver:
                             known_ref = pool.put(known)
                     self._renew()
                     finished = bool(ready)
+            except BaseException as exc:
+                failure = exc
+                raise
             finally:
-                self._interrupt_all(pool)
+                self._interrupt_all(pool, failure)
         self._notify()
         return self.stop.signum
 
@@ -626,22 +743,23 @@ class _Driver:
                     judged = rung
 
     def _ask(self, slot: int) -> _Running | None:
-        import optuna
-
-        trial = self.study.ask()
+        self._claimed = slot
+        self.doing = "asking Optuna for a trial"
+        trial = self._asked = self.study.ask()
+        self.doing = f"sampling trial {trial.number}"
         try:
             cfg = self.spec.space.sample(trial)
         except Rejected as exc:
+            self.doing = f"recording trial {trial.number} (rejected)"
             self.storage.assign_trial(
                 slot, number=trial.number, optuna_trial_id=trial._trial_id, params=trial.params, config=None
             )
             self.storage.end_trial(slot, REJECTED, str(exc))
+            self._claimed = None
             self._tell_skipped(trial._trial_id, REJECTED, f"rejected: {exc}")
+            self._asked = None
             return None
-        except BaseException:
-            self.storage.end_trial(slot, INTERRUPTED, "stopped while sampling")
-            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            raise
+        self.doing = f"recording trial {trial.number}"
         same = self.storage.assign_trial(
             slot, number=trial.number, optuna_trial_id=trial._trial_id, params=trial.params, config=cfg
         )
@@ -651,9 +769,13 @@ class _Driver:
             # is trained twice (running or finished, here or in another driver: the storage
             # checks under the study's lock) and the sampler is steered away.
             self.storage.end_trial(slot, DUPLICATE, f"same shape as trial {same}: its result is reused")
+            self._claimed = None
             self._tell_skipped(trial._trial_id, DUPLICATE, f"duplicate of trial {same}")
+            self._asked = None
             return None
-        return _Running(slot=slot, trial=trial, config=cfg)
+        # From here `_submit` puts it in `running` (or `_in_hand` holds it): settled from there.
+        self._in_hand, self._claimed, self._asked = _Running(slot=slot, trial=trial, config=cfg), None, None
+        return self._in_hand
 
     def _request(self, item: _Running) -> TrialRequest:
         spec = self.spec
@@ -672,14 +794,16 @@ class _Driver:
     def _submit(
         self, pool: _RayPool, item: _Running, known_ref: Any, board: Any, note: str | None = None
     ) -> None:
+        self.doing = f"starting trial {item.trial.number}"
         item.attempt = self.storage.start_attempt(item.slot, self.options.lease_s, note)
         item.ref = pool.submit(self._request(item), known_ref, board)
         self.running[item.ref] = item
+        self._in_hand = None
 
     def _collect(self, pool: _RayPool, ref: Any, known_ref: Any, board: Any) -> list[dict[str, Any]]:
         import optuna
 
-        item = self.running.pop(ref)
+        item = self._in_hand = self.running.pop(ref)  # until its outcome is written
         outcome, reason, died = pool.result(ref)
         if outcome is None:
             if died and item.attempt <= self.options.retries:
@@ -689,11 +813,19 @@ class _Driver:
             outcome = TrialOutcome(status=FAILED, reason=reason)
         values = objective_values(self.spec, outcome, item.config) if outcome.status == COMPLETE else None
         if outcome.status == COMPLETE and values is None:
-            outcome = replace(outcome, status=FAILED, reason="an objective is missing")
+            outcome = replace(outcome, status=FAILED, reason=_unusable_objectives(outcome))
+        self.doing = f"recording trial {item.trial.number}"
         # Optuna's attributes first: once the row is finished, another driver's start-up sweep may
         # tell Optuna this trial from the database, after which its attributes are read-only.
         self._describe(item.trial, item.config, outcome)
-        self.storage.finish_trial(item.slot, outcome)
+        try:
+            self.storage.finish_trial(item.slot, outcome)
+        except ValueRefusedError as exc:  # the outcome's fault, not the database's: the search goes on
+            reason = f"its results could not be stored: {exc}"
+            outcome, values = TrialOutcome(status=FAILED, reason=reason), None
+            self.storage.end_trial(item.slot, FAILED, reason)
+            item.trial.set_user_attr(REASON_ATTR, reason)
+        self._in_hand = None  # written: a failure from here leaves Optuna to `sweep` (`_tell_recorded`)
         state = optuna.trial.TrialState
         # skip_if_finished: another driver starting up may have told Optuna this trial from the
         # database already, between the write above and this tell (`sweep`).
@@ -706,7 +838,38 @@ class _Driver:
         else:
             final = state.PRUNED if outcome.status == PRUNED else state.FAIL
             self.study.tell(item.trial, state=final, skip_if_finished=True)
+        self._check_setup(item, outcome)
         return list(outcome.measurements)
+
+    def _check_setup(self, item: _Running, outcome: TrialOutcome) -> None:
+        """Stop (`SetupFailureError`) once this run's first trials all failed with one error in
+        the evaluation and none trained: the setup is at fault, and they are re-queued.
+
+        A failure the trainer reports (a NaN loss, out of memory) is the shape's and never
+        counts: only an exception the evaluation raised does.
+        """
+        if outcome.status in (COMPLETE, PRUNED):
+            self._trained_here += 1
+        if self._trained_here or outcome.status != FAILED:
+            return
+        self._failed_here.append((item, outcome.reason or ""))
+        reasons = {reason for _, reason in self._failed_here}
+        needed = max(2, min(SETUP_FAILURES, self.options.trials))
+        if len(reasons) != 1 or len(self._failed_here) < needed:
+            return
+        (reason,) = reasons
+        if not reason.startswith(EVALUATION_ERROR):
+            return
+        self.doing = "re-queueing the trials the setup failed"
+        for failed, _ in self._failed_here:
+            why = f"{reason}; the setup failed, not the shape: re-queued"
+            self.storage.end_trial(failed.slot, INTERRUPTED, why)
+            self.study.enqueue_trial(failed.trial.params, user_attrs={"requeued_from": failed.trial.number})
+        numbers = ", ".join(str(f.trial.number) for f, _ in self._failed_here)
+        raise SetupFailureError(
+            f"the first {len(self._failed_here)} trials of this run all failed with the same {reason} "
+            f"(trials {numbers}, re-queued): fix the setup, then resume"
+        )
 
     def _tell_skipped(self, trial_id: int, status: str, reason: str) -> None:
         """Tell Optuna of a sample that trained nothing (`SKIPPED_CONSTRAINT`)."""
@@ -747,25 +910,53 @@ class _Driver:
 
     def _renew(self) -> None:
         if time.monotonic() - self.last_renewal >= self.options.lease_s / 4:
+            self.doing = "renewing the running trials' leases"
             self.storage.renew_leases([r.slot for r in self.running.values()], self.options.lease_s)
             self.last_renewal = time.monotonic()
 
-    def _interrupt_all(self, pool: _RayPool) -> None:
-        """Cancel what still runs, record it as interrupted and re-queue its parameters."""
+    def _interrupt_all(self, pool: _RayPool, failure: BaseException | None = None) -> None:
+        """Cancel what still runs; record it, and a trial whose outcome was not written, as
+        interrupted and re-queue its parameters; close a slot claimed but not yet running.
+
+        After a database failure (`failure`) this is best effort: the first write that fails
+        ends it, and what is left stays running with its lease, which `--resume` sweeps
+        (`self.left` says which).
+        """
         import optuna
 
-        why = (
-            f"interrupted by {signal.Signals(self.stop.signum).name}"
-            if self.stop.signum
-            else "the driver stopped"
-        )
-        for ref, item in list(self.running.items()):
+        for ref in self.running:
             pool.cancel(ref)
-            self.storage.end_trial(item.slot, INTERRUPTED, f"{why}; re-queued")
-            item.trial.set_user_attr(REASON_ATTR, why)
-            self.study.tell(item.trial, state=optuna.trial.TrialState.FAIL)
-            self.study.enqueue_trial(item.trial.params, user_attrs={"requeued_from": item.trial.number})
-            del self.running[ref]
+        if failure is not None and database_failure(failure):
+            why = "the database failed"
+        elif self.stop.signum:
+            why = f"interrupted by {signal.Signals(self.stop.signum).name}"
+        else:
+            why = "the driver stopped"
+        items = [*self.running.values(), *([self._in_hand] if self._in_hand is not None else [])]
+        fail = optuna.trial.TrialState.FAIL
+        try:
+            if self._claimed is not None:
+                self.storage.end_trial(self._claimed, INTERRUPTED, f"{why} while sampling")
+                self._claimed = None
+            if self._asked is not None:
+                self.study.tell(self._asked, state=fail, skip_if_finished=True)
+                self._asked = None
+            while items:
+                item = items[0]
+                self.storage.end_trial(item.slot, INTERRUPTED, f"{why}; re-queued")
+                item.trial.set_user_attr(REASON_ATTR, why)
+                self.study.tell(item.trial, state=fail, skip_if_finished=True)
+                self.study.enqueue_trial(item.trial.params, user_attrs={"requeued_from": item.trial.number})
+                items.pop(0)
+        except Exception as exc:
+            if failure is None or not database_failure(exc):
+                raise
+            self.left = [f"trial {item.trial.number}" for item in items]
+            if self._claimed is not None:
+                self.left.append("a claimed slot")
+            log.debug("re-queueing after the database failed: %s", exc)
+        self.running.clear()
+        self._in_hand = None
 
     def progress(self) -> SearchProgress:
         """Counts from the database (every driver's trials); the best proxy loss and the front's
@@ -795,7 +986,21 @@ class _Driver:
 
     def _notify(self) -> None:
         if self.on_update is not None:
+            self.doing = "counting the trials"
             self.on_update(self.progress())
+
+    def failure(self, exc: BaseException) -> StorageUnavailableError:
+        """The one-line error for a database that failed under this driver (`database_failure`)."""
+        left = (
+            f"; {', '.join(self.left)} left running until the lease expires ({self.options.lease_s:.0f} s), "
+            "then a resume re-queues them"
+            if self.left
+            else ""
+        )
+        return StorageUnavailableError(
+            f"the database {self.storage.display_url} failed while {self.doing}: {failure_cause(exc)}; "
+            f"the search stopped{left}"
+        )
 
 
 def run_search(
@@ -821,7 +1026,10 @@ def run_search(
     Raises:
         SearchError: the study exists without `resume`, was made from another space, or the
             sampler cannot find valid configs.
+        SpecError: the `[proxy] data` corpus cannot be used (`SearchSpec.check_data`).
+        SetupFailureError: the run's first trials all failed with one error in the evaluation.
         ReadOnlyStorageError: the database cannot be written here.
+        StorageUnavailableError: the database failed during the search (module docstring).
     """
     storage.require_writable()  # a read-only database fails here, before anything is written
     threads = spec.proxy.threads
@@ -831,11 +1039,19 @@ def run_search(
             "CPU trials side by side will wait on each other's cores",
             threads, options.cpus_per_trial,
         )  # fmt: skip
+    spec.check_data()  # a corpus no trial could read fails here, before any trial
     driver = _Driver(spec, storage, options, on_update)
-    driver.open_study()
-    driver.sweep()
-    with _RayPool(options, evaluate_fn or evaluate) as pool:
-        signum = driver.run(pool)
+    try:
+        driver.check_study()
+        with _RayPool(options, evaluate_fn or evaluate) as pool:
+            driver.open_study()
+            driver.doing = "sweeping the trials a stopped driver left"
+            driver.sweep()
+            signum = driver.run(pool)
+    except Exception as exc:
+        if database_failure(exc):
+            raise driver.failure(exc) from None
+        raise
     return SearchSummary(
         study=options.study,
         objectives=spec.objectives,

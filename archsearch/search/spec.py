@@ -202,6 +202,28 @@ class SearchSpec:
         if self.data is None and vocab != 256:
             raise SpecError(f"the bundled corpus is bytes: must be 256, got {vocab}", "[model].vocab_size")
 
+    def check_data(self) -> None:
+        """Open the `[proxy] data` corpus as each trial will, before any trial runs.
+
+        Not done on construction: a large token file is scanned whole (its ids against the
+        vocabulary), which `space check` and a search start pay once, and the bundled corpus
+        (None) is built by the trials themselves.
+
+        Raises:
+            SpecError: the path is unreadable, a file is empty or malformed, a token id is past
+                `vocab_size`, or a split is shorter than `seq_len + 1` tokens (one line).
+        """
+        if self.data is None or self.__dict__.get("_data_checked"):  # once per spec: a scan can be long
+            return
+        from archsearch.evaluators.data import DataError, load_dataset
+
+        knobs = self.space.knob_values()  # vocab_size and seq_len are single values (load_spec)
+        try:
+            load_dataset(self.data, knobs["vocab_size"], seq_len=knobs["seq_len"])
+        except DataError as exc:
+            raise SpecError(str(exc), "[proxy].data") from None
+        self.__dict__["_data_checked"] = True
+
     def _check_step_time(self) -> None:
         key, device = "[objectives].step_time_device", self.step_time_device
         if "step_time" not in self.objectives:

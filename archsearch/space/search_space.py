@@ -140,6 +140,7 @@ for _knob in (
     KNOBS.register(_knob.name, _knob)
 REQUIRED = tuple(k.name for _, k in KNOBS.items() if k.default is None)
 CONDITION = "|"  # joins a knob's name and the values it was narrowed to (`Domain.suggest_among`)
+MAX_PARAMS = 2**63 - 1  # the trial database's BIGINT (storage.schema.Trial.params_total)
 MAX_ENUMERATE = 100_000  # spaces up to this many points are enumerated (feasibility, sampling)
 SINGLE_VALUED = ("vocab_size", "seq_len")  # the data fixes them; searching them compares apples to pears
 # ArchConfig fields the space derives, with the knob that sets each (for a helpful error).
@@ -312,7 +313,14 @@ class Budget:
                 raise SpaceError(f"min {_short(low)} is above max {_short(high)}", key)
 
     def _check(self, params: int, flops: float) -> tuple[str, str] | None:
-        """(kind, message) of the first bound broken, or None."""
+        """(kind, message) of the first bound broken, or None.
+
+        Beyond any budget, a shape must have fewer than 2**63 parameters: the trial database
+        stores the count as a signed 64-bit integer (d_model 1e9 has about 1e26).
+        """
+        if params > MAX_PARAMS:
+            why = f"params {_short(params)} above 2**63 - 1, the most a trial's row stores"
+            return "params too large to store", why
         for what, kind, value, low, high in (
             ("params", "params", params, self.params_min, self.params_max),
             ("forward FLOPs/token", "FLOPs/token", flops, self.flops_min, self.flops_max),
@@ -645,8 +653,10 @@ class SearchSpace:
         if found.params_range is None:
             raise SpaceError(f"no valid config in the space (checked {how} {found.checked} points: {why})")
         (p0, p1), (f0, f1) = found.params_range, found.flops_range  # type: ignore[misc]
+        bounds = self.budget.describe()
+        what = "can be searched" if bounds == "no bounds" else f"meets the budget of {bounds}"
         raise SpaceError(
-            f"no config in the space meets the budget of {self.budget.describe()} (checked {how} "
+            f"no config in the space {what} (checked {how} "
             f"{found.checked} points: {why}; params range seen {_short(p0)}..{_short(p1)}, "
             f"forward FLOPs/token range {_short(f0)}..{_short(f1)})"
         )

@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import math
 import os
 import socket
 import tempfile
@@ -27,12 +28,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Engine, create_engine, event, func, insert, select, text, update
+from sqlalchemy import ColumnElement, Engine, create_engine, delete, event, func, insert, select, text, update
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DataError,
+    DBAPIError,
+    IntegrityError,
+    InterfaceError,
+    NoSuchModuleError,
+    OperationalError,
+    SQLAlchemyError,
+)
 from sqlalchemy.orm import Session
 
-from archsearch.errors import ArchsearchError, UnknownNameError, quoted
+from archsearch.errors import ArchsearchError, EnvironmentFailure, UnknownNameError, quoted
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts, kv_cache_bytes_per_token, param_counts
 from archsearch.storage import schema
@@ -45,6 +55,7 @@ if TYPE_CHECKING:
 DEFAULT_STORAGE_URL = "sqlite:///archsearch.db"
 STORAGE_ENV = "ARCHSEARCH_STORAGE"
 BUSY_TIMEOUT_S = 30  # 5 s gave "database is locked" at 64 writers, 30 s none (BRIEF.md section 8)
+CONNECT_TIMEOUT_S = 15  # a PostgreSQL server that does not answer (libpq's connect_timeout)
 READ_ONLY = "archsearch_read_only"  # execution option of the sessions that only read
 _PG_INIT_LOCK = 0x61726368  # "arch": the advisory lock id that serialises table creation
 
@@ -63,6 +74,52 @@ class StudyExistsError(StorageError):
 
 class ReadOnlyStorageError(StorageError):
     """The database can be read but not written here: a read-only file, folder, mount or role."""
+
+
+class StorageUnavailableError(StorageError, EnvironmentFailure):
+    """The database failed under a statement: a server that went away, a lock held past the
+    timeout, a full disk, an I/O error. Not the input's fault: the CLI exits 1.
+
+    `cause` is the driver's error as one line (`OperationalError: database is locked`).
+    """
+
+    def __init__(self, message: str, cause: str | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+class ValueRefusedError(StorageError):
+    """The database refused a value it was given: a constraint broken, a number out of range."""
+
+
+def failure_cause(exc: BaseException) -> str:
+    """The database driver's error behind `exc` as one line, e.g. `OperationalError: database is
+    locked`: Optuna's `StorageInternalError` says only that a commit failed, its cause says why."""
+    seen: BaseException | None = exc
+    for _ in range(20):  # a chain of causes and contexts; bounded, in case one loops
+        if seen is None:
+            break
+        if isinstance(seen, StorageUnavailableError) and seen.cause:
+            return seen.cause
+        if isinstance(seen, DBAPIError):
+            return f"{type(seen.orig).__name__}: {_one_line(seen)}"
+        seen = seen.__cause__ or seen.__context__
+    return f"{type(exc).__name__}: {_one_line(exc)}"
+
+
+def database_failure(exc: BaseException) -> bool:
+    """Whether `exc` (from archsearch's or Optuna's calls) is the database failing, not a bug.
+
+    SQLAlchemy's operational and interface errors are the connection, the server or the file
+    failing (`StorageUnavailableError` once archsearch's session has turned them); Optuna wraps
+    them as its `StorageInternalError`. Integrity and data errors are a value the database
+    refused; other database errors (a corrupt file, a bug's SQL) are not the database failing.
+    """
+    if isinstance(exc, StorageError):
+        return isinstance(exc, StorageUnavailableError)
+    if type(exc).__name__ == "StorageInternalError":  # optuna.exceptions, not imported for a name
+        return True
+    return isinstance(exc, (OperationalError, InterfaceError))
 
 
 def storage_url(url: str | None = None) -> str:
@@ -230,7 +287,10 @@ def _engine_kwargs(url: URL) -> dict[str, Any]:
     if url.get_backend_name() == "sqlite":
         return {"connect_args": {"timeout": BUSY_TIMEOUT_S}}
     # pre-ping drops connections a server or proxy closed; a driver needs few connections.
-    return {"pool_pre_ping": True, "pool_size": 2, "max_overflow": 4}
+    kwargs: dict[str, Any] = {"pool_pre_ping": True, "pool_size": 2, "max_overflow": 4}
+    if url.get_backend_name() == "postgresql":  # libpq's own bound: a silent host would wait for TCP's
+        kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
+    return kwargs
 
 
 def _one_line(exc: BaseException) -> str:
@@ -382,7 +442,10 @@ class Storage:
                     conn.execute(text("SELECT pg_advisory_unlock(:id)"), {"id": _PG_INIT_LOCK})
                     conn.commit()
         except DBAPIError as exc:
-            raise StorageError(f"cannot reach the database {self.display_url}: {_one_line(exc)}") from None
+            raise StorageError(
+                f"cannot reach the database {self.display_url} (waited up to {CONNECT_TIMEOUT_S} s): "
+                f"{_one_line(exc)}"
+            ) from None
 
     def require_writable(self) -> None:
         """Check, before any work that will need it, that this process can write the database.
@@ -461,8 +524,10 @@ class Storage:
             with self._init_lock():
                 try:
                     storage = optuna.storages.RDBStorage(self.url, engine_kwargs=_engine_kwargs(self._url))
-                except SQLAlchemyError as exc:
-                    raise StorageError(f"cannot open Optuna's tables: {_one_line(exc)}") from None
+                except (SQLAlchemyError, RuntimeError) as exc:  # RuntimeError: tables of another Optuna
+                    raise StorageError(
+                        f"cannot open Optuna's tables in {self.display_url}: {_one_line(exc)}"
+                    ) from None
             if self.is_sqlite:
                 _use_immediate_transactions(storage.engine)
                 storage.engine.dispose()  # connections opened before the listeners are dropped
@@ -474,8 +539,10 @@ class Storage:
     def _session(self, read_only: bool = False) -> Iterator[Session]:
         """One transaction: commits on success, rolls back on any error, always closes.
 
-        Database errors become `StorageError` with one line (`ReadOnlyStorageError` for a write
-        that the database refuses as read-only); the transaction leaves nothing.
+        Database errors become `StorageError` with one line: `ReadOnlyStorageError` for a write
+        that the database refuses as read-only, `ValueRefusedError` for a value it refuses (a
+        constraint, a number out of range), `StorageUnavailableError` for the database failing
+        (unreachable, locked past the timeout, full). The transaction leaves nothing.
         """
         try:
             bind = self._engine.execution_options(**{READ_ONLY: True}) if read_only else self._engine
@@ -484,7 +551,15 @@ class Storage:
         except DBAPIError as exc:
             if not read_only and _read_only(exc):
                 raise self._read_only_error(exc) from None
+            if isinstance(exc, (IntegrityError, DataError)):
+                raise ValueRefusedError(f"database error on {self.display_url}: {_one_line(exc)}") from None
+            if isinstance(exc, (OperationalError, InterfaceError)):
+                cause = failure_cause(exc)
+                message = f"the database {self.display_url} failed: {cause}"
+                raise StorageUnavailableError(message, cause) from None
             raise StorageError(f"database error on {self.display_url}: {_one_line(exc)}") from None
+        except OverflowError as exc:  # pysqlite binds integers only up to 2**63 - 1
+            raise ValueRefusedError(f"database error on {self.display_url}: {exc}") from None
 
     # --- studies ---------------------------------------------------------------------------------
     def create_study(
@@ -556,6 +631,34 @@ class Storage:
                 + (f"studies: {shown}" if names else "it holds no studies")
             )
         return record
+
+    def optuna_objectives(self, name: str) -> int | None:
+        """How many objectives Optuna's study `name` has in this database; None when it has no
+        such study (or no Optuna tables yet). Read with SQL: Optuna is not imported."""
+        with self._session(read_only=True) as s:
+            conn = s.connection()
+            if not {"studies", "study_directions"} <= set(self._engine.dialect.get_table_names(conn)):
+                return None
+            study_id = conn.execute(text("SELECT study_id FROM studies WHERE study_name = :n"), {"n": name})
+            found = study_id.scalar()
+            if found is None:
+                return None
+            q = text("SELECT count(*) FROM study_directions WHERE study_id = :i")
+            return int(conn.execute(q, {"i": found}).scalar_one())
+
+    def discard_empty_study(self, name: str) -> bool:
+        """Delete archsearch's study `name` (and its search runs) if it holds no trials, in one
+        transaction under the study's lock: what a search start that failed after creating it
+        leaves. Returns whether it was deleted."""
+        with self._session() as s:
+            s.execute(select(schema.Study.name).where(schema.Study.name == name).with_for_update())
+            row = s.get(schema.Study, name)
+            trials = select(func.count()).select_from(schema.Trial).where(schema.Trial.study == name)
+            if row is None or s.scalar(trials):
+                return False
+            s.execute(delete(schema.SearchRun).where(schema.SearchRun.study == name))
+            s.delete(row)
+            return True
 
     def study_names(self) -> list[str]:
         """The names of every study, oldest first (no trial counts: cheap)."""
@@ -708,7 +811,13 @@ class Storage:
             )
 
     def finish_trial(self, trial_id: int, outcome: TrialOutcome) -> None:
-        """Write everything a trial produced, in one transaction: all of it or none of it."""
+        """Write everything a trial produced, in one transaction: all of it or none of it.
+
+        Raises:
+            ValueRefusedError: the database refused one of its values (nothing is written; the
+                driver then fails the trial with that reason, `end_trial`).
+            StorageUnavailableError: the database failed (nothing is written).
+        """
         now = time.time()
         train = outcome.train or {}
         with self._session() as s:
@@ -737,7 +846,9 @@ class Storage:
                     ("train", train.get("loss_curve") or ()),
                     ("val", train.get("val_curve") or ()),
                 ):
-                    points = {int(tokens): float(loss) for tokens, loss in curve}  # one point per token count
+                    # One point per token count; finite points only, on every backend: a run
+                    # stops at its first non-finite loss, which its reason records.
+                    points = {int(t): float(v) for t, v in curve if math.isfinite(float(v))}
                     s.add_all(
                         schema.Curve(trial_id=trial_id, kind=kind, tokens=t, loss=v)
                         for t, v in points.items()

@@ -66,11 +66,12 @@ _NOT_FILTERABLE = ("id", "optuna_trial_id", "study", "params_json", "config_json
 
 
 def _kind(column: Any) -> str:
-    if isinstance(column.type, Boolean):
+    stored = getattr(column.type, "impl_instance", column.type)  # schema.Real stores a Float
+    if isinstance(stored, Boolean):
         return "bool"
-    if isinstance(column.type, Integer | Float):  # BigInteger is an Integer
+    if isinstance(stored, Integer | Float):  # BigInteger is an Integer
         return "number"
-    if isinstance(column.type, String):  # Text is a String
+    if isinstance(stored, String):  # Text is a String
         return "string"
     raise TypeError(f"no filter kind for column {column.name} of type {column.type}")
 

@@ -5,12 +5,17 @@ full shape and its cost columns, training results and curves, kernel measurement
 study on a device, device fingerprints, failure reasons and leases. Every table name starts with
 `archsearch_`, so the two schemas never collide.
 
+Every float column is a `Real`: NaN is stored as NULL on every backend (SQLite has no NaN, and
+its driver binds one as NULL, while PostgreSQL stores NaN), and +-inf as +-inf on both.
+
 Bump `SCHEMA_VERSION` with every change to these tables. A database from version
 `ADDITIVE_SINCE` on, older than the code, gains the tables added since when it is opened (those
 versions only ever added tables); `Storage` refuses any other version that differs from the code's.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -22,12 +27,28 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
 
 # 2: archsearch_long_runs, archsearch_validations; 3: archsearch_search_runs; 4: archsearch_ladder_rungs,
 # archsearch_ladder_fits
 SCHEMA_VERSION = 4
 ADDITIVE_SINCE = 1  # versions 1 .. SCHEMA_VERSION - 1 differ from this one only by missing tables
+
+
+class Real(TypeDecorator[float]):
+    """A float column whose NaN is NULL on every backend; the DDL is a plain `Float`.
+
+    A NaN given to a NOT NULL column is then refused alike everywhere (an integrity error), where
+    it used to be stored on PostgreSQL and refused on SQLite.
+    """
+
+    impl = Float
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        return None if value is not None and value != value else value  # NaN is the one x != x
 
 
 class Base(DeclarativeBase):
@@ -51,7 +72,7 @@ class Study(Base):
     spec_source: Mapped[str] = mapped_column(Text)  # the space file as written
     spec_json: Mapped[str] = mapped_column(Text)  # the parsed spec, canonical
     objectives: Mapped[str] = mapped_column(String(256))  # comma-separated, Optuna's value order
-    created_at: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Real)
 
 
 class Trial(Base):
@@ -86,35 +107,35 @@ class Trial(Base):
     bias: Mapped[bool | None] = mapped_column(Boolean)
     tie_embeddings: Mapped[bool | None] = mapped_column(Boolean)
     qk_norm: Mapped[bool | None] = mapped_column(Boolean)
-    aspect_ratio: Mapped[float | None] = mapped_column(Float)
-    d_ff_ratio: Mapped[float | None] = mapped_column(Float)
+    aspect_ratio: Mapped[float | None] = mapped_column(Real)
+    d_ff_ratio: Mapped[float | None] = mapped_column(Real)
     attention_layout: Mapped[str | None] = mapped_column(String(8))
     # --- exact costs (space.costs) ---
     params_total: Mapped[int | None] = mapped_column(BigInteger)
     params_non_embedding: Mapped[int | None] = mapped_column(BigInteger)
-    flops_forward_per_token: Mapped[float | None] = mapped_column(Float)
-    flops_train_per_token: Mapped[float | None] = mapped_column(Float)
-    kv_cache_bytes_per_token: Mapped[float | None] = mapped_column(Float)
+    flops_forward_per_token: Mapped[float | None] = mapped_column(Real)
+    flops_train_per_token: Mapped[float | None] = mapped_column(Real)
+    kv_cache_bytes_per_token: Mapped[float | None] = mapped_column(Real)
     # --- proxy training ---
-    loss: Mapped[float | None] = mapped_column(Float)  # held-out nats per token
-    bits_per_byte: Mapped[float | None] = mapped_column(Float)
+    loss: Mapped[float | None] = mapped_column(Real)  # held-out nats per token
+    bits_per_byte: Mapped[float | None] = mapped_column(Real)
     tokens_trained: Mapped[int | None] = mapped_column(BigInteger)
     steps: Mapped[int | None] = mapped_column(Integer)
-    train_seconds: Mapped[float | None] = mapped_column(Float)
-    tokens_per_second: Mapped[float | None] = mapped_column(Float)
-    mfu: Mapped[float | None] = mapped_column(Float)
+    train_seconds: Mapped[float | None] = mapped_column(Real)
+    tokens_per_second: Mapped[float | None] = mapped_column(Real)
+    mfu: Mapped[float | None] = mapped_column(Real)
     precision: Mapped[str | None] = mapped_column(String(8))
     corpus_fingerprint: Mapped[str | None] = mapped_column(String(64))
-    pruned_rung: Mapped[float | None] = mapped_column(Float)  # fraction of the proxy budget
+    pruned_rung: Mapped[float | None] = mapped_column(Real)  # fraction of the proxy budget
     # --- hardware cost ---
     device_fingerprint: Mapped[str | None] = mapped_column(String(64))  # where it trained
-    step_time_s: Mapped[float | None] = mapped_column(Float)  # the step_time objective
+    step_time_s: Mapped[float | None] = mapped_column(Real)  # the step_time objective
     step_time_device: Mapped[str | None] = mapped_column(String(64))
     # --- bookkeeping ---
     host: Mapped[str | None] = mapped_column(String(256))  # driver host:pid that ran it
-    lease_expires_at: Mapped[float | None] = mapped_column(Float)  # unix time; renewed while running
-    started_at: Mapped[float | None] = mapped_column(Float)
-    finished_at: Mapped[float | None] = mapped_column(Float)
+    lease_expires_at: Mapped[float | None] = mapped_column(Real)  # unix time; renewed while running
+    started_at: Mapped[float | None] = mapped_column(Real)
+    finished_at: Mapped[float | None] = mapped_column(Real)
 
 
 class Curve(Base):
@@ -126,7 +147,7 @@ class Curve(Base):
     )
     kind: Mapped[str] = mapped_column(String(8), primary_key=True)  # "train" or "val"
     tokens: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    loss: Mapped[float] = mapped_column(Float)
+    loss: Mapped[float] = mapped_column(Real)
 
 
 class Profile(Base):
@@ -140,8 +161,8 @@ class Profile(Base):
     modelled: Mapped[bool] = mapped_column(Boolean)
     dtype: Mapped[str] = mapped_column(String(8))
     batch: Mapped[int] = mapped_column(Integer)
-    step_time_s: Mapped[float] = mapped_column(Float)
-    tokens_per_second: Mapped[float] = mapped_column(Float)
+    step_time_s: Mapped[float] = mapped_column(Real)
+    tokens_per_second: Mapped[float] = mapped_column(Real)
     report_json: Mapped[str] = mapped_column(Text)  # ProfileReport.to_dict()
 
 
@@ -154,8 +175,8 @@ class Kernel(Base):
     dtype: Mapped[str] = mapped_column(String(8))
     kind: Mapped[str] = mapped_column(String(16))
     shape: Mapped[str] = mapped_column(String(128))
-    seconds: Mapped[float] = mapped_column(Float)
-    measured_at: Mapped[float] = mapped_column(Float)
+    seconds: Mapped[float] = mapped_column(Real)
+    measured_at: Mapped[float] = mapped_column(Real)
 
 
 class Device(Base):
@@ -166,7 +187,7 @@ class Device(Base):
     name: Mapped[str] = mapped_column(String(256))
     type: Mapped[str] = mapped_column(String(16))
     info_json: Mapped[str] = mapped_column(Text)
-    first_seen: Mapped[float] = mapped_column(Float)
+    first_seen: Mapped[float] = mapped_column(Real)
 
 
 class LongRun(Base):
@@ -181,16 +202,16 @@ class LongRun(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     study: Mapped[str] = mapped_column(ForeignKey("archsearch_studies.name", ondelete="CASCADE"), index=True)
     trial_number: Mapped[int] = mapped_column(Integer)
-    multiplier: Mapped[float] = mapped_column(Float)  # x the study's proxy token budget
+    multiplier: Mapped[float] = mapped_column(Real)  # x the study's proxy token budget
     seed: Mapped[int] = mapped_column(Integer)
     tokens: Mapped[int] = mapped_column(BigInteger)  # tokens actually trained
-    val_loss: Mapped[float] = mapped_column(Float)  # held-out nats per token at the end
+    val_loss: Mapped[float] = mapped_column(Real)  # held-out nats per token at the end
     val_curve_json: Mapped[str] = mapped_column(Text)  # [[tokens, loss], ...]
     settings_json: Mapped[str] = mapped_column(Text)  # the TrainSettings it ran with
     device_fingerprint: Mapped[str | None] = mapped_column(String(64))
     corpus_fingerprint: Mapped[str | None] = mapped_column(String(64))
-    wall_time_s: Mapped[float | None] = mapped_column(Float)
-    created_at: Mapped[float] = mapped_column(Float)
+    wall_time_s: Mapped[float | None] = mapped_column(Real)
+    created_at: Mapped[float] = mapped_column(Real)
 
 
 class Validation(Base):
@@ -200,10 +221,10 @@ class Validation(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     study: Mapped[str] = mapped_column(ForeignKey("archsearch_studies.name", ondelete="CASCADE"), index=True)
-    multiplier: Mapped[float] = mapped_column(Float)
+    multiplier: Mapped[float] = mapped_column(Real)
     seeds: Mapped[int] = mapped_column(Integer)
     report_json: Mapped[str] = mapped_column(Text)
-    created_at: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Real)
 
 
 class SearchRun(Base):
@@ -216,7 +237,7 @@ class SearchRun(Base):
     study: Mapped[str] = mapped_column(ForeignKey("archsearch_studies.name", ondelete="CASCADE"), index=True)
     host: Mapped[str] = mapped_column(String(256))
     settings_json: Mapped[str] = mapped_column(Text)  # sampler, seed, prune, trials, workers, ...
-    started_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float] = mapped_column(Real)
 
 
 class LadderRung(Base):
@@ -232,7 +253,7 @@ class LadderRung(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     study: Mapped[str] = mapped_column(ForeignKey("archsearch_studies.name", ondelete="CASCADE"), index=True)
     trial_number: Mapped[int] = mapped_column(Integer)  # the trial whose design the ladder keeps
-    tokens_per_param: Mapped[float] = mapped_column(Float)  # training tokens / total parameters
+    tokens_per_param: Mapped[float] = mapped_column(Real)  # training tokens / total parameters
     target_params: Mapped[int] = mapped_column(BigInteger)  # the size asked for; the shape's is exact
     shape_key: Mapped[str] = mapped_column(String(64))  # sha256 of the rung's ArchConfig JSON
     config_json: Mapped[str] = mapped_column(Text)  # the rung's ArchConfig
@@ -240,13 +261,13 @@ class LadderRung(Base):
     params_non_embedding: Mapped[int] = mapped_column(BigInteger)
     seed: Mapped[int] = mapped_column(Integer)
     tokens: Mapped[int] = mapped_column(BigInteger)  # tokens actually trained
-    val_loss: Mapped[float] = mapped_column(Float)  # held-out nats per token at the end
+    val_loss: Mapped[float] = mapped_column(Real)  # held-out nats per token at the end
     val_curve_json: Mapped[str] = mapped_column(Text)  # [[tokens, loss], ...]
     settings_json: Mapped[str] = mapped_column(Text)  # the TrainSettings it ran with
     device_fingerprint: Mapped[str | None] = mapped_column(String(64))
     corpus_fingerprint: Mapped[str | None] = mapped_column(String(64))
-    wall_time_s: Mapped[float | None] = mapped_column(Float)
-    created_at: Mapped[float] = mapped_column(Float)
+    wall_time_s: Mapped[float | None] = mapped_column(Real)
+    created_at: Mapped[float] = mapped_column(Real)
 
 
 class LadderFitRow(Base):
@@ -257,6 +278,6 @@ class LadderFitRow(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     study: Mapped[str] = mapped_column(ForeignKey("archsearch_studies.name", ondelete="CASCADE"), index=True)
-    tokens_per_param: Mapped[float] = mapped_column(Float)
+    tokens_per_param: Mapped[float] = mapped_column(Real)
     fit_json: Mapped[str] = mapped_column(Text)
-    created_at: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Real)

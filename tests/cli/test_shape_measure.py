@@ -149,7 +149,9 @@ def test_train_table_and_failure_exit_code(tiny_config):
     assert result.exit_code == 0 and "val loss (nats/token)" in result.stdout
     failed = run("train", str(tiny_config), *TINY_TRAIN, "--lr", "1e30")
     assert failed.exit_code == 1
-    assert "failed (training loss is" in failed.stdout or "failed (validation loss is" in failed.stdout
+    assert "failed (non-finite loss: training loss is" in failed.stdout or (
+        "failed (non-finite loss: validation loss is" in failed.stdout
+    )
 
 
 def test_train_shows_progress_with_an_eta_on_a_terminal(tiny_config):

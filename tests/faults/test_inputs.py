@@ -1,0 +1,312 @@
+"""What a run depends on, checked before any compute, and the one line each failure ends in: shapes
+too large to store, an empty corpus, a setup every trial fails on, output paths that cannot be
+written, and the command that continues a stopped search (storage and trial count included)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from ray import cloudpickle  # Ray vendors it
+from typer.testing import CliRunner
+
+from archsearch.cli import app
+from archsearch.search import driver as driver_module
+from archsearch.search.driver import SearchOptions, SetupFailureError, run_search
+from archsearch.space.knobs import config_from_knobs
+from archsearch.storage import Storage
+from archsearch.trial import TrialOutcome
+from tests.readonly import read_only
+from tests.specs import tiny_spec, tiny_toml
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers need not import tests/
+
+HUGE = """vocab_size = 256
+seq_len = 32
+d_model = [1_000_000_000]
+aspect_ratio = 32
+head_dim = 64"""
+PROXY = "tokens = 2048\nbatch_size = 4\nevals = 4\neval_batches = 1\ndevice = 'cpu'"
+
+
+def _one_line(result, code: int | tuple[int, ...], *fragments: str, progress: bool = False) -> str:
+    """The one error line (the only line on stderr; with `progress`, after the search's progress
+    lines), checked for the exit code and `fragments`."""
+    codes = code if isinstance(code, tuple) else (code,)
+    assert result.exit_code in codes, result.output
+    lines = result.stderr.strip().splitlines()
+    if progress:
+        assert all(line.startswith("[") for line in lines[:-1]), result.stderr
+        lines = lines[-1:]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def _space(tmp_path: Path, **tables: str) -> Path:
+    path = tmp_path / "space.toml"
+    path.write_text(tiny_toml(**tables))
+    return path
+
+
+# --- checked before anything is written ---------------------------------------------------------------
+@pytest.mark.parametrize("command", ["check", "search"])
+def test_a_shape_over_2_63_parameters_is_refused_before_anything_is_written(tmp_path, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)
+    space = _space(tmp_path, model=HUGE)
+    args = ["space", "check", str(space)] if command == "check" else ["search", "--space", str(space)]
+    result = CliRunner().invoke(app, args)
+    _one_line(result, 2, "no config in the space can be searched", "params too large to store")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["space.toml"]
+
+
+@pytest.mark.parametrize("command", ["check", "search"])
+def test_an_empty_corpus_is_refused_before_any_trial(tmp_path, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty.txt").write_bytes(b"")
+    space = _space(tmp_path, proxy=f'{PROXY}\ndata = "empty.txt"')
+    args = ["space", "check", str(space)] if command == "check" else ["search", "--space", str(space)]
+    result = CliRunner().invoke(app, args)
+    _one_line(result, 2, "[proxy].data: ", "empty")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt", "space.toml"]
+
+
+# --- a setup every trial fails on ---------------------------------------------------------------------
+def _broken_install(request, known=None, board=None):
+    raise ImportError("libtorch_cpu.so: cannot open shared object file")
+
+
+def _instant(request, known=None, board=None):
+    loss = 2.0 + request.config.d_model / 1000 + request.config.n_layers / 100
+    return TrialOutcome(status="complete", train={"val_loss": loss, "tokens": 64, "val_curve": [[64, loss]]})
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_search_whose_trials_all_fail_the_same_way_stops_and_re_queues_them(tmp_path):
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    with Storage.open(url) as db, pytest.raises(SetupFailureError) as info:
+        run_search(tiny_spec(), db, SearchOptions(study="s", trials=5), evaluate_fn=_broken_install)
+    assert str(info.value).startswith(
+        "the first 3 trials of this run all failed with the same error in the evaluation: ImportError: "
+        "libtorch_cpu.so: cannot open shared object file (trials 0, 1, 2, re-queued): fix the setup"
+    )
+    with Storage.open(url) as db:
+        failed = db.trials("s")
+        assert [r.status for r in failed] == ["interrupted"] * 3  # not counted: the setup's fault
+        run_search(tiny_spec(), db, SearchOptions(study="s", trials=5, resume=True), evaluate_fn=_instant)
+        counts = db.counts("s")
+        assert counts["complete"] == 5 and set(counts) <= {"complete", "interrupted", "duplicate"}, counts
+        rerun = [r.params for r in db.trials("s")[3:6]]
+        assert rerun == [r.params for r in failed]  # the re-queued points ran first
+    assert "RUNNING" not in {t.state.name for t in optuna.load_study(study_name="s", storage=url).trials}
+
+
+# --- output paths that cannot be written ---------------------------------------------------------------
+@pytest.fixture
+def study_url(tmp_path) -> str:
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    with Storage.open(url) as db:
+        db.create_study("s", spec_fingerprint="f", spec_source="", spec={}, objectives=("loss", "flops"))
+        for number, d_model in enumerate((64, 128)):
+            cfg = config_from_knobs(d_model=d_model, n_layers=2, head_dim=32, vocab_size=256, seq_len=32)
+            slot = db.claim_trial("s", 10, 60)
+            db.assign_trial(slot, number=number, optuna_trial_id=number, params={}, config=cfg)
+            db.finish_trial(slot, TrialOutcome(status="complete", train={"val_loss": 3.0 - number}))
+    return url
+
+
+def _no_staging_left(folder: Path) -> None:
+    assert not [p.name for p in folder.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp")]
+
+
+def test_export_into_a_read_only_folder_is_one_line(study_url, tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    with read_only(folder):
+        result = CliRunner().invoke(
+            app, ["export", "--study", "s", "--trial", "0", "--format", "json", "-o", str(folder / "out"),
+                  "--storage", study_url],
+        )  # fmt: skip
+    _one_line(result, (1, 2), str(folder))
+    assert list(folder.iterdir()) == []
+
+
+def test_export_below_a_regular_file_is_one_line(study_url, tmp_path):
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "file" / "out"
+    args = ["export", "--study", "s", "--trial", "0", "--format", "json", "-o", str(out)]
+    result = CliRunner().invoke(app, [*args, "--storage", study_url])
+    _one_line(result, (1, 2), str(tmp_path / "file"))
+    assert (tmp_path / "file").read_text() == "x"
+
+
+def test_a_plot_into_a_read_only_folder_is_one_line(study_url, tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    with read_only(folder):
+        result = CliRunner().invoke(
+            app, ["pareto", "--study", "s", "--storage", study_url, "--plot", str(folder / "f.png")]
+        )
+    _one_line(result, (1, 2), str(folder))
+    assert list(folder.iterdir()) == []
+
+
+def test_a_plot_onto_an_existing_directory_is_one_line(study_url, tmp_path):
+    (tmp_path / "f.png").mkdir()
+    result = CliRunner().invoke(
+        app, ["pareto", "--study", "s", "--storage", study_url, "--plot", str(tmp_path / "f.png")]
+    )
+    _one_line(result, (1, 2), "f.png")
+    assert list((tmp_path / "f.png").iterdir()) == []
+    _no_staging_left(tmp_path)
+
+
+# --- the command that continues ------------------------------------------------------------------------
+def _cli_args(line: str) -> list[str]:
+    """The archsearch arguments of the command quoted in backticks at the end of `line`."""
+    command = shlex.split(line.rsplit("`", 2)[-2])
+    assert command[0] == "archsearch", command
+    return command[1:]
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_database_failure_ends_the_cli_with_exit_1_and_the_command_that_continues(tmp_path, monkeypatch):
+    from sqlalchemy.exc import OperationalError
+
+    url = f"sqlite:///{tmp_path / 'elsewhere.db'}"
+    space = _space(tmp_path, search="trials = 3\nprune = false")
+    monkeypatch.setattr(driver_module, "evaluate", _instant)
+    original, calls = Storage.finish_trial, []
+
+    def finish_trial(self, trial_id, outcome):
+        calls.append(trial_id)
+        if len(calls) == 2:
+            with self._session():
+                raise OperationalError("UPDATE ...", {}, sqlite3.OperationalError("disk I/O error"))
+        return original(self, trial_id, outcome)
+
+    monkeypatch.setattr(Storage, "finish_trial", finish_trial)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    result = CliRunner().invoke(app, ["search", "--space", str(space), "--study", "s", "--storage", url])
+    line = _one_line(result, 1, f"the database {url} failed while recording trial", "disk I/O", progress=True)
+    args = _cli_args(line)
+    assert ["--storage", url] == args[args.index("--storage") :][:2] and "--trials" in args
+    monkeypatch.setattr(Storage, "finish_trial", original)
+    done = CliRunner().invoke(app, args)  # followed literally
+    assert done.exit_code == 0, done.output
+    with Storage.open(url, create=False) as db:
+        counts = db.counts("s")
+    assert counts["complete"] == 3 and set(counts) <= {"complete", "interrupted", "duplicate"}, counts
+    assert list(cwd.iterdir()) == []  # nothing written where the command ran
+
+
+SLOW_PROXY = 'seconds = 1.5\nbatch_size = 4\nevals = 2\neval_batches = 1\ndevice = "cpu"'
+
+
+def test_the_resume_hint_after_an_interrupt_continues_the_same_study_when_followed_literally(tmp_path):
+    url = f"sqlite:///{tmp_path / 'db' / 'trials.db'}"
+    (tmp_path / "db").mkdir()
+    space = _space(tmp_path, proxy=SLOW_PROXY, search="trials = 3\nprune = false")
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+    args = ["search", "--space", str(space), "--study", "s", "--storage", url, "--trials", "3"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "archsearch", *args], cwd=tmp_path, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 180
+    while _complete(url) < 1:  # waited for by state: a first trial recorded
+        assert time.monotonic() < deadline and proc.poll() is None, "no trial completed"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    hint = err.strip().splitlines()[-1]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    command = _cli_args(hint)
+    assert command[command.index("--storage") + 1] == url and command[command.index("--trials") + 1] == "3"
+    done = subprocess.run(
+        [sys.executable, "-m", "archsearch", *command], cwd=elsewhere, env=env, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert _complete(url) == 3 and list(elsewhere.iterdir()) == []
+
+
+def _complete(url: str) -> int:
+    try:
+        with Storage.open(url, create=False) as db:
+            return db.counts("s").get("complete", 0)
+    except Exception:
+        return 0
+
+
+def _reaper_started(pid: int) -> bool:
+    """Whether the search `pid` has started the watcher of its local Ray: Ray is starting."""
+    for entry in Path("/proc").iterdir():
+        try:
+            if (
+                not entry.name.isdigit()
+                or int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) != pid
+            ):
+                continue
+            if b"archsearch.search.reaper" in (entry / "cmdline").read_bytes():
+                return True
+        except (OSError, IndexError, ValueError):
+            continue
+    return False
+
+
+@pytest.mark.parametrize(
+    ("signum", "code", "name"), [(signal.SIGINT, 130, "SIGINT"), (signal.SIGTERM, 143, "SIGTERM")]
+)
+def test_a_signal_while_ray_starts_exits_128_plus_n_with_one_line_and_leaves_no_study(
+    tmp_path, signum, code, name
+):
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    space = _space(tmp_path, search="trials = 2\nprune = false")
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+    args = ["search", "--space", str(space), "--study", "s", "--storage", url]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "archsearch", *args], cwd=tmp_path, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not _reaper_started(proc.pid):  # waited for by state: the point where Ray starts
+        assert time.monotonic() < deadline and proc.poll() is None, "Ray never started"
+        time.sleep(0.02)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    assert err.strip().splitlines() == [f"error: interrupted by {name}"], err
+    with Storage.open(url, create=False) as db:
+        assert db.study_names() == []  # a plain rerun is not refused
+
+
+def test_an_error_line_folds_line_breaks_and_cuts_a_huge_value():
+    from archsearch.cli.common import MAX_LINE, error_line
+
+    line = error_line("bad value:\n" + "x" * 10_000_000)
+    assert "\n" not in line and len(line) <= MAX_LINE + len("error: ")
+    assert line.startswith("error: bad value: xxx") and line.endswith("characters cut)")
+
+
+def test_trials_output_into_a_read_only_folder_is_refused_before_the_query(study_url, tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    with read_only(folder):
+        args = ["trials", "--study", "s", "--format", "csv", "-o", str(folder / "t.csv")]
+        result = CliRunner().invoke(app, [*args, "--storage", study_url])
+    _one_line(result, 2, f"the folder {folder} is not writable")
