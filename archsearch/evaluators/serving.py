@@ -29,11 +29,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from archsearch.errors import ConfigError
-from archsearch.evaluators.catalogue import COMPUTE_DTYPES
+from archsearch.evaluators.catalogue import ACCELERATORS, COMPUTE_DTYPES
 from archsearch.evaluators.hardware import DeviceModel, device_model, plan_gemm, predict_attention
 from archsearch.evaluators.kernels import AttentionCall
 from archsearch.space.config import POSITIONS, ArchConfig
 from archsearch.space.costs import DTYPE_BYTES, kv_cache_bytes
+from archsearch.space.serve import ServeError, ServeScenario
 
 # Seconds per kernel of a decode step replayed as a CUDA graph: the launch gap between kernels on
 # the GPU. An assumption, not a datasheet figure (graph launches remove the host's per-kernel
@@ -197,10 +198,12 @@ def _serve_time(
         call = AttentionCall("sdpa.fwd", B, cfg.n_heads, cfg.n_kv_heads, T, cfg.head_dim, cfg.n_layers)
         attention = predict_attention(bare, call, weight_dtype)
         attn_flops = call.causal_flops
-        attn_compute = attn_flops / (rate * model.attention_efficiency)
+        attn_compute = attn_flops / (rate * min(1.0, model.attention_efficiency))
     else:  # decode: every query reads the whole cache (flash-decoding splits it over the SMs)
         attn_flops = cfg.n_layers * 4 * B * cfg.n_heads * T * S * cfg.head_dim
-        attn_compute = attn_flops / (rate * model.attention_efficiency)
+        # The fitted efficiency is the training flash kernel's (above 1 on the H100: relative to a
+        # GEMM's); a decode kernel is held to the GEMMs' achieved rate at most.
+        attn_compute = attn_flops / (rate * min(1.0, model.attention_efficiency))
         attn_bytes = cfg.n_layers * q_bytes + cache_read + cache_written
         attention = max(attn_compute, attn_bytes / model.bandwidth)
     compute += attn_compute
@@ -348,4 +351,43 @@ def modelled_serve(
     """
     return serve_report(
         device_model(device), cfg, batch, prompt, gen_len, weight_dtype, cache_dtype, max_batch
+    )
+
+
+def resolve_scenario(scenario: ServeScenario) -> ServeScenario:
+    """`scenario` with its device checked: one at hand, or a catalogued GPU, whose memory becomes
+    the limit when the scenario states none.
+
+    Raises:
+        ServeError: the device is neither (one line listing the catalogue).
+    """
+    if scenario.local:
+        return scenario
+    if scenario.device not in ACCELERATORS:
+        raise ServeError(
+            f"unknown device {scenario.device!r}; measured: local, cpu, cuda, cuda:N; "
+            f"modelled: {', '.join(ACCELERATORS)}"
+        )
+    memory = ACCELERATORS[scenario.device].memory_bytes
+    if scenario.memory_bytes is None and memory:
+        return scenario.replace(memory_bytes=memory)
+    return scenario
+
+
+def scenario_report(cfg: ArchConfig, scenario: ServeScenario) -> ServeReport:
+    """`modelled_serve` of a serving scenario on its catalogued GPU, with decode at the largest
+    batch that fits its memory limit (`space.serve.serve_costs`).
+
+    Raises:
+        ConfigError: the scenario's device is not a catalogued GPU.
+        UnknownNameError: the device has no peak for the weights' dtype.
+    """
+    from archsearch.space.serve import serve_costs
+
+    if not scenario.modelled:
+        raise ConfigError(f"serving on {scenario.device!r} is measured, not modelled: pick a catalogued GPU")
+    s = resolve_scenario(scenario)
+    costs = serve_costs(cfg, s)
+    return modelled_serve(
+        cfg, s.device, s.batch, s.prompt_len, s.gen_len, s.weight_dtype, s.cache_dtype, costs.max_batch
     )

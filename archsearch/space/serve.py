@@ -46,8 +46,10 @@ class ServeScenario:
     gen_len: int = 128  # tokens generated per sequence: the cache grows to prompt + generated
     weight_dtype: str = "bf16"  # what serving engines hold 16-bit-trained weights in
     cache_dtype: str = "bf16"  # fp8 caches halve it (vLLM's kv_cache_dtype)
-    device: str = LOCAL  # "local", "cpu", "cuda", "cuda:N" (measured) or a catalogued GPU (modelled)
-    # Bytes the server may hold; None: a catalogued GPU's memory, no limit on a local device.
+    # "local", "cpu", "cuda", "cuda:N" (measured) or a catalogued GPU (modelled): the space room
+    # cannot read the catalogue, `evaluators.serving.resolve_scenario` checks the name.
+    device: str = LOCAL
+    # Bytes the server may hold; None: no limit (resolve_scenario gives a GPU its memory).
     memory_bytes: int | None = None
     # Memory held beside weights and cache (activations, allocator slack, CUDA context), stated.
     working_bytes: int = 0
@@ -67,27 +69,22 @@ class ServeScenario:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ServeError(f"{name} must be a whole number of bytes >= 0, got {value!r}")
-        if not isinstance(self.device, str) or not (self.modelled or self.local):
-            from archsearch.evaluators.catalogue import ACCELERATORS
-
-            raise ServeError(
-                f"unknown device {self.device!r}; measured: local, cpu, cuda, cuda:N; "
-                f"modelled: {', '.join(ACCELERATORS)}"
-            )
-
-    @property
-    def modelled(self) -> bool:
-        """Whether the device is a catalogued GPU (modelled) rather than one at hand."""
-        from archsearch.evaluators.catalogue import ACCELERATORS
-
-        return isinstance(self.device, str) and self.device in ACCELERATORS
+        if not isinstance(self.device, str) or not self.device.strip():
+            raise ServeError(f"device must be a device name, got {self.device!r}")
 
     @property
     def local(self) -> bool:
+        """Whether the device is one at hand (measured): local, cpu, cuda or cuda:N."""
         if self.device == LOCAL or self.device in LOCAL_DEVICES:
             return True
         kind, _, index = self.device.partition(":")
         return kind == "cuda" and index.isdigit()
+
+    @property
+    def modelled(self) -> bool:
+        """Whether the device is a GPU to model: any other name, which
+        `evaluators.serving.resolve_scenario` checks against the catalogue."""
+        return not self.local
 
     @property
     def context(self) -> int:
@@ -96,14 +93,8 @@ class ServeScenario:
 
     @property
     def memory_limit(self) -> int | None:
-        """The limit in force: the stated one, else a catalogued GPU's memory, else None."""
-        if self.memory_bytes is not None:
-            return self.memory_bytes
-        if self.modelled:
-            from archsearch.evaluators.catalogue import ACCELERATORS
-
-            return ACCELERATORS[self.device].memory_bytes or None
-        return None
+        """The memory limit in force (a catalogued GPU's memory once resolved), or None."""
+        return self.memory_bytes
 
     def replace(self, **changes: Any) -> ServeScenario:
         """A changed copy, validated again."""
