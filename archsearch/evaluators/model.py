@@ -322,12 +322,16 @@ class ProxyLM(nn.Module):
             nn.init.normal_(block.attn.out.weight, mean=0.0, std=residual_std)
             nn.init.normal_(block.mlp.down.weight, mean=0.0, std=residual_std)
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(
+        self, idx: torch.Tensor, cache: KVCache | None = None, last_only: bool = False
+    ) -> torch.Tensor:
         """Logits (B, T, vocab_size) for token ids `idx` (B, T), T <= seq_len.
 
         With `cache`, `idx` continues the sequences the cache holds: its tokens sit at positions
         `cache.length ..`, attend to the cached ones too, and are added to the cache. Prefill is
         the prompt through an empty cache; each decode step one token per sequence.
+        `last_only`: the logits of the last position only, (B, 1, vocab_size), as generation
+        needs them (serving engines run the LM head on nothing else).
         """
         T = idx.size(1)
         start = 0 if cache is None else cache.length
@@ -343,6 +347,8 @@ class ProxyLM(nn.Module):
             x = block(x, rope, None if cache is None else (cache, i))
         if cache is not None:
             cache.advance(T)
+        if last_only:
+            x = x[:, -1:]
         if self.norm_final is not None:
             x = self.norm_final(x)
         return self.head(x)  # (B, T, vocab_size)
@@ -363,13 +369,13 @@ def greedy_generate(model: ProxyLM, prompt: torch.Tensor, new_tokens: int) -> tu
         raise ValueError(f"new_tokens must be positive, got {new_tokens}")
     weight = model.head.weight
     cache = KVCache(model.cfg, prompt.size(0), prompt.size(1) + new_tokens - 1, weight.dtype, weight.device)
-    logits = model(prompt, cache)
+    logits = model(prompt, cache, last_only=True)
     out = [prompt]
     for step in range(new_tokens):
         token = logits[:, -1].argmax(dim=-1, keepdim=True)  # (B, 1)
         out.append(token)
         if step + 1 < new_tokens:
-            logits = model(token, cache)
+            logits = model(token, cache, last_only=True)
     return torch.cat(out, dim=1), cache
 
 
