@@ -8,9 +8,10 @@ call first, then `torch.utils.benchmark`'s blocked autorange for `min_run_time` 
 work on the same memory.
 
 Beside it, the local device model's prediction (`local_serve_model`): `evaluators.serving` on
-this CPU's measured peak FLOP/s and copy bandwidth, with each eager op charged the seconds per op
-of a fixed reference shape whose decode step is all overhead, times the ops this shape's calls
-really dispatch (counted with `model._KernelCounter`).
+this CPU's model calibrated on a fixed set of GEMMs, with the memory-bound ops at the measured
+rate of a gated activation and each eager op charged the seconds per op of a fixed reference
+shape whose decode step is all overhead, times the ops this shape's calls really dispatch
+(counted with `model._KernelCounter`).
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ from archsearch.evaluators.profiler import (
     DEFAULT_MIN_RUN_TIME,
     _check_dtype,
     _median_seconds,
-    measure_bandwidth,
-    peak_matmul_flops,
     resolve_precision,
 )
 from archsearch.evaluators.serving import ServeTime, predict_decode, predict_prefill
@@ -134,6 +133,16 @@ def measure_serve(
     )  # fmt: skip
 
 
+# GEMMs the local model is calibrated on (`hardware.calibrate`), fixed and shape-independent: m
+# from a decode step's few rows to a prefill's thousands, n and k the tiny examples' widths.
+CALIBRATION_GEMMS = tuple(
+    (m, n, k)
+    for m in (4, 64, 512, 2048)
+    for n, k in ((64, 64), (192, 128), (128, 384), (768, 256), (256, 768), (1024, 256))
+)
+ELEMENTWISE_ELEMENTS = 1 << 18  # a prefill activation's size: 2048 tokens x 128 features
+
+
 @dataclass(frozen=True)
 class LocalServeModel:
     """The device model of this machine for serving, and what it was measured from."""
@@ -141,15 +150,25 @@ class LocalServeModel:
     model: DeviceModel
     dtype: str
     op_s: float  # seconds per eager op: the reference shape's decode step over its ops
-    peak_flops: float  # measured matmul FLOP/s in `dtype`
-    bandwidth: float  # measured copy bandwidth, bytes/s
+    peak_flops: float  # calibrated effective FLOP/s in `dtype`
+    bandwidth: float  # calibrated effective bandwidth of GEMM operands, bytes/s
+    elementwise_bandwidth: float  # bytes/s a gated activation (silu(a) * b) moves
+    calibration_error: float  # median |error| of the calibrated model on its own GEMMs
 
     def predict(self, cfg: ArchConfig, measured: MeasuredServe) -> tuple[ServeTime, ServeTime]:
         """(prefill, decode) of `measured`'s calls, predicted with the ops they dispatched."""
         b, c, d = measured.batch, measured.context, self.dtype
-        prefill = predict_prefill(self.model, cfg, b, c, d, d, self.op_s, measured.prefill_ops)
-        decode = predict_decode(self.model, cfg, b, c, d, d, self.op_s, measured.decode_ops)
+        kw = dict(kernel_s=self.op_s, memory_op_bandwidth=self.elementwise_bandwidth)
+        prefill = predict_prefill(self.model, cfg, b, c, d, d, kernels=measured.prefill_ops, **kw)
+        decode = predict_decode(self.model, cfg, b, c, d, d, kernels=measured.decode_ops, **kw)
         return prefill, decode
+
+    def with_op_time_now(self, device: str = "cpu") -> LocalServeModel:
+        """This model with the seconds per eager op measured again on the reference shape: on a
+        shared machine the host's speed drifts with the load, and an op's cost with it."""
+        op_s = _reference_op_s(device, self.dtype)
+        model = dataclasses.replace(self.model, launch_overhead_s=op_s)
+        return dataclasses.replace(self, model=model, op_s=op_s)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -158,13 +177,18 @@ class LocalServeModel:
             "op_s": self.op_s,
             "peak_flops": self.peak_flops,
             "bandwidth_bytes_per_s": self.bandwidth,
+            "elementwise_bandwidth_bytes_per_s": self.elementwise_bandwidth,
+            "calibration_gemms": len(CALIBRATION_GEMMS),
+            "calibration_median_error": self.calibration_error,
         }
 
 
 def local_serve_model(device: str = "cpu", dtype: str = "fp32") -> LocalServeModel:
-    """This CPU's serving model in `dtype` (a storage dtype): peak and bandwidth measured
-    (`profiler.peak_matmul_flops`, `measure_bandwidth`), seconds per op from the reference shape.
-    Measured once per process and torch thread count.
+    """This CPU's serving model in `dtype` (a storage dtype): `hardware.local_cpu` calibrated on
+    the fixed `CALIBRATION_GEMMS` (`hardware.calibrate`: effective peak, bandwidth), the bytes per
+    second of a gated activation for the memory-bound ops, and seconds per eager op from the
+    reference shape's decode step. Nothing is fitted to the shape predicted. Measured once per
+    process and torch thread count.
 
     Raises:
         ConfigError: `device` is not a CPU (a local GPU is measured, not yet modelled).
@@ -177,19 +201,44 @@ def local_serve_model(device: str = "cpu", dtype: str = "fp32") -> LocalServeMod
     return _local_serve_model(device, dtype, torch.get_num_threads())
 
 
+def _elementwise_bandwidth(info: DeviceInfo, torch_dtype: torch.dtype, min_run_time: float) -> float:
+    """Bytes per second `silu(a) * b` moves: a and b read, the temporary written and read, the
+    product written."""
+    a, b = (torch.randn(ELEMENTWISE_ELEMENTS, dtype=torch_dtype, device=info.torch_device) for _ in "ab")
+    seconds = _median_seconds(lambda: torch.nn.functional.silu(a) * b, info, min_run_time)
+    return 5 * ELEMENTWISE_ELEMENTS * a.element_size() / seconds
+
+
+def _reference_op_s(device: str, dtype: str) -> float:
+    """Seconds per eager op: the reference shape's decode step over the ops it dispatches."""
+    reference = measure_serve(REFERENCE, device, batch=1, context=16, dtype=dtype)
+    return reference.decode_time_s / reference.decode_ops
+
+
 @functools.lru_cache(maxsize=8)
 def _local_serve_model(device: str, dtype: str, threads: int) -> LocalServeModel:
+    from archsearch.evaluators.hardware import GemmMeasurement, calibrate
+    from archsearch.evaluators.profiler import time_gemm
+
     info = detect_device(device)
-    peak = peak_matmul_flops(info, dtype, size=512)
-    bandwidth = measure_bandwidth(info)
-    reference = measure_serve(REFERENCE, device, batch=1, context=16, dtype=dtype)
-    op_s = reference.decode_time_s / reference.decode_ops
+    torch_dtype = _check_dtype(info, dtype)
+    gemms = [
+        GemmMeasurement(m, n, k, dtype, time_gemm(m, n, k, info, dtype, min_run_time=0.05))
+        for m, n, k in CALIBRATION_GEMMS
+    ]
     base = local_cpu(cores=info.threads)
-    accelerator: Accelerator = dataclasses.replace(
-        base.device,
-        peak_tflops=((dtype, peak / 1e12),),
-        memory_bandwidth=bandwidth,
+    base = dataclasses.replace(base, device=dataclasses.replace(base.device, peak_tflops=((dtype, 0.05),)))
+    fit = calibrate(base, gemms)
+    op_s = _reference_op_s(device, dtype)
+    fitted: Accelerator = dataclasses.replace(
+        fit.model.device,
         launch_overhead_s=op_s,
-        source=f"measured here: {dtype} matmul peak, copy bandwidth, eager op time",
+        source=f"measured here: {len(gemms)} calibration GEMMs ({dtype}), eager op time",
     )
-    return LocalServeModel(dataclasses.replace(base, device=accelerator), dtype, op_s, peak, bandwidth)
+    model = dataclasses.replace(fit.model, device=fitted, launch_overhead_s=op_s)
+    elementwise = _elementwise_bandwidth(info, torch_dtype, 0.1)
+    return LocalServeModel(
+        model=model, dtype=dtype, op_s=op_s, peak_flops=fitted.peak_flops(dtype),
+        bandwidth=fitted.memory_bandwidth, elementwise_bandwidth=elementwise,
+        calibration_error=fit.median_error,
+    )  # fmt: skip

@@ -168,6 +168,7 @@ def _serve_time(
     cache_dtype: str,
     kernel_s: float | None,
     kernels: int | None,
+    memory_op_bandwidth: float | None = None,
 ) -> ServeTime:
     _check(batch, tokens, context)
     if context < tokens:
@@ -217,7 +218,7 @@ def _serve_time(
     if POSITIONS[cfg.pos_embedding].rotary:
         other += cfg.n_layers * 2 * B * T * (cfg.q_dim + cfg.kv_dim) * w_size
     other += act + cache_written  # the embedding rows, the cache write
-    other_s = other / model.bandwidth
+    other_s = other / (memory_op_bandwidth or model.bandwidth)
     n_kernels = serve_kernels(cfg) if kernels is None else kernels
     each = GRAPH_KERNEL_S if kernel_s is None else kernel_s
     launch = n_kernels * each
@@ -242,20 +243,25 @@ def predict_prefill(
     cache_dtype: str = "bf16",
     kernel_s: float | None = None,
     kernels: int | None = None,
+    memory_op_bandwidth: float | None = None,
 ) -> ServeTime:
     """The prefill of `batch` prompts of `prompt` tokens, into an empty cache.
 
     Args:
         kernel_s: seconds per kernel launched; None: `GRAPH_KERNEL_S` (a GPU serving engine).
         kernels: kernels the call launches; None: a serving engine's fused ones (`serve_kernels`).
+        memory_op_bandwidth: bytes/s of the memory-bound ops (norms, activations, residual adds,
+            rope); None: the model's bandwidth. A CPU's elementwise ops run well below its copy
+            bandwidth (`serve_profiler` measures their rate).
 
     Raises:
         ConfigError: a size is not a positive integer.
         UnknownNameError: a dtype is unknown, or the device has no peak for the weights' dtype.
     """
     return _serve_time(
-        model, cfg, "prefill", batch, prompt, prompt, weight_dtype, cache_dtype, kernel_s, kernels
-    )
+        model, cfg, "prefill", batch, prompt, prompt, weight_dtype, cache_dtype, kernel_s, kernels,
+        memory_op_bandwidth,
+    )  # fmt: skip
 
 
 def predict_decode(
@@ -267,14 +273,16 @@ def predict_decode(
     cache_dtype: str = "bf16",
     kernel_s: float | None = None,
     kernels: int | None = None,
+    memory_op_bandwidth: float | None = None,
 ) -> ServeTime:
     """One decode step of `batch` sequences whose caches hold `context` tokens each: the step reads
     them all and adds one token per sequence (arguments as `predict_prefill`). Its time is the
     seconds per generated token of each sequence; `tokens_per_second` is the batch's."""
     _check(batch, 1, context)
     return _serve_time(
-        model, cfg, "decode", batch, 1, context + 1, weight_dtype, cache_dtype, kernel_s, kernels
-    )
+        model, cfg, "decode", batch, 1, context + 1, weight_dtype, cache_dtype, kernel_s, kernels,
+        memory_op_bandwidth,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
