@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -119,10 +120,12 @@ def main() -> None:
             f"{phase}: median |error| {summary[phase]['median']:.1%}, worst {summary[phase]['worst']:.1%} "
             f"over {len(rows)} (shape, context) pairs (targets: 15%, 30%)"
         )
-    print(f"wall time {time.monotonic() - start:.0f} s")
+    load = os.getloadavg()
+    print(f"wall time {time.monotonic() - start:.0f} s; load average at the end {load[0]:.1f} (1 min)")
     if args.out is not None:
         doc = {
             "local_model": local.to_dict(), "threads": args.threads, "batch": args.batch,
+            "load_average": load, "cores": os.cpu_count(),
             "torch": torch.__version__, "rows": rows, "summary": summary,
         }  # fmt: skip
         args.out.write_text(json.dumps(doc, indent=1) + "\n")
