@@ -64,6 +64,8 @@ class TrialOutcome:
         device: `DeviceInfo.to_dict()` of the worker's device.
         step_time_s / step_time_device: the step-time objective and where it comes from.
         pruned_rung: the fraction of the proxy budget at which it was pruned.
+        prefill_time_s / decode_time_s: the serving objectives, modelled under the space's
+            [serve] scenario (`evaluators.serving`); None without one.
     """
 
     status: str
@@ -75,6 +77,8 @@ class TrialOutcome:
     step_time_s: float | None = None
     step_time_device: str | None = None
     pruned_rung: float | None = None
+    prefill_time_s: float | None = None
+    decode_time_s: float | None = None
 
     def __post_init__(self) -> None:
         check_state(self.status, OUTCOMES)

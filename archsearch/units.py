@@ -76,3 +76,35 @@ def parse_count(text: str, what: str = "count") -> int:
             "(e.g. 1.3B or 350M)"
         )
     return int(value)
+
+
+# Byte units a user writes: SI (decimal, as datasheets state memory) and binary (as allocators do).
+BYTE_UNITS: dict[str, int] = {
+    "": 1, "B": 1, "kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+    "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
+}  # fmt: skip
+_BYTES = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]*)\s*")
+
+
+def parse_bytes(text: str | int, what: str = "memory") -> int:
+    """ "80GB" -> 80e9, "16GiB" -> 16 * 2**30, "1e9" or 10**9 -> 10**9: a whole number of bytes >= 0.
+
+    Raises:
+        ArchsearchError: not a number >= 0 with an optional unit of BYTE_UNITS; names `what`.
+    """
+    if isinstance(text, int) and not isinstance(text, bool):
+        value: Decimal | None = Decimal(text)
+    else:
+        match = _BYTES.fullmatch(text) if isinstance(text, str) else None
+        value = None
+        if match is not None and match.group(2) in BYTE_UNITS:
+            try:
+                value = (Decimal(match.group(1)) * BYTE_UNITS[match.group(2)]).to_integral_value()
+            except DecimalException:
+                value = None
+    if value is None or not value.is_finite() or value < 0:
+        units = ", ".join(u for u in BYTE_UNITS if u)
+        raise ArchsearchError(
+            f"{what} {text!r} must be a number of bytes >= 0, optionally with one of {units}"
+        )
+    return int(value)

@@ -108,6 +108,12 @@ SMOKES = {
     "gpu_model_accuracy": ["measured on NVIDIA H100 80GB HBM3"],
     "pruning": ["2 trials of examples/tiny.toml", "front, pruning"],
     "search_overhead": ["1. overhead: 3 no-work trials", "speed-up of 2 workers over 1"],
+    "serve_accuracy": [
+        "serve accuracy on",
+        "d128-L4-gqa",
+        "decode: median |error|",
+        "prefill: median |error|",
+    ],
 }
 
 

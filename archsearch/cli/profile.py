@@ -33,7 +33,9 @@ def profile(
     device: Annotated[
         str, typer.Option(help="cpu, cuda, cuda:N (measured) or a catalogued GPU (modelled, see `devices`).")
     ] = "cpu",
-    batch: Annotated[int, typer.Option(help="Sequences per micro-batch.", min=1)] = 8,
+    batch: Annotated[
+        int | None, typer.Option(help="Sequences per micro-batch [default: 8; with --serve 1].", min=1)
+    ] = None,
     dtype: Annotated[
         str,
         typer.Option(
@@ -41,6 +43,10 @@ def profile(
             "bf16); bf16 on a modelled GPU."
         ),
     ] = "auto",
+    serve: Annotated[
+        bool, typer.Option("--serve", help="Prefill and per-token decode instead of a training step.")
+    ] = False,
+    context: Annotated[int, typer.Option(help="With --serve: prompt and cached tokens.", min=1)] = 512,
     steps: Annotated[
         int,
         typer.Option(
@@ -65,8 +71,14 @@ def profile(
 
     Measured on the CPU, the step runs on the threads `train` would choose for this shape and
     --batch on this machine now (or --threads); --json's "threads" is the count used.
+    --serve: prefill and per-token decode at --context instead (see `archsearch.cli.serve`).
     """
     cfg = resolve_config(config, preset_name)
+    if serve:  # archsearch.cli.serve prints it
+        from archsearch.cli.serve import serve_profile
+
+        return serve_profile(cfg, device, batch or 1, context, dtype, as_json, min_run_time)
+    batch = batch or 8
     if cache is not None and storage is not None:
         raise ConfigError("give --cache FILE or --storage URL, not both")
     report, used = _profile(cfg, device, batch, dtype, steps, cache, storage, min_run_time, threads)

@@ -95,6 +95,14 @@ def pareto(
         typer.echo(f"wrote {plot}", err=True)
 
 
+_EXTRA_COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
+    "step_time": ("step time", lambda r: si(r["step_time_s"], "s")),
+    "kv_bytes": ("KV B/token", lambda r: si(r["kv_cache_bytes_per_token"], "B")),
+    "prefill_time": ("prefill", lambda r: si(r["prefill_time_s"], "s")),
+    "decode_time": ("decode/token", lambda r: si(r["decode_time_s"], "s")),
+}
+
+
 def print_study_front(f: Any, long: dict[int, tuple[float, float, int]] | None = None) -> None:
     """The front as a table; with `long` (`Storage.long_run_losses`), a long-run loss column."""
     console = stdout()
@@ -105,8 +113,10 @@ def print_study_front(f: Any, long: dict[int, tuple[float, float, int]] | None =
     columns = ("", "trial", "shape", "params", "FLOPs/token", "loss", *(("adjusted",) if adjusted else ()))
     for column in (*columns, "bits/byte", "throughput"):
         table.add_column(column, justify="left" if column in ("", "shape") else "right")
-    if "step_time" in objectives:
-        table.add_column("step time", justify="right")
+    # Cost objectives beyond FLOPs, in the study's order: (objective, header, cell of a record).
+    extra = [(o, *_EXTRA_COLUMNS[o]) for o in objectives if o in _EXTRA_COLUMNS]
+    for _, header, _ in extra:
+        table.add_column(header, justify="right")
     if long:
         table.add_column("long loss", justify="right")
     for r, values in zip(f.records, f.front.values, strict=True):
@@ -117,8 +127,7 @@ def print_study_front(f: Any, long: dict[int, tuple[float, float, int]] | None =
             si(r["params_total"]), si(r["flops_forward_per_token"]), f"{r['loss']:.4f}",
             *((f"{values[0]:.4f}",) if adjusted else ()), fmt_value(r["bits_per_byte"], ".3f"), speed,
         ]  # fmt: skip
-        if "step_time" in objectives:
-            row.append(si(r["step_time_s"], "s"))
+        row += [render(r) for _, _, render in extra]
         if long:
             row.append(long_cell(long.get(r.number)))
         table.add_row(*row)

@@ -57,6 +57,9 @@ class Accelerator:
     alignment_bytes: int  # leading dimensions must be multiples of this for full-speed kernels
     launch_overhead_s: float  # fixed cost of one kernel call
     source: str
+    # Device memory as the datasheet (the same source, and the part's name) states it, in decimal
+    # units (80 GB = 80e9 bytes); 0: unknown. Serving's memory limit on the part.
+    memory_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.units <= 0:
@@ -71,6 +74,8 @@ class Accelerator:
             raise ConfigError(f"{self.name}: memory_bandwidth must be positive")
         if not self.tiles or any(tm <= 0 or tn <= 0 for tm, tn in self.tiles):
             raise ConfigError(f"{self.name}: tiles must be non-empty positive (tile_m, tile_n)")
+        if self.memory_bytes < 0:
+            raise ConfigError(f"{self.name}: memory_bytes must be >= 0, got {self.memory_bytes}")
         if self.alignment_bytes <= 0 or self.launch_overhead_s < 0:
             raise ConfigError(f"{self.name}: alignment_bytes > 0 and launch_overhead_s >= 0 required")
 
@@ -124,6 +129,7 @@ ACCELERATORS.register(
         tiles=_CUBLAS_TILES,
         alignment_bytes=_TENSOR_CORE_ALIGNMENT_BYTES,
         launch_overhead_s=_CUDA_LAUNCH_S,
+        memory_bytes=80 * 10**9,
         source=(
             "NVIDIA A100 Tensor Core GPU datasheet (80GB SXM): FP32 19.5, TF32 156, BF16/FP16 312 "
             "dense TFLOP/s (sparse figures halved), 2,039 GB/s; NVIDIA A100 Tensor Core GPU "
@@ -147,6 +153,7 @@ ACCELERATORS.register(
         tiles=_CUBLAS_TILES,
         alignment_bytes=_TENSOR_CORE_ALIGNMENT_BYTES,
         launch_overhead_s=_CUDA_LAUNCH_S,
+        memory_bytes=80 * 10**9,
         source=(
             "NVIDIA H100 Tensor Core GPU Architecture whitepaper (H100 SXM5): 132 SMs, dense "
             "FP32 66.9, TF32 494.7, BF16/FP16 989.4, FP8 1978.9 TFLOP/s; NVIDIA H100 datasheet "
@@ -170,6 +177,7 @@ ACCELERATORS.register(
         tiles=_CUBLAS_TILES,
         alignment_bytes=_TENSOR_CORE_ALIGNMENT_BYTES,
         launch_overhead_s=_CUDA_LAUNCH_S,
+        memory_bytes=141 * 10**9,
         source=(
             "NVIDIA H200 Tensor Core GPU product brief (SXM): FP32 67, TF32 989, BF16/FP16 1,979, "
             "FP8 3,958 TFLOP/s with sparsity (halved here for dense), 4.8 TB/s HBM3e; same GH100 "
@@ -187,6 +195,7 @@ ACCELERATORS.register(
         tiles=_CUBLAS_TILES,
         alignment_bytes=_TENSOR_CORE_ALIGNMENT_BYTES,
         launch_overhead_s=_CUDA_LAUNCH_S,
+        memory_bytes=24 * 10**9,
         source=(
             "NVIDIA L4 Tensor Core GPU datasheet: FP32 30.3, TF32 120, BF16/FP16 242, FP8 485 "
             "TFLOP/s with sparsity (halved here for dense), 300 GB/s GDDR6; 58 SMs, not in the "
@@ -208,6 +217,7 @@ ACCELERATORS.register(
         tiles=_CUBLAS_TILES,
         alignment_bytes=_TENSOR_CORE_ALIGNMENT_BYTES,
         launch_overhead_s=_CUDA_LAUNCH_S,
+        memory_bytes=24 * 10**9,
         source=(
             "NVIDIA Ada GPU Architecture whitepaper, RTX 4090 column: 128 SMs, FP32 82.6, TF32 "
             "82.6, FP16/BF16 with FP32 accumulate 165.2, FP8 with FP32 accumulate 330.3 dense "

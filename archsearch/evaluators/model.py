@@ -128,6 +128,62 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
+class KVCache:
+    """Keys and values of every layer for incremental decoding, preallocated for `capacity` tokens.
+
+    Each layer holds a key and a value tensor of (B, K, capacity, D): exactly
+    `space.costs.kv_cache_bytes(cfg, capacity, batch, dtype)` bytes (`nbytes`, tested). A forward
+    pass with the cache writes its tokens' keys and values at `length` and attends over the first
+    `length + T`; `length` then advances by T.
+    """
+
+    def __init__(
+        self,
+        cfg: ArchConfig,
+        batch: int,
+        capacity: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if batch <= 0 or capacity <= 0:
+            raise ValueError(f"batch and capacity must be positive, got {batch}, {capacity}")
+        shape = (batch, cfg.n_kv_heads, capacity, cfg.head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layers)]
+        self.batch, self.capacity, self.length = batch, capacity, 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the cache's tensors hold."""
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store (B, K, T, D) keys and values at the current length; the layer's keys and values
+        up to the new tokens. Called once per layer per forward pass: `advance` moves the length."""
+        start, T = self.length, k.size(-2)
+        if start + T > self.capacity:
+            raise ValueError(f"{start + T} tokens do not fit a cache of {self.capacity}")
+        self.keys[layer][:, :, start : start + T] = k
+        self.values[layer][:, :, start : start + T] = v
+        return self.keys[layer][:, :, : start + T], self.values[layer][:, :, : start + T]
+
+    def advance(self, tokens: int) -> None:
+        self.length += tokens
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool) -> torch.Tensor:
+    """Causal SDPA of T queries that are the last T of k's S positions: (B, H, T, D)."""
+    T, S = q.size(-2), k.size(-2)
+    if T == S:  # the whole sequence: SDPA's own causal mask, as training runs it
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    if T == 1:  # one new token sees every cached one
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+    # A chunk after a cached prefix: query i (position S - T + i) sees keys 0..S - T + i. SDPA's
+    # is_causal aligns the mask top-left, which would hide the prefix, so the mask is explicit.
+    mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
 class Attention(nn.Module):
     """Causal self-attention with H query heads sharing K key/value heads (MHA, GQA, MQA)."""
 
@@ -140,7 +196,14 @@ class Attention(nn.Module):
         self.q_norm = make_norm(cfg, cfg.head_dim) if cfg.qk_norm else None
         self.k_norm = make_norm(cfg, cfg.head_dim) if cfg.qk_norm else None
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        cache: tuple[KVCache, int] | None = None,
+    ) -> torch.Tensor:
+        """`cache`: (the KV cache, this layer's index) to decode incrementally; `rope` then holds
+        the angles of the new tokens' positions."""
         cfg = self.cfg
         B, T, _ = x.shape
         q, k, v = self.qkv(x).split([cfg.q_dim, cfg.kv_dim, cfg.kv_dim], dim=-1)
@@ -151,9 +214,9 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=cfg.n_kv_heads != cfg.n_heads
-        )  # (B, H, T, D)
+        if cache is not None:
+            k, v = cache[0].update(cache[1], k, v)  # (B, K, S, D): the cached positions and these
+        y = _attend(q, k, v, gqa=cfg.n_kv_heads != cfg.n_heads)  # (B, H, T, D)
         return self.out(y.transpose(1, 2).reshape(B, T, cfg.q_dim))
 
 
@@ -199,8 +262,13 @@ class Block(nn.Module):
         self.norm_out = norms(p.after, 2)  # one per branch
         self.norm_residual = norms(p.residual, n_in)  # after the (joint) residual add
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        branches = (lambda h: self.attn(h, rope), self.mlp)
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        cache: tuple[KVCache, int] | None = None,
+    ) -> torch.Tensor:
+        branches = (lambda h: self.attn(h, rope, cache), self.mlp)
         if self.parallel:
             h = self.norm_in[0](x) if self.norm_in else x
             outs = [f(h) for f in branches]
@@ -254,17 +322,33 @@ class ProxyLM(nn.Module):
             nn.init.normal_(block.attn.out.weight, mean=0.0, std=residual_std)
             nn.init.normal_(block.mlp.down.weight, mean=0.0, std=residual_std)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """Logits (B, T, vocab_size) for token ids `idx` (B, T), T <= seq_len."""
+    def forward(
+        self, idx: torch.Tensor, cache: KVCache | None = None, last_only: bool = False
+    ) -> torch.Tensor:
+        """Logits (B, T, vocab_size) for token ids `idx` (B, T), T <= seq_len.
+
+        With `cache`, `idx` continues the sequences the cache holds: its tokens sit at positions
+        `cache.length ..`, attend to the cached ones too, and are added to the cache. Prefill is
+        the prompt through an empty cache; each decode step one token per sequence.
+        `last_only`: the logits of the last position only, (B, 1, vocab_size), as generation
+        needs them (serving engines run the LM head on nothing else).
+        """
         T = idx.size(1)
-        if T > self.cfg.seq_len:
-            raise ValueError(f"sequence of {T} tokens is longer than seq_len={self.cfg.seq_len}")
+        start = 0 if cache is None else cache.length
+        if start + T > self.cfg.seq_len:
+            raise ValueError(f"sequence of {start + T} tokens is longer than seq_len={self.cfg.seq_len}")
         x = self.tok_emb(idx)  # (B, T, C)
         if self.pos_emb is not None:
-            x = x + self.pos_emb(torch.arange(T, device=idx.device))
-        rope = (self.rope_cos, self.rope_sin) if self.rotary else None
-        for block in self.blocks:
-            x = block(x, rope)
+            x = x + self.pos_emb(torch.arange(start, start + T, device=idx.device))
+        rope = None
+        if self.rotary:
+            rope = (self.rope_cos[start : start + T], self.rope_sin[start : start + T])
+        for i, block in enumerate(self.blocks):
+            x = block(x, rope, None if cache is None else (cache, i))
+        if cache is not None:
+            cache.advance(T)
+        if last_only:
+            x = x[:, -1:]
         if self.norm_final is not None:
             x = self.norm_final(x)
         return self.head(x)  # (B, T, vocab_size)
@@ -273,6 +357,26 @@ class ProxyLM(nn.Module):
         """Mean next-token cross-entropy in nats per token, computed in float32."""
         logits = self(idx)
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+@torch.no_grad()
+def greedy_generate(model: ProxyLM, prompt: torch.Tensor, new_tokens: int) -> tuple[torch.Tensor, KVCache]:
+    """Greedy decoding with a KV cache: the prompt (B, T) prefilled at once, then `new_tokens`
+    steps of one token per sequence. Returns the prompt with the generated tokens appended
+    (B, T + new_tokens) and the cache, which then holds T + new_tokens - 1 tokens (the last token
+    generated is never fed back)."""
+    if new_tokens <= 0:
+        raise ValueError(f"new_tokens must be positive, got {new_tokens}")
+    weight = model.head.weight
+    cache = KVCache(model.cfg, prompt.size(0), prompt.size(1) + new_tokens - 1, weight.dtype, weight.device)
+    logits = model(prompt, cache, last_only=True)
+    out = [prompt]
+    for step in range(new_tokens):
+        token = logits[:, -1].argmax(dim=-1, keepdim=True)  # (B, 1)
+        out.append(token)
+        if step + 1 < new_tokens:
+            logits = model(token, cache, last_only=True)
+    return torch.cat(out, dim=1), cache
 
 
 def count_parameters(model: nn.Module) -> int:

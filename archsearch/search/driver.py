@@ -68,7 +68,7 @@ from archsearch.search.samplers import SAMPLERS, SEED_MAX
 from archsearch.search.spec import SearchSpec
 from archsearch.search.worker import TrialRequest, evaluate
 from archsearch.space.config import ArchConfig
-from archsearch.space.costs import flop_counts, param_counts
+from archsearch.space.costs import flop_counts, kv_cache_bytes_per_token, param_counts
 from archsearch.space.objectives import OBJECTIVE_COLUMNS, size_adjusted_loss
 from archsearch.space.search_space import Rejected
 from archsearch.storage import (
@@ -430,6 +430,18 @@ def _unusable_objectives(outcome: TrialOutcome) -> str:
     return "an objective is missing"
 
 
+def with_serve_times(spec: SearchSpec, cfg: ArchConfig, outcome: TrialOutcome) -> TrialOutcome:
+    """A complete outcome with its serving times, modelled under the spec's [serve] scenario when
+    its device is a catalogued GPU (pure and instant: the driver computes them, no worker)."""
+    serve = spec.serve
+    if outcome.status != COMPLETE or serve is None or not serve.modelled:
+        return outcome
+    from archsearch.evaluators.serving import scenario_report
+
+    report = scenario_report(cfg, serve)
+    return replace(outcome, prefill_time_s=report.prefill.time_s, decode_time_s=report.decode.time_s)
+
+
 def objective_values(
     spec: SearchSpec, record: TrialRecord | TrialOutcome, cfg: ArchConfig
 ) -> list[float] | None:
@@ -440,12 +452,20 @@ def objective_values(
     """
     if isinstance(record, TrialOutcome):
         loss = (record.train or {}).get("val_loss")
-        step_time = record.step_time_s
+        step_time, prefill, decode = record.step_time_s, record.prefill_time_s, record.decode_time_s
     else:
         loss, step_time = record["loss"], record["step_time_s"]
+        prefill, decode = record["prefill_time_s"], record["decode_time_s"]
     if loss is not None:
         loss = size_adjusted_loss(loss, param_counts(cfg).total, spec.size_beta)
-    by_name = {"loss": loss, "flops": float(flop_counts(cfg).forward), "step_time": step_time}
+    by_name = {
+        "loss": loss,
+        "flops": float(flop_counts(cfg).forward),
+        "step_time": step_time,
+        "kv_bytes": float(kv_cache_bytes_per_token(cfg)),
+        "prefill_time": prefill,
+        "decode_time": decode,
+    }
     values = [by_name[name] for name in spec.objectives]
     if any(v is None or not math.isfinite(v) for v in values):
         return None
@@ -811,6 +831,7 @@ class _Driver:
                 self._submit(pool, item, known_ref, board, note=f"attempt {item.attempt}: {reason}")
                 return []
             outcome = TrialOutcome(status=FAILED, reason=reason)
+        outcome = with_serve_times(self.spec, item.config, outcome)
         values = objective_values(self.spec, outcome, item.config) if outcome.status == COMPLETE else None
         if outcome.status == COMPLETE and values is None:
             outcome = replace(outcome, status=FAILED, reason=_unusable_objectives(outcome))
@@ -901,6 +922,8 @@ class _Driver:
             "flops_per_token": float(flop_counts(cfg).forward),
             "step_time_s": outcome.step_time_s,
             "step_time_device": outcome.step_time_device,
+            "prefill_time_s": outcome.prefill_time_s,
+            "decode_time_s": outcome.decode_time_s,
             "proxy_loss": train.get("val_loss") if outcome.status == COMPLETE else None,  # the row's loss
             REASON_ATTR: outcome.reason,
         }

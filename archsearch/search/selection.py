@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 RESULT_COLUMNS = (
     "loss", "bits_per_byte", "params_total", "params_non_embedding", "flops_forward_per_token",
     "flops_train_per_token", "kv_cache_bytes_per_token", "tokens_trained", "steps", "train_seconds",
-    "tokens_per_second", "mfu", "precision", "step_time_s", "step_time_device",
+    "tokens_per_second", "mfu", "precision", "step_time_s", "step_time_device", "prefill_time_s",
+    "decode_time_s",
 )  # fmt: skip
 
 

@@ -36,11 +36,22 @@ Every table and key is optional unless marked; unknown tables or keys are errors
     dtype = "auto"         # auto: locally the precision training ran in, bf16 on modelled GPUs
     min_run_time = 0.05    # seconds of repeats per kernel
     [objectives]
-    minimize = ["loss", "flops"]   # loss, flops, step_time; loss is required
+    minimize = ["loss", "flops"]   # loss, flops, step_time, kv_bytes, prefill_time, decode_time;
+                                   # loss is required; the serving times need [serve].device a GPU
     step_time_device = "local"     # with step_time: "local" or a name from [profile].devices
     size_beta = 0.15               # the loss objective is loss - size_beta * ln(params / 1M):
                                    # the proxy loss credited for size (docs/accuracy.md, "The loss
                                    # objective"); left out: the proxy loss as it is
+    [serve]                # how shapes are served (space.serve.ServeScenario); all optional
+    batch = 1              # sequences decoded together
+    prompt_len = 512       # tokens prefilled per sequence
+    gen_len = 128          # tokens generated per sequence
+    weight_dtype = "bf16"  # fp32, bf16, fp16 or fp8
+    cache_dtype = "bf16"
+    device = "h100-sxm"    # a catalogued GPU (modelled), or "local"
+    memory = "80GB"        # limit: weights + batch x (prompt + gen) tokens of cache + working
+                           # memory; a shape over it is infeasible. Default: a GPU's memory
+    working_memory = "2GiB"
     [search]
     sampler = "tpe"        # tpe, nsga2, random or gp
     seed = 0
@@ -71,8 +82,10 @@ from archsearch.evaluators.catalogue import ACCELERATORS
 from archsearch.evaluators.settings import TrainError, TrainSettings
 from archsearch.fileio import read_text
 from archsearch.search.samplers import SAMPLERS, SEED_MAX
-from archsearch.space.objectives import DEFAULT_OBJECTIVES, parse_objectives
+from archsearch.space.objectives import DEFAULT_OBJECTIVES, SERVE_TIME_OBJECTIVES, parse_objectives
 from archsearch.space.search_space import KNOBS, Budget, Domain, SearchSpace, SpaceError, check_export_formats
+from archsearch.space.serve import ServeError, ServeScenario
+from archsearch.units import parse_bytes
 
 
 class SpecError(ConfigError):
@@ -185,6 +198,14 @@ class SearchSpec:
         except ArchsearchError as exc:
             raise SpecError(str(exc), "[objectives].minimize") from None
         self._check_step_time()
+        serve = self.space.serve
+        for name in SERVE_TIME_OBJECTIVES:
+            if name in self.objectives and (serve is None or not serve.modelled):
+                raise SpecError(
+                    f"{name} needs a [serve] table whose device is a catalogued GPU (see `archsearch "
+                    "devices`); a local device is measured by `archsearch profile --serve`",
+                    "[objectives].minimize",
+                )
         if self.size_beta is not None and not (math.isfinite(self.size_beta) and self.size_beta >= 0):
             raise SpecError(f"must be a finite number >= 0, got {self.size_beta}", "[objectives].size_beta")
         if self.defaults.prune:
@@ -237,6 +258,12 @@ class SearchSpec:
         if device != LOCAL and device not in self.profile.devices:
             valid = ", ".join([LOCAL] * self.profile.local + list(self.profile.devices))
             raise SpecError(f"{device!r} is not profiled; valid: {valid or 'none'}", key)
+
+    @property
+    def serve(self) -> ServeScenario | None:
+        """The serving scenario of the [serve] table (held by the space, whose feasibility it
+        bounds), or None."""
+        return self.space.serve
 
     @property
     def profile_batch(self) -> int:
@@ -307,7 +334,7 @@ def parse_spec(text: str, source: str = "<string>", base_dir: Path | None = None
 
 
 # --- TOML shapes -> objects ---
-_TABLES = ("model", "rules", "budget", "proxy", "profile", "objectives", "search")
+_TABLES = ("model", "rules", "budget", "proxy", "profile", "objectives", "serve", "search")
 _TYPES = {  # schema type -> (what it says in errors, test)
     "int": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
     "number": ("a number", lambda v: isinstance(v, int | float) and not isinstance(v, bool)),
@@ -315,11 +342,23 @@ _TYPES = {  # schema type -> (what it says in errors, test)
     "str": ("a string", lambda v: isinstance(v, str)),
     "bool": ("true or false", lambda v: isinstance(v, bool)),
     "table": ("a table", lambda v: isinstance(v, dict)),
+    # "80GB", "16GiB" or a whole number of bytes (units.parse_bytes)
+    "bytes": ("bytes, e.g. 80GB", lambda v: isinstance(v, str | int) and not isinstance(v, bool)),
 }
 _RANGE = {"min": "number", "max": "number", "step": "number", "log": "bool"}
 _RULES = {"multiple_of": "int", "gated_parity": "bool", "export": "list[str]"}
 _PROFILE = {"local": "bool", "devices": "list[str]", "batch": "int", "dtype": "str", "min_run_time": "float"}
 _OBJECTIVES = {"minimize": "list[str]", "step_time_device": "str", "size_beta": "float"}
+_SERVE = {
+    "batch": "int",
+    "prompt_len": "int",
+    "gen_len": "int",
+    "weight_dtype": "str",
+    "cache_dtype": "str",
+    "device": "str",
+    "memory": "bytes",
+    "working_memory": "bytes",
+}
 _SEARCH = {
     "sampler": "str",
     "seed": "int",
@@ -386,9 +425,23 @@ KEY_DOCS: dict[str, str] = {
     "profile.batch": "Sequences per profiled step; left out: the proxy's batch_size.",
     "profile.dtype": "auto (locally the training precision, bf16 on modelled GPUs), or fp32, bf16, fp16.",
     "profile.min_run_time": "Seconds of repeats per timed kernel.",
-    "objectives.minimize": 'What the search minimises: "loss" first, then one or two of flops, step_time.',
+    "objectives.minimize": (
+        'What the search minimises: "loss" first, then one or two of flops, step_time, kv_bytes, '
+        "prefill_time, decode_time."
+    ),
     "objectives.step_time_device": 'With step_time: "local" or a name from [profile].devices.',
     "objectives.size_beta": "The loss objective is loss - size_beta ln(params / 1M); left out: the loss.",
+    "serve.batch": "Sequences decoded together.",
+    "serve.prompt_len": "Tokens prefilled per sequence.",
+    "serve.gen_len": "Tokens generated per sequence.",
+    "serve.weight_dtype": "Weights in serving: fp32, bf16, fp16 or fp8.",
+    "serve.cache_dtype": "The KV cache's dtype.",
+    "serve.device": "A catalogued GPU the serving times are modelled on (archsearch devices).",
+    "serve.memory": (
+        'Memory limit, e.g. "80GB": a shape whose weights, working memory and cache do not fit is never '
+        "sampled; default the GPU's memory."
+    ),
+    "serve.working_memory": 'Memory reserved beside weights and cache, e.g. "2GiB".',
     "search.sampler": "tpe, nsga2, random or gp.",
     "search.seed": "Sampler seed.",
     "search.trials": "Finished trials to reach.",
@@ -406,7 +459,7 @@ def key_reference() -> list[tuple[str, str, str, str]]:
     schemas: dict[str, dict[str, str]] = {
         "model": {name: ("number" if knob.numeric else "choice") for name, knob in KNOBS.items()},
         "rules": _RULES, "budget": _BUDGET, "proxy": _PROXY, "profile": _PROFILE,
-        "objectives": _OBJECTIVES, "search": _SEARCH,
+        "objectives": _OBJECTIVES, "serve": _SERVE, "search": _SEARCH,
     }  # fmt: skip
     return [
         (table, key, kind, KEY_DOCS.get(f"{table}.{key}", ""))
@@ -477,6 +530,26 @@ def _knob(name: str, value: Any) -> Any:
 _BUDGET = {"params": "table", "flops_per_token": "table"}
 
 
+def _serve(table: dict[str, Any]) -> ServeScenario | None:
+    """The [serve] table as a scenario; None when the file has none."""
+    if not table:
+        return None
+    values = _read(table, _SERVE)
+    renamed = {"memory": "memory_bytes", "working_memory": "working_bytes"}
+    for key in renamed:
+        if key in values:
+            try:
+                values[key] = parse_bytes(values[key], key)
+            except ArchsearchError as exc:
+                raise SpecError(str(exc), key) from None
+    from archsearch.evaluators.serving import resolve_scenario
+
+    try:
+        return resolve_scenario(ServeScenario(**{renamed.get(k, k): v for k, v in values.items()}))
+    except ServeError as exc:
+        raise SpecError(str(exc)) from None
+
+
 def _budget(table: dict[str, Any]) -> Budget:
     bounds = {}
     for key, value in _read(table, _BUDGET).items():
@@ -509,9 +582,11 @@ def _parse(text: str, source: str, base_dir: Path) -> SearchSpec:
         check_export_formats(rules.get("export", ()))
     with _in_table("budget"):
         budget = _budget(tables["budget"])
+    with _in_table("serve"):
+        serve = _serve(tables["serve"])
     with _in_table("model"):
         space = SearchSpace.from_knobs(
-            {k: _knob(k, v) for k, v in tables["model"].items()}, budget=budget, **rules
+            {k: _knob(k, v) for k, v in tables["model"].items()}, budget=budget, serve=serve, **rules
         )
     with _in_table("proxy"):
         settings = _read(tables["proxy"], _PROXY)

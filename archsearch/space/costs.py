@@ -143,6 +143,54 @@ def weight_bytes(cfg: ArchConfig, dtype: str = "bf16") -> int:
     return param_counts(cfg).total * DTYPE_BYTES[dtype]
 
 
+# --- serving (BRIEF.md section 11) ---
+def kv_cache_bytes(cfg: ArchConfig, tokens: int, batch: int = 1, dtype: str = "bf16") -> int:
+    """KV-cache bytes of `batch` sequences holding `tokens` tokens each: every layer keeps a key
+    and a value of `n_kv_heads * head_dim` per token. Llama-2-7B in bf16: 512 KiB per token, 2 GiB
+    for one 4096-token sequence.
+
+    Raises:
+        ValueError: `tokens` is negative or `batch` is not positive.
+        UnknownNameError: unknown dtype.
+    """
+    if tokens < 0 or batch <= 0:
+        raise ValueError(f"tokens must be >= 0 and batch > 0, got tokens={tokens}, batch={batch}")
+    return batch * tokens * kv_cache_bytes_per_token(cfg, dtype)
+
+
+def serve_memory_bytes(
+    cfg: ArchConfig,
+    batch: int,
+    context: int,
+    weight_dtype: str = "bf16",
+    cache_dtype: str = "bf16",
+    working_bytes: int = 0,
+) -> int:
+    """Memory a server of `batch` sequences at `context` tokens holds: the weights once, every
+    sequence's cache, and the working memory stated (activations, allocator slack, runtime)."""
+    return weight_bytes(cfg, weight_dtype) + kv_cache_bytes(cfg, context, batch, cache_dtype) + working_bytes
+
+
+def max_serve_batch(
+    cfg: ArchConfig,
+    context: int,
+    memory_bytes: int,
+    weight_dtype: str = "bf16",
+    cache_dtype: str = "bf16",
+    working_bytes: int = 0,
+) -> int:
+    """The largest batch of `context`-token sequences that fits `memory_bytes`:
+    `(memory - weights - working) // (context * cache bytes per token)`; 0 when not even one does.
+
+    Raises:
+        ValueError: `context` is not positive.
+    """
+    if context <= 0:
+        raise ValueError(f"context must be positive, got {context}")
+    free = memory_bytes - weight_bytes(cfg, weight_dtype) - working_bytes
+    return max(0, free // kv_cache_bytes(cfg, context, 1, cache_dtype))
+
+
 def relu_feature_loss_log10(cfg: ArchConfig) -> float | None:
     """log10 of the ReLU feature-loss risk with n = d_model, m = d_ff; None for smooth activations."""
     if not cfg.activation_spec.hard_gated:

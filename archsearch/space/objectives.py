@@ -46,6 +46,30 @@ OBJECTIVES.register(
         "one training step of the profiled batch, measured locally or modelled on a catalogued GPU",
     ),
 )  # fmt: skip
+# Serving (BRIEF.md section 11; the [serve] table of a space file, `space.serve.ServeScenario`).
+OBJECTIVES.register(
+    "kv_bytes",
+    Objective(
+        "kv_cache_bytes_per_token", "B/token", True,
+        "KV-cache bytes per token in bf16 (space.costs): shapes rank the same at any context and cache dtype",
+    ),
+)  # fmt: skip
+OBJECTIVES.register(
+    "prefill_time",
+    Objective(
+        "prefill_time_s", "s", True,
+        "prefill of the [serve] scenario's prompts, modelled on its catalogued GPU (evaluators.serving)",
+    ),
+)  # fmt: skip
+OBJECTIVES.register(
+    "decode_time",
+    Objective(
+        "decode_time_s", "s", True,
+        "one decode step of the [serve] scenario (seconds per generated token, mid-generation), "
+        "modelled on its catalogued GPU (evaluators.serving)",
+    ),
+)  # fmt: skip
+SERVE_TIME_OBJECTIVES = ("prefill_time", "decode_time")  # need a [serve] scenario on a catalogued GPU
 DEFAULT_OBJECTIVES = ("loss", "flops")
 OBJECTIVE_COLUMNS = {name: o.column for name, o in OBJECTIVES.items()}
 LOG_OBJECTIVES = frozenset(name for name, o in OBJECTIVES.items() if o.log_scale)

@@ -30,13 +30,14 @@ from typing import Any
 from archsearch.errors import ConfigError
 from archsearch.registry import Registry
 from archsearch.space.config import ACTIVATIONS, NORM_PLACEMENTS, NORMS, POSITIONS, ArchConfig
-from archsearch.space.costs import flop_counts, param_counts
+from archsearch.space.costs import flop_counts, max_serve_batch, param_counts, serve_memory_bytes
 from archsearch.space.knobs import (
     DEFAULT_D_FF_RATIO,
     DEFAULT_HEAD_DIM,
     DEFAULT_MULTIPLE_OF,
     config_from_knobs,
 )
+from archsearch.space.serve import ServeScenario
 from archsearch.units import format_si
 
 
@@ -389,6 +390,9 @@ class SearchSpace:
     gated_parity: bool = True  # gated MLPs take 2/3 of d_ff_ratio (the 8/3 rule)
     budget: Budget = field(default_factory=Budget)
     export: tuple[str, ...] = ()  # formats every shape must export to exactly (`space.export`)
+    # How shapes are served (the [serve] table): a shape whose weights, working memory and the
+    # scenario's batch of caches exceed its memory limit is infeasible, like one over budget.
+    serve: ServeScenario | None = None
 
     @classmethod
     def from_knobs(cls, knobs: Mapping[str, Any], **rules: Any) -> SearchSpace:
@@ -396,7 +400,7 @@ class SearchSpace:
 
         Args:
             knobs: every knob given; the others take their defaults.
-            **rules: `multiple_of`, `gated_parity`, `budget`, `export`.
+            **rules: `multiple_of`, `gated_parity`, `budget`, `export`, `serve`.
         """
         for name in knobs:
             if name not in KNOBS:
@@ -467,6 +471,25 @@ class SearchSpace:
         values = {name: knob.default for name, knob in KNOBS.items() if name not in sampled}
         return values | dict(self.fixed)
 
+    def _serve_violation(self, cfg: ArchConfig) -> tuple[str, str] | None:
+        """(kind, message) when the serving scenario's batch does not fit its memory limit."""
+        s = self.serve
+        limit = None if s is None else s.memory_limit
+        if s is None or limit is None:
+            return None
+        fits = max_serve_batch(cfg, s.context, limit, s.weight_dtype, s.cache_dtype, s.working_bytes)
+        if fits >= s.batch:
+            return None
+        need = serve_memory_bytes(cfg, s.batch, s.context, s.weight_dtype, s.cache_dtype, s.working_bytes)
+        return "serving memory above limit", (
+            f"serving {s.batch} x {s.context} tokens needs {_short(need)}B, above the memory limit "
+            f"{_short(limit)}B (largest batch that fits: {fits})"
+        )
+
+    def _check_costs(self, cfg: ArchConfig, params: int, flops: float) -> tuple[str, str] | None:
+        """(kind, message) of the first bound `cfg` breaks: the budget, then serving memory."""
+        return self.budget._check(params, flops) or self._serve_violation(cfg)
+
     # --- points -> configs ---
     def _build(self, params: Mapping[str, Any]) -> ArchConfig:
         names = {d.name for d in self.domains}
@@ -526,14 +549,15 @@ class SearchSpace:
                 by `sample`, such as `attention_layout|mha/mqa`, stands for its knob).
 
         Returns:
-            The `ArchConfig`, valid and within the budget.
+            The `ArchConfig`, valid, within the budget and the serving memory limit.
 
         Raises:
-            Rejected: the knobs do not make a valid config, or it breaks the budget.
+            Rejected: the knobs do not make a valid config, or it breaks the budget or the
+                serving memory limit.
             SpaceError: `params` does not name exactly the domains (a caller's bug).
         """
         cfg = self._build({name.partition(CONDITION)[0]: value for name, value in params.items()})
-        broken = self.budget._check(param_counts(cfg).total, flop_counts(cfg).forward)
+        broken = self._check_costs(cfg, param_counts(cfg).total, flop_counts(cfg).forward)
         if broken:
             raise Rejected(broken[1], broken[0])
         return cfg
@@ -620,7 +644,7 @@ class SearchSpace:
                 continue
             params_seen.append(param_counts(cfg).total)
             flops_seen.append(flop_counts(cfg).forward)
-            broken = self.budget._check(params_seen[-1], flops_seen[-1])
+            broken = self._check_costs(cfg, params_seen[-1], flops_seen[-1])
             if broken:
                 reasons[broken[0]] += 1
             else:
@@ -673,6 +697,7 @@ class SearchSpace:
             },
             # Only when set: a space without the rule keeps the fingerprint it always had.
             **({"export": list(self.export)} if self.export else {}),
+            **({"serve": self.serve.to_dict()} if self.serve is not None else {}),
         }
 
 

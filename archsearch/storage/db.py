@@ -398,6 +398,7 @@ class Storage:
                         # Those versions lack only tables added since: create them (existing
                         # tables are left alone) and record the new version, in one transaction.
                         schema.Base.metadata.create_all(conn, checkfirst=True)
+                        _add_columns(conn, self._engine)
                         conn.execute(
                             update(schema.Meta.__table__)
                             .where(schema.Meta.key == "schema_version")
@@ -832,6 +833,8 @@ class Storage:
             row.pruned_rung = outcome.pruned_rung
             row.step_time_s = outcome.step_time_s
             row.step_time_device = outcome.step_time_device
+            row.prefill_time_s = outcome.prefill_time_s
+            row.decode_time_s = outcome.decode_time_s
             if train:
                 row.loss = train.get("val_loss")
                 row.bits_per_byte = train.get("bits_per_byte")
@@ -1289,6 +1292,18 @@ class Storage:
     def devices(self) -> list[dict[str, Any]]:
         with self._session(read_only=True) as s:
             return [json.loads(r.info_json) for r in s.scalars(select(schema.Device)).all()]
+
+
+def _add_columns(conn: Any, engine: Any) -> None:
+    """Add the nullable columns of `schema.ADDED_COLUMNS` an older database's tables lack."""
+    for table_name, column_name in schema.ADDED_COLUMNS:
+        present = {c["name"] for c in engine.dialect.get_columns(conn, table_name)}
+        if column_name in present:
+            continue
+        column = schema.Base.metadata.tables[table_name].c[column_name]
+        kind = column.type.compile(dialect=engine.dialect)
+        # Names and type from the schema module, never user text: DDL cannot bind parameters.
+        conn.execute(text(f"ALTER TABLE {table_name} ADD COLUMN {column_name} {kind}"))
 
 
 # Trial order: by number, unnumbered (claimed, not yet asked) rows last on every backend, the row

@@ -9,8 +9,9 @@ Every float column is a `Real`: NaN is stored as NULL on every backend (SQLite h
 its driver binds one as NULL, while PostgreSQL stores NaN), and +-inf as +-inf on both.
 
 Bump `SCHEMA_VERSION` with every change to these tables. A database from version
-`ADDITIVE_SINCE` on, older than the code, gains the tables added since when it is opened (those
-versions only ever added tables); `Storage` refuses any other version that differs from the code's.
+`ADDITIVE_SINCE` on, older than the code, gains the tables and the nullable columns
+(`ADDED_COLUMNS`) added since when it is opened (those versions only ever added tables and
+nullable columns); `Storage` refuses any other version that differs from the code's.
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 # 2: archsearch_long_runs, archsearch_validations; 3: archsearch_search_runs; 4: archsearch_ladder_rungs,
-# archsearch_ladder_fits
-SCHEMA_VERSION = 4
+# archsearch_ladder_fits; 5: archsearch_trials.prefill_time_s and decode_time_s
+SCHEMA_VERSION = 5
 ADDITIVE_SINCE = 1  # versions 1 .. SCHEMA_VERSION - 1 differ from this one only by missing tables
+# ... and by these nullable columns, added to existing tables on opening: (table, column).
+ADDED_COLUMNS = (("archsearch_trials", "prefill_time_s"), ("archsearch_trials", "decode_time_s"))
 
 
 class Real(TypeDecorator[float]):
@@ -131,6 +134,9 @@ class Trial(Base):
     device_fingerprint: Mapped[str | None] = mapped_column(String(64))  # where it trained
     step_time_s: Mapped[float | None] = mapped_column(Real)  # the step_time objective
     step_time_device: Mapped[str | None] = mapped_column(String(64))
+    # --- serving cost (the [serve] scenario, modelled; added in version 5) ---
+    prefill_time_s: Mapped[float | None] = mapped_column(Real)  # the prefill_time objective
+    decode_time_s: Mapped[float | None] = mapped_column(Real)  # the decode_time objective
     # --- bookkeeping ---
     host: Mapped[str | None] = mapped_column(String(256))  # driver host:pid that ran it
     lease_expires_at: Mapped[float | None] = mapped_column(Real)  # unix time; renewed while running

@@ -300,7 +300,7 @@ def test_a_missing_or_unreadable_file_is_a_spec_error(tmp_path):
 
 
 def test_objectives_and_profile_dtypes_match_what_the_evaluators_provide():
-    assert OBJECTIVES.names() == ("loss", "flops", "step_time")
+    assert OBJECTIVES.names() == ("loss", "flops", "step_time", "kv_bytes", "prefill_time", "decode_time")
     profiler = pytest.importorskip("archsearch.evaluators.profiler")
     assert profiler.TORCH_DTYPES.names() == PROFILE_DTYPES
 

@@ -321,10 +321,13 @@ def test_an_older_database_gains_the_new_tables(db_url):
         conn.execute(text("DROP TABLE archsearch_search_runs"))
         conn.execute(text("DROP TABLE archsearch_ladder_rungs"))
         conn.execute(text("DROP TABLE archsearch_ladder_fits"))
+        conn.execute(text("ALTER TABLE archsearch_trials DROP COLUMN prefill_time_s"))  # version 4's
+        conn.execute(text("ALTER TABLE archsearch_trials DROP COLUMN decode_time_s"))
         conn.execute(text("UPDATE archsearch_meta SET value = '1'"))
     engine.dispose()
     with Storage.open(db_url) as st:
         assert st.study("s") is not None
+        assert st.trial_rows("s", ["prefill_time_s", "decode_time_s"]) == []  # the columns are back
         assert _long_run(st)
         assert len(st.long_runs("s")) == 1
         st.add_search_run("s", {"sampler": "tpe"})
