@@ -53,7 +53,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -264,6 +264,22 @@ def start_local_ray(num_cpus: int, **kwargs: Any) -> None:
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
 
 
+@contextmanager
+def _ray_keeps_our_sigterm(ray: Any) -> Iterator[None]:
+    """While `ray.init` runs, its SIGTERM handler is not installed (`ray._private.utils.
+    set_sigterm_handler`, where this Ray has it): the caller's handler stays in charge."""
+    utils = getattr(getattr(ray, "_private", None), "utils", None)
+    original = getattr(utils, "set_sigterm_handler", None)
+    if original is None:
+        yield
+        return
+    utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        utils.set_sigterm_handler = original
+
+
 class _RayPool:
     """Ray tasks for trials: started (or joined) on enter, shut down on exit if started here.
 
@@ -285,23 +301,40 @@ class _RayPool:
         if not ray.is_initialized():
             self._stack.enter_context(_ray_logs_to(RAY_LOG))
             kwargs: dict[str, Any] = dict(log_to_driver=False, configure_logging=False)
-            # `ray.init` replaces SIGTERM's handler with one that exits 15: the caller's is put
-            # back once Ray is up, and a SIGTERM while it starts ends as the caller's would.
+            # A signal while Ray starts is held until `ray.init` returns: raised at an arbitrary
+            # point, a KeyboardInterrupt can land in a fork handler Ray's process start runs, where
+            # Python prints and drops it, and the search went on. A second signal stops waiting.
+            # `ray.init` also replaces SIGTERM's handler with one that exits 15: the caller's is
+            # put back once Ray is up, and a SIGTERM while it starts ends as the caller's would.
             main = threading.current_thread() is threading.main_thread()
-            sigterm = signal.getsignal(signal.SIGTERM) if main else None
+            held: list[int] = []
+
+            def hold(signum: int, _frame: Any) -> None:
+                if held:
+                    raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+                held.append(signum)
+
+            previous = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
+            # `ray.init` would put its own SIGTERM handler (sys.exit, wherever the signal lands) in
+            # place of ours: while it starts, it installs none.
+            keep = _ray_keeps_our_sigterm(ray) if main else nullcontext()
             try:
                 if self.options.address:
-                    ray.init(address=self.options.address, **kwargs)
+                    with keep:
+                        ray.init(address=self.options.address, **kwargs)
                 else:
                     self._stack.enter_context(ray_reaped())
                     cpus = max(
                         os.cpu_count() or 1, math.ceil(self.options.workers * self.options.cpus_per_trial)
                     )
-                    start_local_ray(cpus, **kwargs)
+                    with keep:
+                        start_local_ray(cpus, **kwargs)
             except BaseException as exc:  # the reaper (in the stack) stops what Ray started
                 self._stack.close()
-                if isinstance(exc, SystemExit) and exc.code == signal.SIGTERM:
-                    raise Terminated from None  # Ray's SIGTERM handler, while it started
+                if held == [signal.SIGINT]:
+                    raise KeyboardInterrupt from None
+                if held or (isinstance(exc, SystemExit) and exc.code == signal.SIGTERM):
+                    raise Terminated from None  # held, or Ray's own SIGTERM handler's exit
                 if not isinstance(exc, Exception):
                     raise
                 where = f"join Ray at {self.options.address}" if self.options.address else "start a local Ray"
@@ -309,8 +342,12 @@ class _RayPool:
                     f"cannot {where}: {type(exc).__name__}: {_first_line(exc)} (Ray's messages: {RAY_LOG})"
                 ) from None
             finally:
-                if sigterm is not None:
-                    signal.signal(signal.SIGTERM, sigterm)
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
+            if held:  # Ray is up, and a signal came while it started: stop it and end as asked
+                ray.shutdown()
+                self._stack.close()
+                raise Terminated if held[0] == signal.SIGTERM else KeyboardInterrupt
             self.owned = True
         self.ray = ray
         self.task = ray.remote(self.evaluate_fn).options(
