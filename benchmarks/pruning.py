@@ -67,7 +67,9 @@ def main() -> None:
     # One precision for both runs: "auto" measures bf16 against fp32 per process, and a busy
     # machine could tip that choice between the runs.
     precision = "fp32" if args.smoke else "bf16"  # the smoke run on any CPU, bf16-native or not
-    text = re.sub(r"(?m)^device = .*$", f'device = "cpu"\nprecision = "{precision}"', text, count=1)
+    text = re.sub(r"(?m)^device = .*$", 'device = "cpu"', text, count=1)
+    text, pinned = re.subn(r'(?m)^precision = "\w+"', f'precision = "{precision}"', text, count=1)
+    assert pinned, f"{EXAMPLE} pins no [proxy] precision"
     if args.smoke:  # no kernel profiling: the smoke run checks the script, not the times
         text = re.sub(r"(?m)^local = .*$", "local = false", text)
     print(

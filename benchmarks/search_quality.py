@@ -192,9 +192,11 @@ def main() -> None:
     for name in samplers:
         SAMPLERS[name]  # an unknown sampler fails before any work
     text = EXAMPLE.read_text()
-    # One precision everywhere: "auto" measures bf16 against fp32 in each worker, and a busy
-    # machine could tip the choice between workers, which would mix two objectives in the cache.
-    text = re.sub(r"(?m)^device = .*$", 'device = "cpu"\nprecision = "fp32"', text, count=1)
+    # One precision everywhere (the example pins fp32: "auto" measures bf16 against fp32 in each
+    # worker, and a busy machine could tip the choice between workers, mixing two objectives).
+    text = re.sub(r"(?m)^device = .*$", 'device = "cpu"', text, count=1)
+    text, pinned = re.subn(r'(?m)^precision = "\w+"', 'precision = "fp32"', text, count=1)
+    assert pinned, f"{EXAMPLE} pins no [proxy] precision"
     if args.smoke:
         args.trials, args.seeds, args.workers, args.tokens = 3, 1, 1, 4096
         text = re.sub(r"(?m)^local = .*$", "local = false", text)
