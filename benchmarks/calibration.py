@@ -173,7 +173,7 @@ def record(db: Path, blocks: tuple[Block, ...], out: Path, commands: list[str]) 
             f"{MULTIPLIER}x reference runs (validate's cosine retraining, seed 0; a second seed for "
             f"{SECOND_SEED_PER_BLOCK} shapes per block). Losses in nats/token on the bundled corpus."
         ),
-        "measured": f"archsearch {__version__}, torch {torch.__version__}, {_cpu()}",
+        "measured": f"archsearch {__version__}, torch {torch.__version__}, {_cpu_description()}",
         "updated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "blocks": {
             b.name: {"space": str(b.space.relative_to(ROOT)), "shapes": b.shapes, "seed": b.sampler_seed}
@@ -188,14 +188,12 @@ def record(db: Path, blocks: tuple[Block, ...], out: Path, commands: list[str]) 
     return data
 
 
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{os.cpu_count()}-core {line.split(':', 1)[1].strip()}"
-    except OSError:
-        pass
-    return f"{os.cpu_count()}-core CPU"
+def _cpu_description() -> str:
+    """ "2-core AMD EPYC ...": the machine's CPU as `evaluators.device` reads it."""
+    from archsearch.evaluators.device import detect_device
+
+    cpu = detect_device("cpu")
+    return f"{cpu.units}-core {cpu.name}"
 
 
 def snapshot(db: Path, to: Path) -> None:
@@ -330,7 +328,6 @@ def _est(e: dict[str, float | None]) -> str:
 def _frac(pair: list[int]) -> str:
     right, n = pair
     return f"{right}/{n} ({right / n:.0%})" if n else "-"
-
 
 
 def main() -> None:

@@ -191,21 +191,20 @@ def measures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{os.cpu_count()}-core {line.split(':', 1)[1].strip()}"
-    except OSError:
-        pass
-    return f"{os.cpu_count()}-core CPU"
-
 
 def _est(e: dict[str, Any]) -> str:
     def f(x: Any, spec: str) -> str:
         return "-" if x is None else format(x, spec)
 
     return f"{f(e['value'], '.3f')} [{f(e['low'], '.2f')}, {f(e['high'], '.2f')}]"
+
+
+def _cpu_description() -> str:
+    """ "2-core AMD EPYC ...": the machine's CPU as `evaluators.device` reads it."""
+    from archsearch.evaluators.device import detect_device
+
+    cpu = detect_device("cpu")
+    return f"{cpu.units}-core {cpu.name}"
 
 
 def main() -> None:
@@ -331,7 +330,7 @@ def main() -> None:
             f"up to {top:,} parameters and a real run at {real_size:,}, all at {ratio:g} tokens per "
             "parameter; losses in nats/token on the study's corpus"
         ),
-        "measured": f"archsearch {__version__}, {_cpu()}",
+        "measured": f"archsearch {__version__}, {_cpu_description()}",
         "updated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "space": str(space.relative_to(ROOT)) if space.is_relative_to(ROOT) else str(space),
         "commands": commands,
