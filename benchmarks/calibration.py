@@ -7,8 +7,12 @@ pinned to fp32 so every CPU gives the same losses):
 - wide: every activation, norm and norm placement, aspect ratios down to 8, 20 shapes;
 - iso: the wide space held to 1.0M parameters +-10% (where counting parameters is blind), 16 shapes.
 
-Each block is one study per proxy seed (`cal3-<block>-p<seed>`: the same random-sampler seed, so
-the same shapes in the same order, each trained by the worker's path: the stall rule included).
+Each block is one study per proxy seed (`cal3-<block>-p<seed>`). The seed-0 study samples the
+block's shapes (random sampler, the block's seed); the seed-1 and seed-2 studies train exactly
+those shapes, in order (`search --replay`: a resumed random search samples a fresh stream, so the
+same sampler seed alone does not give the same shapes), each by the worker's path, the stall rule
+included. The set is the seed-0 study's shapes; any other shape a later seed's study holds is left
+out of the records.
 The seed-0 study's complete trials are then retrained at 10x (seed 0: the reference), and a spread
 of 5 per block at a second seed (the reference's own ceiling). Every step is the real CLI command,
 printed before it runs, on one SQLite database; a search resumes its study and `validate` trains
@@ -133,6 +137,22 @@ def long_runs(db: Path, study: str) -> list[dict[str, Any]]:
         ]  # fmt: skip
 
 
+def trial_target(db: Path, study: str, shapes: list[dict[str, Any]]) -> int:
+    """`--trials` for a later seed's study that replays `shapes` (the seed-0 study's complete
+    trials): its finished trials that are not among them, plus all of them."""
+    from archsearch.storage import Storage
+    from archsearch.trial import FINISHED
+
+    with Storage.open(f"sqlite:///{db}", create=False) as storage:
+        record = storage.study(study)
+        if record is None:
+            return len(shapes)
+        finished = sum(record.counts.get(s, 0) for s in FINISHED)
+    wanted = {json.dumps(s["config"], sort_keys=True) for s in shapes}
+    have = {json.dumps(t["config"], sort_keys=True) for t in complete_trials(db, study)} & wanted
+    return finished - len(have) + len(shapes)
+
+
 def second_seed_trials(numbers: list[int], k: int) -> list[int]:
     """`k` trial numbers spread evenly over `numbers` (sorted): the shapes with a second reference."""
     if len(numbers) <= k:
@@ -153,6 +173,8 @@ def record(db: Path, blocks: tuple[Block, ...], out: Path, commands: list[str]) 
         for seed in PROXY_SEEDS:
             for t in complete_trials(db, study_name(block, seed)):
                 key = json.dumps(t["config"], sort_keys=True)
+                if seed > 0 and key not in by_config:
+                    continue  # not one of the set's shapes (a later seed's own sample)
                 shape = by_config.setdefault(key, {
                     "block": block.name, "trial": t["trial"], "config": t["config"],
                     "params_total": t["params_total"], "proxies": [], "references": [],
@@ -382,10 +404,14 @@ def main() -> None:
         for seed in PROXY_SEEDS[: 2 if args.smoke else 3]:
             for block in blocks:
                 space = seeded_space(block, seed, work, tokens)
+                study, trials, replay = study_name(block, seed), block.shapes, []
+                if seed > 0:
+                    shapes = complete_trials(db, study_name(block, 0))
+                    trials, replay = trial_target(db, study, shapes), ["--replay", study_name(block, 0)]
                 step(archsearch(
-                    "search", "--space", str(space), "--study", study_name(block, seed), "--storage", storage,
+                    "search", "--space", str(space), "--study", study, "--storage", storage,
                     "--sampler", "random", "--seed", str(block.sampler_seed), "--no-prune",
-                    "--trials", str(block.shapes), "--workers", workers, "--resume",
+                    "--trials", str(trials), "--workers", workers, "--resume", *replay,
                 ))  # fmt: skip
     for stage, seeds in (("reference", 1), ("second-seed", 2)):
         if stage not in stages:

@@ -122,6 +122,10 @@ def search(
         float, typer.Option(help="Ray GPUs per trial (GPU trials queue for GPUs).")
     ] = 0.0,
     retries: Annotated[int, typer.Option(help="Re-runs of a trial whose worker died.", min=0)] = 1,
+    replay: Annotated[
+        str | None,
+        typer.Option(help="First train the complete shapes of this study (same space), in its order."),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Search a space: sample shapes with Optuna, train and profile them on Ray, store every trial.
@@ -146,6 +150,7 @@ def search(
         cpus_per_trial=cpus_per_trial,
         gpus_per_trial=gpus_per_trial,
         retries=retries,
+        replay=replay,
     )
     spec.space.check_feasible()  # an impossible budget fails here, before anything is written
     spec.check_data()  # so does a corpus no trial could read
@@ -184,4 +189,6 @@ def resume_command(space: Path, options: Any, storage: str) -> str:
         args += ["--workers", str(options.workers)]
     if not options.prune:
         args.append("--no-prune")
+    if options.replay is not None:
+        args += ["--replay", options.replay]
     return shlex.join(args)

@@ -130,6 +130,7 @@ class SearchOptions:
     gpus_per_trial: float = 0.0
     retries: int = 1  # re-runs of a trial whose worker died
     lease_s: float = DEFAULT_LEASE_S
+    replay: str | None = None  # a study of the same space whose complete shapes run first
 
     def __post_init__(self) -> None:
         if not self.study or len(self.study) > 512:
@@ -626,6 +627,30 @@ class _Driver:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             self.study.set_metric_names(list(spec.objectives))  # shown by optuna-dashboard
+        if self.options.replay is not None:
+            self._enqueue_replay(self.options.replay)
+
+    def _enqueue_replay(self, source: str) -> None:
+        """Queue the complete shapes of study `source` (same space), in trial order, ahead of the
+        sampler's: the same shapes under another proxy (seed, precision, tokens), to compare them
+        shape for shape. A shape this study already holds (a resumed replay) is not queued again."""
+        import optuna
+
+        record = self.storage.study(source, counts=False)
+        if record is None:
+            raise SearchError(f"--replay: no study {source!r} in this database")
+        if source == self.options.study:
+            raise SearchError("--replay names the study being searched; name another study")
+        if record.spec.get("space") != self.spec.space.to_dict():
+            raise SearchError(
+                f"--replay: study {source!r} searched another space (its [model], [rules] or [budget] "
+                "differ), so its shapes are not points of this one"
+            )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # skip_if_exists
+            for trial in self.storage.trials(source, status="complete"):
+                origin = {"replayed_from": f"{source}#{trial.number}"}
+                self.study.enqueue_trial(trial.params, user_attrs=origin, skip_if_exists=True)
 
     def sweep(self) -> None:
         """Settle what a dead driver left: expired leases and Optuna trials left RUNNING."""

@@ -232,6 +232,38 @@ def test_a_shape_evaluated_before_is_not_trained_again(db, monkeypatch):
     assert all(t.user_attrs["archsearch_reason"].startswith("duplicate of trial") for t in duplicates)
 
 
+def test_a_replay_trains_another_studys_shapes_first_in_order_and_never_twice(db):
+    # A wider space than the tiny one (18 points) so that two sampler seeds draw different shapes.
+    model = "vocab_size = 256\nseq_len = 32\nd_model = [64, 128]\naspect_ratio = [16, 32, 64]\n"
+    model += "head_dim = 32\nactivation = ['gelu', 'swiglu', 'relu']"
+    source = tiny_spec(model=model)
+    run_search(source, db, SearchOptions(study="a", trials=4, sampler="random", seed=1), evaluate_fn=instant)
+    shapes = [r.config for r in db.trials("a", "complete")]
+    numbers = [f"a#{r.number}" for r in db.trials("a", "complete")]
+    other_proxy = tiny_spec(model=model, proxy="tokens = 2048\nbatch_size = 4\nseed = 1\ndevice = 'cpu'")
+    options = SearchOptions(study="b", trials=3, sampler="random", seed=7, replay="a")
+    run_search(other_proxy, db, options, evaluate_fn=instant)
+    assert [r.config for r in db.trials("b")] == shapes[:3]
+    resumed = SearchOptions(study="b", trials=6, sampler="random", seed=7, replay="a", resume=True)
+    run_search(other_proxy, db, resumed, evaluate_fn=instant)
+    replayed = [r.config for r in db.trials("b", "complete")]
+    assert replayed[:4] == shapes and len(set(map(repr, replayed))) == 6 and "duplicate" not in db.counts("b")
+    study = optuna.load_study(study_name="b", storage=db.url)
+    attrs = [t.user_attrs.get("replayed_from") for t in study.trials]
+    assert attrs[:4] == numbers and attrs[4:] == [None, None]
+
+
+def test_a_replay_of_a_missing_study_or_another_space_is_refused_before_any_trial(db):
+    spec = tiny_spec()
+    with pytest.raises(SearchError, match="--replay: no study 'nope' in this database"):
+        run_search(spec, db, SearchOptions(study="b", trials=2, replay="nope"), evaluate_fn=instant)
+    run_search(spec, db, SearchOptions(study="a", trials=2), evaluate_fn=instant)
+    wider = tiny_spec(budget="params = { max = 200_000 }")
+    with pytest.raises(SearchError, match="study 'a' searched another space"):
+        run_search(wider, db, SearchOptions(study="c", trials=2, replay="a"), evaluate_fn=instant)
+    assert db.counts("c") == {}
+
+
 def test_a_shape_running_in_another_slot_is_not_trained_twice(db, monkeypatch):
     # One point in the space and two workers: the second sample is the shape the first worker
     # is training, recorded as its duplicate at once instead of training it again.
