@@ -1,7 +1,7 @@
 """The GPU campaign (issue 25): every GPU claim archsearch makes, measured in one sitting on a lent
 CUDA device, in commands of at most 10 minutes that each resume what the last one recorded.
 
-Parts (`--parts 1,2`, the default; `--part N` for one):
+Parts (`--parts 1,2,3`, the default; `--part N` for one):
 1. steps: real eager training steps (bf16 autocast on a GPU, fp32 loss, fused AdamW: the step
    `model.eager_kernel_count` counts) of 41 shapes that vary d_model and d_ff alignment, head_dim,
    GQA groups, seq_len, vocab 50257 against 50304, batch, and the byte-level shapes the GPU search
@@ -15,8 +15,9 @@ Parts (`--parts 1,2`, the default; `--part N` for one):
    shortened proxy: the generated space file (the example with `[proxy] tokens` and `[search]
    prune_min_trials` cut, this GPU's catalogued model added to `[profile] devices`; the trial
    count is the command's) is kept beside the database so every resume runs the same study.
-Decode and prefill against the serving model (issue 25's third part) are not in this campaign:
-the serving model is being built in another change, and its measurements come with it.
+3. serve: prefill and decode of 13 shapes at 3 scenarios measured in bf16 (eager, and the decode
+   step replayed from a CUDA graph) against the serving model of the catalogued GPU, nothing
+   fitted (benchmarks/gpu_campaign_serve.py).
 
 Records go to `--out` (default benchmarks/data/), named by the device (`gpu_campaign_<device>_*`),
 each written atomically as each measurement finishes: part 1's run as one JSON in the format
@@ -31,13 +32,14 @@ runs out. `--mirror DIR` writes every record to DIR too: on the lent machine, $O
 come back even when the command is killed.
 
 On a lent CUDA machine (at most 40 minutes of device time in all; estimated, not yet measured:
-part 1 5-9 minutes, part 2 4-6), from the repository root, each command under its 10 minutes;
+part 1 5-9 minutes, part 2 4-6, part 3 2-4), from the repository root, each command under its 10 minutes;
 copy the files that come back in $OUT into benchmarks/data/ before the next call, which may get a
 fresh machine (a second command of a part measures only what the first did not):
 
     PYTHONUNBUFFERED=1 python benchmarks/gpu_campaign.py --part 1 --budget-s 540 --mirror "$OUT"
     PYTHONUNBUFFERED=1 python benchmarks/gpu_campaign.py --part 1 --budget-s 540 --mirror "$OUT"  # if cut
     PYTHONUNBUFFERED=1 python benchmarks/gpu_campaign.py --part 2 --budget-s 540 --mirror "$OUT"
+    PYTHONUNBUFFERED=1 python benchmarks/gpu_campaign.py --part 3 --budget-s 540 --mirror "$OUT"
     python benchmarks/gpu_campaign.py --report       # anywhere: what is recorded, scored again
 
     python benchmarks/gpu_campaign.py --smoke        # CPU, tiny shapes and budgets, a temporary folder
@@ -60,12 +62,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gpu_campaign_serve  # benchmarks/ is this script's folder
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "benchmarks" / "data"
 GPU_SPACE = ROOT / "examples" / "gpu.toml"
 STUDY = "gpu-campaign"
-PARTS = {1: "steps", 2: "search"}
-NOT_HERE = {3: "decode and prefill (issue 25's part 3) wait for the serving model, another change's"}
+PARTS = {1: "steps", 2: "search", 3: "serve"}
 SNAPSHOT_EVERY_S = 30.0  # how often the search's database is copied out while it runs
 STOP_GRACE_S = 60.0  # after SIGTERM, time for the search to record its interrupted trial and stop
 SEARCH_START_S = 60.0  # Ray's start and the first trial's imports: a search needs this much budget
@@ -237,6 +240,10 @@ class Files:
     @property
     def search(self) -> Path:
         return self.path("_search.json")
+
+    @property
+    def serve(self) -> Path:
+        return self.path("_serve.json")
 
     @property
     def log(self) -> Path:
@@ -686,13 +693,27 @@ def _record_search(db: Path, files: Files, model: str) -> dict[str, Any] | None:
 
 
 # ------------------------------------------------------------------------------------------------
+# Part 3: prefill and decode against the serving model
+# ------------------------------------------------------------------------------------------------
+
+
+def part_serve(args: argparse.Namespace, info: Any, files: Files, budget: Budget) -> None:
+    record = _load(files.serve)
+    if record is not None:
+        _same_device(record, info, files.serve)
+    record = gpu_campaign_serve.run(args, info, files, budget, record)
+    summary = gpu_campaign_serve.score(record, args.model)
+    if summary is not None:
+        files.event("part 3 scored", **summary)
+
+
+# ------------------------------------------------------------------------------------------------
 
 
 def report(args: argparse.Namespace) -> None:
-    """Score what `--out` holds, on any machine: every device's part 1 and part 2 records."""
-    found = sorted(args.out.glob("gpu_campaign_*_steps.json")) + sorted(
-        args.out.glob("gpu_campaign_*_search.json")
-    )
+    """Score what `--out` holds, on any machine: every device's records of each part."""
+    kinds = ("steps", "search", "serve")
+    found = [p for kind in kinds for p in sorted(args.out.glob(f"gpu_campaign_*_{kind}.json"))]
     if not found:
         raise CampaignError(f"no campaign records in {args.out}")
     for path in found:
@@ -702,13 +723,17 @@ def report(args: argparse.Namespace) -> None:
             held = SMOKE_HELD_OUT if raw["device"]["type"] == "cpu" else HELD_OUT
             model = catalogue_model(raw["device"], args.model)
             score_steps(raw, model, held, None)
+        elif path.name.endswith("_serve.json"):
+            gpu_campaign_serve.score(raw, catalogue_model(raw["device"], args.model))
         else:
             print(f"study {raw['study']}: " + ", ".join(f"{n} {s}" for s, n in sorted(raw["counts"].items())))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = _Parser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parts", default="1,2", help="comma-separated parts to run: 1 steps, 2 search")
+    parser.add_argument(
+        "--parts", default="1,2,3", help="comma-separated parts to run: 1 steps, 2 search, 3 serve"
+    )
     parser.add_argument("--part", type=int, help="one part (as --parts N)")
     parser.add_argument(
         "--budget-s", type=float, help="seconds this invocation may spend (default: no limit)"
@@ -735,8 +760,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     except ValueError:
         raise CampaignError(f"--parts must be numbers, got {args.parts!r}") from None
     for part in parts:
-        if part in NOT_HERE:
-            raise CampaignError(f"part {part} is not in this campaign: {NOT_HERE[part]}")
         if part not in PARTS:
             raise CampaignError(
                 f"no part {part}; parts: " + ", ".join(f"{n} {name}" for n, name in PARTS.items())
@@ -794,6 +817,8 @@ def main(argv: list[str] | None = None) -> None:
             part_steps(args, info, files, budget)
         if 2 in args.parts:
             part_search(args, args.model, files, budget)
+        if 3 in args.parts:
+            part_serve(args, info, files, budget)
         files.event("end", elapsed_s=round(budget.elapsed(), 1))
         print(f"gpu campaign: {budget.elapsed():.0f} s", flush=True)
     finally:

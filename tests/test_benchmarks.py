@@ -220,7 +220,7 @@ def _campaign(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-def test_gpu_campaign_smoke_records_both_parts_and_a_second_run_resumes_measuring_nothing(tmp_path):
+def test_gpu_campaign_smoke_records_every_part_and_a_second_run_resumes_measuring_nothing(tmp_path):
     out = tmp_path / "records"
     # Cut off: a budget spent before the first shape stops part 1 cleanly, with the fit set kept.
     cut = _smoke("gpu_campaign.py", "--out", str(out), "--part", "1", "--budget-s", "0.001", timeout=300)
@@ -250,6 +250,14 @@ def test_gpu_campaign_smoke_records_both_parts_and_a_second_run_resumes_measurin
     assert not list(out.glob("*.sqlite-wal")), "the database record is one self-contained file"
     trials = _campaign_trials(database)
     assert len(trials) == len(search["trials"])
+    # Part 3: every shape at every scenario, measured and scored against the model (no CUDA graph
+    # on a CPU: eager calls only).
+    serve = json.loads(next(out.glob("gpu_campaign_*_serve.json")).read_text())
+    points = [(p["label"], p["batch"], p["context"]) for p in serve["points"]]
+    assert points == [(s, b, c) for s in ("t-d64", "t-d128-mqa") for b, c in ((1, 32), (2, 64))], points
+    assert all(p["prefill_time_s"] > 0 and p["decode_ops"] > 0 and p["decode_graph_time_s"] is None
+               for p in serve["points"])  # fmt: skip
+    assert re.search(r"part 3: decode against h100-sxm: median \|error\| [\d.]+%", done.stdout), done.stdout
     # The recorded run is what fit-device reads.
     fitted = subprocess.run(
         [sys.executable, "-m", "archsearch", "fit-device", str(steps_file), "--no-holdout", "--json"],
@@ -262,6 +270,7 @@ def test_gpu_campaign_smoke_records_both_parts_and_a_second_run_resumes_measurin
     assert "part 1: resumed" in again.stdout and "6 of 6 shapes recorded, 0 to measure" in again.stdout
     assert "part 2: resumed" in again.stdout and "3 of 3 trials finished" in again.stdout, again.stdout
     assert "part 2: nothing to run" in again.stdout and "+ archsearch search" not in again.stdout
+    assert "part 3: 4 of 4 points recorded, 0 to measure" in again.stdout, again.stdout
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.suffix != ".jsonl"} == before
     events = [json.loads(line)["event"] for line in next(out.glob("*.jsonl")).read_text().splitlines()]
     assert events.count("start") == 3 and events.count("part 1 scored") == 2, events
@@ -277,13 +286,13 @@ def _campaign_trials(database: Path) -> list[tuple]:
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--part", "3"], "part 3 is not in this campaign: decode and prefill"),
+        (["--part", "4"], "no part 4; parts: 1 steps, 2 search, 3 serve"),
         (["--parts", "1,x"], "--parts must be numbers"),
         (["--budget-s", "-5"], "--budget-s must be positive, got -5"),
         (["--budget-s", "soon"], "argument --budget-s: invalid float value: 'soon'"),
         (["--report", "--out", "/nonexistent/records"], "no campaign records in /nonexistent/records"),
     ],
-    ids=["part-3", "parts", "budget", "budget-type", "no-records"],
+    ids=["part-4", "parts", "budget", "budget-type", "no-records"],
 )
 def test_gpu_campaign_refuses_bad_input_in_one_line(args, message):
     done = _campaign(*args, timeout=120)

@@ -92,7 +92,7 @@ def _measured(
 ) -> dict[str, Any]:
     from archsearch.evaluators.serve_profiler import local_serve_model, measure_serve
 
-    measured = measure_serve(cfg, device, batch, context, dtype, min_run_time)
+    measured = measure_serve(cfg, device, batch, context, dtype, min_run_time, cuda_graph=True)
     out = {
         "device": measured.device,
         "dtype": measured.dtype,
@@ -133,8 +133,10 @@ def _print(cfg: ArchConfig, out: dict[str, Any]) -> None:
     )
     breakdowns = out if out["modelled"] else out["predicted"]
     if breakdowns is None:  # measured on a GPU: no local model to print beside it
+        graph = out["measured"]["decode_graph_time_s"]
         console.print(
             f"prefill {si(out['prefill_time_s'], 's')}, decode {si(out['decode_time_s'], 's')}/token"
+            + (f" eager, {si(graph, 's')}/token from a CUDA graph" if graph else "")
         )
         return
     title = "modelled" if out["modelled"] else "predicted"

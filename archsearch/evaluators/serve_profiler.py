@@ -53,6 +53,10 @@ class MeasuredServe:
         decode_time_s: median seconds of one decode step (a token for each of `batch` sequences)
             over caches of `context` tokens.
         prefill_ops, decode_ops: ATen ops each call dispatches (eager kernels).
+        decode_graph_time_s: the same decode step captured once in a CUDA graph and replayed (as
+            serving engines run it: each kernel's launch costs the graph's, not the host's);
+            None where not asked for or not on CUDA.
+        graph_error: why the step could not be captured, where it could not.
     """
 
     device: dict[str, Any]
@@ -63,6 +67,8 @@ class MeasuredServe:
     decode_time_s: float
     prefill_ops: int
     decode_ops: int
+    decode_graph_time_s: float | None = None
+    graph_error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -91,12 +97,15 @@ def measure_serve(
     dtype: str = AUTO,
     min_run_time: float = DEFAULT_MIN_RUN_TIME,
     seed: int = 0,
+    cuda_graph: bool = False,
 ) -> MeasuredServe:
     """Time prefill and one decode step of `cfg` on `device` (see the module docstring).
 
     Args:
         dtype: "fp32", "bf16", "fp16", or "auto": what training runs in there
             (`profiler.resolve_precision`).
+        cuda_graph: on CUDA, also time the decode step replayed from a CUDA graph
+            (`decode_graph_time_s`); ignored elsewhere.
 
     Raises:
         DeviceError: no such device here.
@@ -127,10 +136,33 @@ def measure_serve(
 
     prefill_s = _median_seconds(prefill, info, min_run_time)
     decode_s = _median_seconds(decode, info, min_run_time)
+    graph_s, graph_error = None, None
+    if cuda_graph and info.type == "cuda":
+        try:
+            graph_s = _median_seconds(_captured(decode, info), info, min_run_time)
+        except RuntimeError as exc:  # an op the capture refuses: the eager times still stand
+            graph_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     return MeasuredServe(
         device=info.to_dict(), dtype=precision, batch=batch, context=context, prefill_time_s=prefill_s,
         decode_time_s=decode_s, prefill_ops=_count_ops(prefill), decode_ops=_count_ops(decode),
+        decode_graph_time_s=graph_s, graph_error=graph_error,
     )  # fmt: skip
+
+
+def _captured(fn: Any, info: DeviceInfo) -> Any:
+    """`fn` (whose every call does the same work on the same memory) captured in a CUDA graph:
+    warmed up on a side stream, as capture requires, and returned as the graph's replay."""
+    with torch.cuda.device(info.index):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+    return graph.replay
 
 
 # GEMMs the local model is calibrated on (`hardware.calibrate`), fixed and shape-independent: m

@@ -77,6 +77,7 @@ def test_cpu_measures_prefill_and_decode_with_the_local_prediction_beside(tiny_c
     assert out["decode_time_s"] == measured["decode_time_s"] > 0
     assert measured["context"] == 48 > 32  # past the shape's seq_len: the rope angles extend
     assert measured["decode_ops"] > 0 and measured["prefill_ops"] >= measured["decode_ops"]
+    assert measured["decode_graph_time_s"] is None and measured["graph_error"] is None  # CUDA only
     assert predicted["decode"]["kernels"] == measured["decode_ops"]
     assert predicted["prefill_time_s"] > 0 and predicted["decode_time_s"] > 0
     assert predicted["local_model"]["op_s"] > 0
