@@ -648,7 +648,7 @@ class _Driver:
             )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # skip_if_exists
-            for trial in self.storage.trials(source, status="complete"):
+            for trial in self.storage.trials(source, status=COMPLETE):
                 origin = {"replayed_from": f"{source}#{trial.number}"}
                 self.study.enqueue_trial(trial.params, user_attrs=origin, skip_if_exists=True)
 
