@@ -153,6 +153,14 @@ def trial_target(db: Path, study: str, shapes: list[dict[str, Any]]) -> int:
     return finished - len(have) + len(shapes)
 
 
+def _recorded_commands(out: Path) -> list[str]:
+    """The commands an earlier run wrote to `out` (kept by a checkpoint), or none."""
+    try:
+        return list(json.loads(out.read_text()).get("commands", []))
+    except (OSError, ValueError):
+        return []
+
+
 def second_seed_trials(numbers: list[int], k: int) -> list[int]:
     """`k` trial numbers spread evenly over `numbers` (sorted): the shapes with a second reference."""
     if len(numbers) <= k:
@@ -361,6 +369,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--smoke", action="store_true", help="one block of 4 shapes, tiny budgets")
     parser.add_argument("--report", action="store_true", help="score the recorded --out set; train nothing")
+    parser.add_argument(
+        "--checkpoint", action="store_true",
+        help="copy the working --db to --snapshot and write --out (what a running calibration has "
+        "finished mid-step: a step snapshots only when it ends); train nothing",
+    )  # fmt: skip
     parser.add_argument("--partial", action="store_true", help="--report: score the complete shapes only")
     parser.add_argument("--json", action="store_true", help="--report: print one JSON object")
     args = parser.parse_args()
@@ -391,11 +404,20 @@ def main() -> None:
         shutil.copyfile(args.snapshot, db)  # resume what earlier sessions recorded
         print(f"resuming from {args.snapshot}", flush=True)
     storage = f"sqlite:///{db}"
-    commands: list[str] = []
+    commands = [] if args.smoke else _recorded_commands(args.out)  # earlier runs' steps stay listed
+    if args.checkpoint:
+        if not db.exists():
+            raise SystemExit(f"calibration: no working database at {db}")
+        snapshot(db, args.snapshot)
+        data = record(db, blocks, args.out, commands)
+        refs = sum(len(s["references"]) for s in data["shapes"])
+        print(f"checkpoint: {len(data['shapes'])} shapes, {refs} long runs in {args.out} and {args.snapshot}")
+        return
 
     def step(argv: list[str]) -> None:
         run(argv)
-        commands.append(shlex.join(["archsearch", *argv[3:]]))
+        if (command := shlex.join(["archsearch", *argv[3:]])) not in commands:
+            commands.append(command)
         snapshot(db, args.snapshot)
         record(db, blocks, args.out, commands)
 

@@ -161,6 +161,13 @@ def test_calibration_smoke_records_every_stage_and_resumes_without_training_agai
     again = _smoke("calibration.py", *args, "--db", str(tmp_path / "work" / "cal3.db"), timeout=900, env=env)
     assert again.stderr.count("0 long runs trained") == 2, again.stderr[-3000:]  # validate's summary
     assert json.loads(out.read_text())["shapes"] == shapes
+    # A checkpoint of the working database (what a stopped session keeps) writes both records again.
+    out.unlink()
+    snap.unlink()
+    work_db = str(tmp_path / "work" / "cal3.db")
+    kept = _smoke("calibration.py", *args, "--db", work_db, "--checkpoint", timeout=300, env=env)
+    assert "checkpoint: 4 shapes, 8 long runs" in kept.stdout and snap.exists(), kept.stdout
+    assert json.loads(out.read_text())["shapes"] == shapes
     # Scored: every predictor with its intervals, pairs, front recall and knee regret.
     scored = _smoke("calibration.py", *args, "--report", "--json", timeout=300, env=env)
     report = json.loads(scored.stdout)
