@@ -322,6 +322,18 @@ def report(data: dict[str, Any], min_shapes: int = MIN_SHAPES, partial: bool = F
             rows, target, flops, params_predictor=values["params"][0], flops_predictor=values["flops"][0],
             noise=noise, within=iso if iso.any() else None,
         )  # fmt: skip
+    # Each block alone, as one search would see it: its front, its knee, its ranking.
+    blocks = np.array([s["block"] for s in shapes])
+    out["blocks"] = {}
+    for block in dict.fromkeys(blocks):
+        inside = blocks == block
+        if inside.sum() < 4:
+            continue
+        free = {f"{k}_predictor": values[k][0][inside] for k in ("params", "flops")}
+        out["blocks"][block] = {
+            name: fs.measures(rows[:, inside], target[inside], flops[inside], noise=noise, **free)
+            for name, rows in values.items()
+        }
     tenx = np.mean([next(r["tokens"] for r in s["references"] if r["seed"] == 0) for s in shapes])
     runs = [(p, s) for s in shapes for p in s["proxies"]]
     spent = [p["val_curve"][-1][0] * (1.5 if p["retried"] else 1.0) for p, _ in runs]
@@ -346,6 +358,11 @@ def print_report(r: dict[str, Any]) -> None:
             _frac(p["pairs"]), _frac(p["iso_pairs"]), _frac(p["front_recall"]), f"{p['knee_regret']:.4f}",
         ]  # fmt: skip
         print(f"{name:<26}" + "".join(f"{c:>21}" for c in cells))
+    for block, predictors in r.get("blocks", {}).items():
+        print(f"block {block}:")
+        for name, p in predictors.items():
+            print(f"  {name:<24} Spearman {_est(p['spearman'])}, front recall {_frac(p['front_recall'])}, "
+                  f"knee regret {p['knee_regret']:.4f}")  # fmt: skip
 
 
 def _est(e: dict[str, float | None]) -> str:

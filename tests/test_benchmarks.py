@@ -137,6 +137,7 @@ def test_every_benchmark_has_a_smoke_test():
     scripts = {p.stem for p in (ROOT / "benchmarks").glob("*.py")}
     tested = set(SMOKES) | {"query_speed", "proxy_fidelity", "step_time_accuracy", "threads"}
     tested |= {"search_quality", "trainer_throughput", "calibration", "gpu_campaign", "ladder_accuracy"}
+    tested |= {"gpu_campaign_serve"}  # gpu_campaign's part 3, run by its smoke test
     assert scripts == tested
 
 
@@ -175,6 +176,7 @@ def test_calibration_smoke_records_every_stage_and_resumes_without_training_agai
     assert set(report["predictors"]) >= {"params", "flops", "proxy loss"}
     measures = {"spearman", "vs_params", "front_recall", "knee_regret"}
     assert all(measures <= set(p) for p in report["predictors"].values())
+    assert set(report["blocks"]) == {"tiny"} and set(report["blocks"]["tiny"]) == set(report["predictors"])
 
 
 def _bad_set(tmp_path, shapes: list[dict]) -> subprocess.CompletedProcess:
