@@ -8,6 +8,15 @@ from typing import Annotated, Any
 import typer
 
 from archsearch.cli.common import StorageOpt, StudyOpt, app
+from archsearch.cli.serve import (
+    CacheDtypeOpt,
+    GenLenOpt,
+    MemoryOpt,
+    PromptLenOpt,
+    ServeBatchOpt,
+    ServeDeviceOpt,
+    WeightDtypeOpt,
+)
 from archsearch.errors import ConfigError
 from archsearch.fileio import check_writable
 
@@ -70,6 +79,13 @@ def export(
             "predicted loss is for the ladder trained nearest that many tokens per parameter."
         ),
     ] = None,
+    serve_batch: ServeBatchOpt = None,
+    prompt_len: PromptLenOpt = None,
+    gen_len: GenLenOpt = None,
+    weight_dtype: WeightDtypeOpt = None,
+    cache_dtype: CacheDtypeOpt = None,
+    serve_device: ServeDeviceOpt = None,
+    memory: MemoryOpt = None,
     storage: StorageOpt = None,
 ) -> None:
     """A trial's shape for a real trainer: Hugging Face config, litgpt YAML, nanoGPT GPTConfig or JSON.
@@ -77,8 +93,11 @@ def export(
     A shape the format cannot represent exactly is refused with the reason (exit 2, nothing
     written); --exportable picks among the trials it can represent instead. With --front the
     representable members are written and the refusals listed in index.json and on stderr; exit 2
-    only when none is representable.
+    only when none is representable. With --scale-to, a study searched with a [serve] table (or
+    the serving flags) also gets the scaled shape's KV cache, weights, largest batch and modelled
+    prefill and decode, printed and in the provenance (`scaled.serve`).
     """
+    from archsearch.cli.serve import print_scaled_serve, serve_changes
     from archsearch.fileio import write_tree
     from archsearch.search.selection import Choice, export_plan, select
     from archsearch.storage import Storage
@@ -86,6 +105,13 @@ def export(
     choice = Choice(fmt, trial, knee, best_under_flops, front, exportable)
     request = _scale_request(scale_to, device, vocab, seq_len, batch, front)
     train_tokens = _tokens(tokens, scale_to)
+    serving = serve_changes(
+        scale_to is not None,
+        dict(
+            batch=serve_batch, prompt_len=prompt_len, gen_len=gen_len, weight_dtype=weight_dtype,
+            cache_dtype=cache_dtype, device=serve_device, memory_bytes=memory,
+        ),
+    )  # fmt: skip
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ConfigError(f"--output {output} exists and is not an empty folder")
     check_writable(output, folder=True)  # before the study is read and the configs built
@@ -93,13 +119,16 @@ def export(
         selection = select(db, study, choice)
         rungs = db.ladder_rungs(study) if request is not None else []
     if request is not None:
-        from archsearch.search.scale import scaled_export
+        from archsearch.search.scale import scaled_export, study_scenario
 
-        result, plan = scaled_export(selection, choice, request)
+        scenario = study_scenario(selection.study, serving, request.device)
+        result, plan = scaled_export(selection, choice, request, scenario)
         write_tree(output, plan.tree)
         entry = plan.index[0]
         typer.echo(f"{output}: trial {entry['number']} scaled to {scale_to} as {entry['target']}")
         _print_scaled(result)
+        if result.serve is not None:
+            print_scaled_serve(result.serve, scale_to)
         from archsearch.cli.ladder import print_scaled_prediction
 
         print_scaled_prediction(rungs, study, entry["number"], result.chosen.config, train_tokens)

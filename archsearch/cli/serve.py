@@ -1,18 +1,23 @@
-"""`archsearch profile --serve`: what serving a shape costs, modelled on a catalogued GPU or
-measured on the device at hand with the local model's prediction beside it.
+"""What serving a shape costs, on the command line: `archsearch profile --serve` (modelled on a
+catalogued GPU or measured on the device at hand with the local model's prediction beside it) and
+the serving lines of `export --scale-to` (the scaled shape modelled under the study's scenario).
 
-`profile` (in `measure`) parses the options and hands over here, so the serving output lives in
-one module of its own.
+`profile` and `export` parse their options and hand over here, so the serving output lives in one
+module of its own.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
 
+import typer
 from rich.table import Table
 
 from archsearch.cli.common import print_json, si, stdout
 from archsearch.space.config import ArchConfig
+
+if TYPE_CHECKING:
+    from archsearch.search.scale import ScaledServe
 
 PARTS = (  # ServeTime fields shown in the breakdown, in order
     ("weights_read_s", "weights read"),
@@ -124,13 +129,7 @@ def _print(cfg: ArchConfig, out: dict[str, Any]) -> None:
         f"{cfg.describe()}\nserving {how} on {out['device']['name']}, {out['dtype']}, "
         f"batch {out['batch']}, context {out['context']}"
     )
-    costs = out["costs"]
-    limit = costs["memory_limit"]
-    fits = "" if limit is None else f"; largest batch in {si(limit, 'B')}: {costs['max_batch']}"
-    console.print(
-        f"KV cache {si(costs['kv_bytes_per_token'], 'B')}/token, {si(costs['kv_bytes'], 'B')} for the "
-        f"batch; weights {si(costs['weight_bytes'], 'B')}{fits}"
-    )
+    console.print(_costs_line(out["costs"]))
     breakdowns = out if out["modelled"] else out["predicted"]
     if breakdowns is None:  # measured on a GPU: no local model to print beside it
         graph = out["measured"]["decode_graph_time_s"]
@@ -157,3 +156,111 @@ def _print(cfg: ArchConfig, out: dict[str, Any]) -> None:
             f"decode at the largest batch, {at_max['batch']}: {si(at_max['time_s'], 's')} per step, "
             f"{at_max['tokens_per_second']:,.0f} tokens/s"
         )
+
+
+def _costs_line(costs: dict[str, Any], sequence: tuple[int, int] | None = None) -> str:
+    """The exact memory figures (`ServeCosts.to_dict()`) as one line; with `sequence`, (bytes,
+    tokens), one sequence's cache at the scenario's context too."""
+    limit = costs["memory_limit"]
+    fits = "" if limit is None else f"; largest batch in {si(limit, 'B')}: {costs['max_batch']}"
+    one = "" if sequence is None else f" {si(sequence[0], 'B')} per sequence at {sequence[1]:,} tokens,"
+    return (
+        f"KV cache {si(costs['kv_bytes_per_token'], 'B')}/token,{one} {si(costs['kv_bytes'], 'B')} for the "
+        f"batch; weights {si(costs['weight_bytes'], 'B')}{fits}"
+    )
+
+
+# --- `export --scale-to`: the scaled shape under a serving scenario ------------------------------
+# The flags change the study's [serve] table field by field (`search.scale.study_scenario`);
+# export's own --batch and --device are the training micro-batch and GPU the shape is scaled for.
+
+
+def _help(what: str, default: str) -> str:
+    return f"With --scale-to: {what} (default: the study's [serve] value, else {default})."
+
+
+ServeBatchOpt = Annotated[
+    int | None, typer.Option("--serve-batch", help=_help("sequences decoded together", "1"), min=1)
+]
+PromptLenOpt = Annotated[int | None, typer.Option(help=_help("tokens prefilled per sequence", "512"), min=1)]
+GenLenOpt = Annotated[int | None, typer.Option(help=_help("tokens generated per sequence", "128"), min=1)]
+WeightDtypeOpt = Annotated[
+    str | None, typer.Option(help=_help("weights in serving: fp32, bf16, fp16 or fp8", "bf16"))
+]
+CacheDtypeOpt = Annotated[str | None, typer.Option(help=_help("the KV cache's dtype", "bf16"))]
+ServeDeviceOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--serve-device",
+        help=_help(
+            "the catalogued GPU serving is modelled on; local is measured, so --device stands in", "--device"
+        ),
+    ),
+]
+MemoryOpt = Annotated[
+    str | None,
+    typer.Option(help=_help('the server\'s memory limit, e.g. "40GB"', "the serving GPU's memory")),
+]
+SERVE_FLAGS = {  # ServeScenario field -> the export flag that sets it
+    "batch": "--serve-batch", "prompt_len": "--prompt-len", "gen_len": "--gen-len",
+    "weight_dtype": "--weight-dtype", "cache_dtype": "--cache-dtype", "device": "--serve-device",
+    "memory_bytes": "--memory",
+}  # fmt: skip
+
+
+def serve_changes(scaling: bool, values: dict[str, Any]) -> dict[str, Any]:
+    """The serving flags given (`values` by `ServeScenario` field, None when absent), each checked
+    before the database is opened.
+
+    Raises:
+        ConfigError: a flag without --scale-to, or a bad value (one line naming the flag).
+    """
+    from archsearch.errors import ConfigError
+    from archsearch.evaluators.serving import resolve_scenario
+    from archsearch.space.serve import ServeError, ServeScenario
+    from archsearch.units import parse_bytes
+
+    changes = {field: value for field, value in values.items() if value is not None}
+    if changes and not scaling:
+        raise ConfigError(f"{', '.join(SERVE_FLAGS[f] for f in changes)} only go with --scale-to")
+    if "memory_bytes" in changes:
+        changes["memory_bytes"] = parse_bytes(changes["memory_bytes"], "--memory")
+    for field, value in changes.items():
+        try:
+            resolve_scenario(ServeScenario(**{field: value}))  # the device: at hand or catalogued
+        except ServeError as exc:
+            raise ServeError(f"{SERVE_FLAGS[field]}: {exc}") from None
+    return changes
+
+
+def print_scaled_serve(serve: ScaledServe, target: str) -> None:
+    """The scaled shape's serving figures on stdout (a local scenario's stand-in GPU on stderr)."""
+    s, costs, report = serve.scenario, serve.costs, serve.report
+    if serve.instead_of is not None:
+        typer.echo(
+            f"note: serving on {serve.instead_of!r} is measured, and the {target} shape is not built here: "
+            f"modelled on {s.device} (--device) instead; --serve-device names another catalogued GPU",
+            err=True,
+        )
+    working = f", {si(s.working_bytes, 'B')} working memory" if s.working_bytes else ""
+    prefill, decode, at_max = report.prefill, report.decode, report.decode_at_max_batch
+    lines = [
+        f"serving modelled on {serve.device_name}: batch {s.batch}, prompt {s.prompt_len:,} + "
+        f"{s.gen_len:,} generated, {s.weight_dtype} weights, {s.cache_dtype} cache{working}",
+        "  " + _costs_line(costs.to_dict(), (serve.kv_bytes_per_sequence, s.context)),
+        f"  prefill {si(prefill.time_s, 's')} ({prefill.tokens_per_second:,.0f} tokens/s); decode "
+        f"{si(decode.time_s, 's')}/token mid-generation ({decode.tokens_per_second:,.0f} tokens/s for the "
+        f"batch, {decode.floor_ratio:.2f}x its floor, {decode.bound}-bound)",
+    ]
+    limit = si(s.memory_limit or 0, "B")
+    if at_max is not None:
+        lines.append(
+            f"  at the largest batch, {at_max.batch}: decode {si(at_max.time_s, 's')}/step, "
+            f"{at_max.tokens_per_second:,.0f} tokens/s"
+        )
+    elif costs.max_batch == 0:
+        beside = "the weights" + (" and working memory" if s.working_bytes else "")
+        lines.append(f"  not one sequence of {s.context:,} tokens fits {limit} beside {beside}")
+    if costs.max_batch and not costs.fits:
+        lines.append(f"  the scenario's batch of {s.batch} does not fit {limit}")
+    typer.echo("\n".join(lines))

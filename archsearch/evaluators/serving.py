@@ -190,24 +190,23 @@ def _serve_time(
         flops += g.count * 2 * g.m * g.n * g.k
     compute = flops / rate
     # The embedding table is looked up (B*T rows), not multiplied; a tied one is read by the head.
-    # 2. Attention: T queries per head over S keys each, causal within the new tokens.
+    # 2. Attention: T queries per head over S keys each, causal within the new tokens. Its FLOPs
+    # count at the GEMMs' achieved rate at most, in both phases: the fitted efficiency is the
+    # training flash kernel's (above 1 on the H100: relative to a GEMM's).
     per_token = kv_cache_bytes(cfg, 1, 1, cache_dtype)
     cache_read = B * (S - T) * per_token  # the cached prefix; the new keys come from the GEMM
     cache_written = B * T * per_token
-    q_bytes = 2 * B * T * cfg.q_dim * w_size  # queries in, outputs out
+    attn_rate = rate * min(1.0, model.attention_efficiency)
     if T == S:  # prefill from an empty cache: the training forward's flash kernel
         call = AttentionCall("sdpa.fwd", B, cfg.n_heads, cfg.n_kv_heads, T, cfg.head_dim, cfg.n_layers)
-        attention = predict_attention(bare, call, weight_dtype)
         attn_flops = call.causal_flops
-        attn_compute = attn_flops / (rate * min(1.0, model.attention_efficiency))
+        attention = predict_attention(bare, call, weight_dtype)
     else:  # decode: every query reads the whole cache (flash-decoding splits it over the SMs)
         attn_flops = cfg.n_layers * 4 * B * cfg.n_heads * T * S * cfg.head_dim
-        # The fitted efficiency is the training flash kernel's (above 1 on the H100: relative to a
-        # GEMM's); a decode kernel is held to the GEMMs' achieved rate at most.
-        attn_compute = attn_flops / (rate * min(1.0, model.attention_efficiency))
+        q_bytes = 2 * B * T * cfg.q_dim * w_size  # queries in, outputs out
         attn_bytes = cfg.n_layers * q_bytes + cache_read + cache_written
-        attention = max(attn_compute, attn_bytes / model.bandwidth)
-    compute += attn_compute
+        attention = max(attn_flops / attn_rate, attn_bytes / model.bandwidth)
+    compute += attn_flops / attn_rate
     flops += attn_flops
     # 3. Memory-bound ops: each norm, activation, residual add, rope reads and writes its tensor.
     act = B * T * cfg.d_model * w_size

@@ -12,11 +12,18 @@ rounded up to a tile multiple, d_model a multiple of 128), one dimension at a ti
 All numbers are modelled: the step is the sum of its kernels on one stream plus the framework
 overhead of the kernels an eager step launches, where the device has constants fitted to real
 steps (`catalogue.FITTED`: the H100, whose eager steps ran 1.4-5.6x their kernel sums).
+
+With a serving scenario (the study's [serve] table, changed by `export`'s serving flags) the
+scaled shape is priced as a search prices a trial: its exact memory (`space.serve.serve_costs`)
+and its prefill and decode modelled on the scenario's catalogued GPU
+(`evaluators.serving.scenario_report`). A scenario on the device at hand (`local`) is measured,
+and the scaled shape is not built here, so it is modelled on the device the shape was scaled for.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +34,10 @@ from archsearch.space.scale import naive_d_ff, naive_d_model, pad_vocab, scaled_
 
 if TYPE_CHECKING:
     from archsearch.evaluators.hardware import DeviceModel
+    from archsearch.evaluators.serving import ServeReport
     from archsearch.search.selection import Choice, ExportPlan, Selection
+    from archsearch.space.serve import ServeCosts, ServeScenario
+    from archsearch.storage import StudyRecord
 
 DTYPE = "bf16"  # what training runs in on every catalogued GPU
 MICRO_BATCH_TOKENS = 16384  # batch * seq_len per micro-batch: 8 x 2048, a common 1B-class setting
@@ -94,6 +104,79 @@ class AlignmentGain:
 
 
 @dataclass(frozen=True)
+class ScaledServe:
+    """What serving the scaled shape costs under a scenario, modelled on a catalogued GPU."""
+
+    scenario: ServeScenario  # resolved: a catalogued GPU, whose memory is the limit unless stated
+    device_name: str
+    costs: ServeCosts  # exact: KV bytes per token and at the context, weights, the largest batch
+    report: ServeReport  # modelled: prefill, decode at the scenario's batch and the largest one
+    instead_of: str | None  # the local device the scenario named, modelled on `scenario.device`
+
+    @property
+    def kv_bytes_per_sequence(self) -> int:
+        """One sequence's cache at the scenario's context (prompt plus generated)."""
+        return self.costs.kv_bytes // self.scenario.batch
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the scenario, its device, and the figures under their plain names
+        (`kv_bytes_per_token`, `weight_bytes`, `max_batch`, `prefill_time_s`, `decode_time_s`, ...)."""
+        s = self.scenario
+        return {
+            "scenario": s.to_dict(),
+            "device": {"key": s.device, "name": self.device_name},
+            "modelled_instead_of": self.instead_of,
+            "context": s.context,
+            "kv_bytes_per_sequence": self.kv_bytes_per_sequence,
+            **self.report.to_dict(),
+            **self.costs.to_dict(),  # after the report's: max_batch 0 (none fits), not None
+        }
+
+
+def study_scenario(study: StudyRecord, changes: Mapping[str, Any], device: str) -> ServeScenario | None:
+    """The scenario a scaled export is priced under: the study's [serve] table with `changes`
+    (`ServeScenario` fields) over it; where the study has none, the defaults on `device` (the GPU
+    the shape is scaled for); None without either.
+
+    A study's stored scenario holds its GPU's memory as the limit when the table stated none; a
+    new device without a new limit takes the new GPU's memory instead of the old one's.
+
+    Raises:
+        ServeError: a changed field breaks a rule.
+    """
+    from archsearch.evaluators.catalogue import ACCELERATORS
+    from archsearch.space.serve import ServeScenario
+
+    stored = study.spec.get("space", {}).get("serve")
+    if stored is None and not changes:
+        return None
+    base = ServeScenario(**stored) if stored is not None else ServeScenario(device=device)
+    changes = dict(changes)
+    if "device" in changes and "memory_bytes" not in changes and base.device in ACCELERATORS:
+        if base.memory_bytes == ACCELERATORS[base.device].memory_bytes:
+            changes["memory_bytes"] = None
+    return base.replace(**changes)
+
+
+def scaled_serve(cfg: ArchConfig, scenario: ServeScenario, device: str) -> ScaledServe:
+    """`cfg` served under `scenario`, on its catalogued GPU, or on `device` when the scenario's is
+    the one at hand (measured, so not at a size that is not built here).
+
+    Raises:
+        ServeError: the scenario's device is not catalogued.
+        UnknownNameError: the device has no peak for the weights' dtype.
+    """
+    from archsearch.evaluators.catalogue import ACCELERATORS
+    from archsearch.evaluators.serving import resolve_scenario, scenario_report
+    from archsearch.space.serve import serve_costs
+
+    instead_of = scenario.device if scenario.local else None
+    s = resolve_scenario(scenario.replace(device=device) if instead_of else scenario)
+    name = ACCELERATORS[s.device].name
+    return ScaledServe(s, name, serve_costs(cfg, s), scenario_report(cfg, s), instead_of)
+
+
+@dataclass(frozen=True)
 class ScaleResult:
     source: ArchConfig  # the trial's shape
     request: ScaleRequest
@@ -103,6 +186,7 @@ class ScaleResult:
     closest: tuple[Scored, ...]  # the candidates the pick was made among, fastest first
     considered: int  # candidates within the tolerance, all scored
     gains: tuple[AlignmentGain, ...]
+    serve: ScaledServe | None = None  # the chosen shape's serving costs, with a scenario
 
     @property
     def eager_mfu_range(self) -> tuple[float, float]:
@@ -123,6 +207,7 @@ class ScaleResult:
             "modelled_mfu": self.chosen.mfu,
             "candidates_scored": self.considered,
             "alignment_gains": [{**dataclasses.asdict(g), "gain_pct": g.gain_pct} for g in self.gains],
+            **({"serve": self.serve.to_dict()} if self.serve is not None else {}),
         }
 
 
@@ -205,17 +290,18 @@ def alignment_gains(
 
 
 def scaled_export(
-    selection: Selection, choice: Choice, request: ScaleRequest
+    selection: Selection, choice: Choice, request: ScaleRequest, serve: ServeScenario | None = None
 ) -> tuple[ScaleResult, ExportPlan]:
     """The one selected trial scaled by `request`, and the files that export the scaled shape.
 
     Provenance names the study and trial it is scaled from, the target and the device; its
-    results are the scaled shape's exact counts and modelled step, and the trial's own measured
-    results stay under `proxy_results`.
+    results are the scaled shape's exact counts and modelled step (and, with a `serve` scenario,
+    its KV bytes per token and modelled prefill and decode, detailed under `scaled.serve`), and
+    the trial's own measured results stay under `proxy_results`.
 
     Raises:
-        ArchsearchError: not exactly one trial selected, no shape near the target, or the format
-            refuses the scaled shape.
+        ArchsearchError: not exactly one trial selected, no shape near the target, the format
+            refuses the scaled shape, or the scenario's device is not catalogued.
     """
     from archsearch.search.selection import ExportPlan, trial_provenance
     from archsearch.space.export import EXPORT_FORMATS
@@ -225,6 +311,8 @@ def scaled_export(
     (member,) = selection.members
     result = scale_config(member.config, request)
     cfg = result.chosen.config
+    if serve is not None:
+        result = dataclasses.replace(result, serve=scaled_serve(cfg, serve, request.device))
     export_format = EXPORT_FORMATS[choice.fmt]
     reason = export_format.refusal(cfg)
     if reason is not None:
@@ -245,6 +333,12 @@ def scaled_export(
         "step_time_s": result.chosen.step_time_s,
         "step_time_device": f"model:{result.device_name}",
     }
+    if result.serve is not None:  # the trial columns' names, as an unscaled export carries them
+        provenance["results"] |= {
+            "kv_cache_bytes_per_token": result.serve.costs.kv_bytes_per_token,
+            "prefill_time_s": result.serve.report.prefill.time_s,
+            "decode_time_s": result.serve.report.decode.time_s,
+        }
     index = {
         "number": member.number,
         "folder": "",

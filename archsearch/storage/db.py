@@ -1029,35 +1029,11 @@ class Storage:
         Returns:
             True when written, False when that run was already stored (it is left as it was).
         """
-        with self._session() as s:
-            s.execute(select(schema.Study.name).where(schema.Study.name == study).with_for_update())
-            found = s.scalar(
-                select(schema.LongRun.id).where(
-                    schema.LongRun.study == study,
-                    schema.LongRun.trial_number == trial_number,
-                    schema.LongRun.multiplier == float(multiplier),
-                    schema.LongRun.seed == seed,
-                )
-            )
-            if found is not None:
-                return False
-            s.add(
-                schema.LongRun(
-                    study=study,
-                    trial_number=trial_number,
-                    multiplier=float(multiplier),
-                    seed=seed,
-                    tokens=int(tokens),
-                    val_loss=float(val_loss),
-                    val_curve_json=json.dumps([[int(t), float(v)] for t, v in val_curve]),
-                    settings_json=json.dumps(dict(settings or {}), sort_keys=True),
-                    device_fingerprint=device_fingerprint,
-                    corpus_fingerprint=corpus_fingerprint,
-                    wall_time_s=wall_time_s,
-                    created_at=time.time(),
-                )
-            )
-            return True
+        key = dict(study=study, trial_number=trial_number, multiplier=float(multiplier), seed=seed)
+        run = _run_columns(
+            tokens, val_loss, val_curve, settings, device_fingerprint, corpus_fingerprint, wall_time_s
+        )
+        return self._add_once(schema.LongRun, key, run)
 
     def long_runs(self, study: str, multiplier: float | None = None) -> list[LongRunRecord]:
         """`study`'s long runs (of one multiplier, or all), by trial number, multiplier, seed."""
@@ -1135,43 +1111,19 @@ class Storage:
         Returns:
             True when written, False when that rung was already stored (it is left as it was).
         """
-        key = shape_key(config)
+        key = dict(
+            study=study, trial_number=trial_number, tokens_per_param=float(tokens_per_param),
+            shape_key=shape_key(config), seed=seed,
+        )  # fmt: skip
         counts = param_counts(config)
-        with self._session() as s:
-            s.execute(select(schema.Study.name).where(schema.Study.name == study).with_for_update())
-            found = s.scalar(
-                select(schema.LadderRung.id).where(
-                    schema.LadderRung.study == study,
-                    schema.LadderRung.trial_number == trial_number,
-                    schema.LadderRung.tokens_per_param == float(tokens_per_param),
-                    schema.LadderRung.shape_key == key,
-                    schema.LadderRung.seed == seed,
-                )
-            )
-            if found is not None:
-                return False
-            s.add(
-                schema.LadderRung(
-                    study=study,
-                    trial_number=trial_number,
-                    tokens_per_param=float(tokens_per_param),
-                    target_params=int(target_params),
-                    shape_key=key,
-                    config_json=config.to_json(indent=None),
-                    params_total=counts.total,
-                    params_non_embedding=counts.non_embedding,
-                    seed=seed,
-                    tokens=int(tokens),
-                    val_loss=float(val_loss),
-                    val_curve_json=json.dumps([[int(t), float(v)] for t, v in val_curve]),
-                    settings_json=json.dumps(dict(settings or {}), sort_keys=True),
-                    device_fingerprint=device_fingerprint,
-                    corpus_fingerprint=corpus_fingerprint,
-                    wall_time_s=wall_time_s,
-                    created_at=time.time(),
-                )
-            )
-            return True
+        rung = dict(
+            target_params=int(target_params), config_json=config.to_json(indent=None),
+            params_total=counts.total, params_non_embedding=counts.non_embedding,
+            **_run_columns(
+                tokens, val_loss, val_curve, settings, device_fingerprint, corpus_fingerprint, wall_time_s
+            ),
+        )  # fmt: skip
+        return self._add_once(schema.LadderRung, key, rung)
 
     def ladder_rungs(self, study: str, tokens_per_param: float | None = None) -> list[LadderRungRecord]:
         """`study`'s stored rungs (at one tokens-per-parameter, or all), by trial, ratio, size, seed."""
@@ -1206,6 +1158,22 @@ class Storage:
                 dict(tokens_per_param=r.tokens_per_param, fit=json.loads(r.fit_json), created_at=r.created_at)
                 for r in rows
             ]
+
+    def _add_once(self, table: Any, key: Mapping[str, Any], columns: Mapping[str, Any]) -> bool:
+        """Insert a row of `table` (`key` and `columns`, stamped now) unless one with the same `key`
+        columns is stored, in one transaction holding the study's row locked: of two writers racing
+        with the same key, the first wins.
+
+        Returns:
+            True when written, False when a row with that key was already stored (left as it was).
+        """
+        with self._session() as s:
+            s.execute(select(schema.Study.name).where(schema.Study.name == key["study"]).with_for_update())
+            same = [table.__table__.c[column] == value for column, value in key.items()]
+            if s.scalar(select(table.id).where(*same)) is not None:
+                return False
+            s.add(table(**key, **columns, created_at=time.time()))
+            return True
 
     @staticmethod
     def _oldest_first(s: Session, table: Any, study: str, time: Any) -> Sequence[Any]:
@@ -1339,6 +1307,27 @@ def _trial_record(row: schema.Trial) -> TrialRecord:
         params=json.loads(row.params_json) if row.params_json else {},
         config=ArchConfig.from_json(row.config_json) if row.config_json else None,
         values=values,
+    )
+
+
+def _run_columns(
+    tokens: int,
+    val_loss: float,
+    val_curve: Sequence[Sequence[float]],
+    settings: Mapping[str, Any] | None,
+    device_fingerprint: str | None,
+    corpus_fingerprint: str | None,
+    wall_time_s: float | None,
+) -> dict[str, Any]:
+    """The columns a long run and a ladder rung share: what one training run measured."""
+    return dict(
+        tokens=int(tokens),
+        val_loss=float(val_loss),
+        val_curve_json=json.dumps([[int(t), float(v)] for t, v in val_curve]),
+        settings_json=json.dumps(dict(settings or {}), sort_keys=True),
+        device_fingerprint=device_fingerprint,
+        corpus_fingerprint=corpus_fingerprint,
+        wall_time_s=wall_time_s,
     )
 
 

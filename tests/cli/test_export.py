@@ -16,8 +16,11 @@ import pytest
 from typer.testing import CliRunner
 
 from archsearch.cli import app
+from archsearch.cli.common import si
+from archsearch.evaluators.serving import resolve_scenario, scenario_report
 from archsearch.search.pareto import pareto_front
 from archsearch.space import ArchConfig, flop_counts, param_counts
+from archsearch.space.serve import ServeScenario, serve_costs
 from archsearch.storage import Storage
 from archsearch.trial import TrialOutcome
 
@@ -38,11 +41,19 @@ TRIALS = {
     5: (replace(LLAMA, d_model=96, n_layers=4, d_ff=256, norm_placement="post"), 1.9),  # hf: refused
 }
 DEVICE = {"fingerprint": "fp-cpu", "name": "test CPU", "type": "cpu"}
+# Studies searched with a [serve] table: the scenario as the spec stores it, resolved (a GPU's
+# memory is the limit when the table states none).
+SERVED = {
+    "served": resolve_scenario(
+        ServeScenario(batch=4, prompt_len=1024, gen_len=256, device="h100-sxm", working_bytes=2 * 2**30)
+    ),
+    "served-local": ServeScenario(batch=2, prompt_len=256, gen_len=64, device="local"),
+}
 SPEC = dict(spec_fingerprint="f" * 64, spec_source="[model]\n", spec={"a": 1}, objectives=("loss", "flops"))
 
 
-def _add_trials(db: Storage, study: str, trials: dict) -> None:
-    db.create_study(study, **SPEC)
+def _add_trials(db: Storage, study: str, trials: dict, spec: dict | None = None) -> None:
+    db.create_study(study, **{**SPEC, "spec": spec or SPEC["spec"]})
     for number, entry in trials.items():
         slot = db.claim_trial(study, 100, lease_s=60)
         db.assign_trial(slot, number=number, optuna_trial_id=number, params={}, config=entry and entry[0])
@@ -61,6 +72,8 @@ def db_url(tmp_path_factory) -> str:
         _add_trials(db, "s", TRIALS)
         post = {n: (replace(LLAMA, norm_placement="post", d_model=32 * (n + 1)), 3.0 - n) for n in range(2)}
         _add_trials(db, "posts", post)
+        for study, scenario in SERVED.items():  # stored as a search stores its [serve] table
+            _add_trials(db, study, {0: TRIALS[2]}, spec={"space": {"serve": scenario.to_dict()}})
     return url
 
 
@@ -372,6 +385,8 @@ def test_scale_to_as_json_names_the_trial_target_and_device(db_url, tmp_path):
         2048,
     )
     assert "give your tokenizer's with --vocab" in result.stderr
+    # The study was searched without a [serve] table and no serving flag is given: no serving lines.
+    assert "serve" not in prov["scaled"] and "serving" not in result.stdout
 
 
 SCALE_BAD = [
@@ -382,6 +397,31 @@ SCALE_BAD = [
     pytest.param(["--front", "--scale-to", "1B"], "--scale-to scales one trial", id="front"),
     pytest.param(["--knee", "--device", "h100-sxm"], "--device only go with --scale-to", id="no-scale-to"),
     pytest.param(["--knee", "--scale-to", "1k"], "has 1,000 parameters within 10%", id="too-small"),
+    pytest.param(
+        ["--knee", "--serve-batch", "2", "--memory", "1GB"],
+        "--serve-batch, --memory only go with --scale-to",
+        id="serve-without-scale-to",
+    ),
+    pytest.param(
+        ["--knee", "--scale-to", "350M", "--weight-dtype", "fp64"],
+        "--weight-dtype: weight_dtype 'fp64' is unknown; valid: fp32, bf16, fp16, fp8",
+        id="serve-dtype",
+    ),
+    pytest.param(
+        ["--knee", "--scale-to", "350M", "--serve-device", "tpu"],
+        "--serve-device: unknown device 'tpu'; measured: local",
+        id="serve-device",
+    ),
+    pytest.param(
+        ["--knee", "--scale-to", "350M", "--memory", "lots"],
+        "--memory 'lots' must be a number of bytes >= 0",
+        id="serve-memory",
+    ),
+    pytest.param(
+        ["--knee", "--scale-to", "350M", "--serve-batch", "0"],
+        "Invalid value for '--serve-batch'",
+        id="serve-batch",
+    ),
 ]
 
 
@@ -392,3 +432,114 @@ def test_scale_to_errors_exit_2_with_one_line_and_write_nothing(db_url, tmp_path
         run(db_url, "--study", "s", *args, "--exportable", "--format", "hf", "-o", str(out)), message
     )
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+# --- --scale-to with a serving scenario: the scaled shape's serving figures -----------------------
+
+
+def _scaled_serve(db_url: str, tmp_path, study: str, *flags: str):
+    """Export `study`'s trial 0 scaled to 350M as JSON: (result, scaled config, the JSON document)."""
+    out = tmp_path / "served"
+    args = ("--study", study, "--trial", "0", "--scale-to", "350M", "--format", "json", "-o", str(out))
+    result = run(db_url, *args, *flags)
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "archsearch.json").read_text())
+    return result, ArchConfig.from_dict(doc["config"]), doc
+
+
+def _assert_figures(result, cfg: ArchConfig, doc: dict, scenario: ServeScenario) -> None:
+    """The JSON and the text carry exactly the serving functions' figures for the scaled shape."""
+    costs, report = serve_costs(cfg, scenario), scenario_report(cfg, scenario)
+    serve = doc["provenance"]["scaled"]["serve"]
+    assert serve["scenario"] == scenario.to_dict() and serve["context"] == scenario.context
+    expected = {
+        "kv_bytes_per_token": costs.kv_bytes_per_token,
+        "kv_bytes": costs.kv_bytes,
+        "kv_bytes_per_sequence": costs.kv_bytes_per_token * scenario.context,
+        "weight_bytes": costs.weight_bytes,
+        "memory_limit": costs.memory_limit,
+        "max_batch": costs.max_batch,
+        "prefill_time_s": report.prefill.time_s,
+        "decode_time_s": report.decode.time_s,
+        "decode_tokens_per_s": report.decode.tokens_per_second,
+        "generation_time_s": report.generation_time_s,
+    }
+    assert {key: serve[key] for key in expected} == expected
+    assert serve["decode"] == report.decode.to_dict() and serve["prefill"] == report.prefill.to_dict()
+    assert (doc["results"]["prefill_time_s"], doc["results"]["decode_time_s"]) == (
+        report.prefill.time_s,
+        report.decode.time_s,
+    )
+    assert doc["results"]["kv_cache_bytes_per_token"] == costs.kv_bytes_per_token
+    text = result.stdout
+    for shown in (
+        f"KV cache {si(costs.kv_bytes_per_token, 'B')}/token, {si(expected['kv_bytes_per_sequence'], 'B')} "
+        f"per sequence at {scenario.context:,} tokens, {si(costs.kv_bytes, 'B')} for the batch; "
+        f"weights {si(costs.weight_bytes, 'B')}",
+        f"prefill {si(report.prefill.time_s, 's')} ({report.prefill.tokens_per_second:,.0f} tokens/s)",
+        f"decode {si(report.decode.time_s, 's')}/token mid-generation "
+        f"({report.decode.tokens_per_second:,.0f} tokens/s for the batch",
+    ):
+        assert shown in text, text
+    if costs.max_batch:
+        at_max = report.decode_at_max_batch
+        assert serve["max_batch_tokens_per_s"] == at_max.tokens_per_second
+        assert f"largest batch in {si(costs.memory_limit, 'B')}: {costs.max_batch}" in text
+        assert f"at the largest batch, {costs.max_batch}: decode {si(at_max.time_s, 's')}/step" in text
+
+
+def test_scale_to_prints_the_studys_serving_figures_at_the_target_size(db_url, tmp_path):
+    result, cfg, doc = _scaled_serve(db_url, tmp_path, "served")
+    scenario = SERVED["served"]
+    _assert_figures(result, cfg, doc, scenario)
+    assert doc["provenance"]["scaled"]["serve"]["device"] == {
+        "key": "h100-sxm",
+        "name": "NVIDIA H100 SXM5 80GB",
+    }
+    assert (
+        "serving modelled on NVIDIA H100 SXM5 80GB: batch 4, prompt 1,024 + 256 generated, bf16 weights, "
+        "bf16 cache, 2.147GB working memory" in result.stdout
+    )
+    assert (
+        doc["provenance"]["scaled"]["serve"]["memory_limit"] == 80 * 10**9
+        and doc["provenance"]["scaled"]["serve"]["max_batch"] > 4
+    )
+
+
+def test_serving_flags_change_the_studys_scenario_field_by_field(db_url, tmp_path):
+    flags = ("--serve-batch", "8", "--prompt-len", "2048", "--cache-dtype", "fp8", "--serve-device", "l4")
+    result, cfg, doc = _scaled_serve(db_url, tmp_path, "served", *flags)
+    # The stored limit was the H100's memory, not the table's: on the L4 the L4's memory is the limit.
+    scenario = SERVED["served"].replace(batch=8, prompt_len=2048, cache_dtype="fp8", device="l4")
+    scenario = resolve_scenario(scenario.replace(memory_bytes=None))
+    assert scenario.memory_bytes == 24 * 10**9 and scenario.working_bytes == 2 * 2**30
+    _assert_figures(result, cfg, doc, scenario)
+    assert "serving modelled on NVIDIA L4 24GB: batch 8, prompt 2,048 + 256 generated" in result.stdout
+
+
+def test_serving_flags_price_a_study_without_a_serve_table(db_url, tmp_path):
+    result, cfg, doc = _scaled_serve(db_url, tmp_path, "s", "--serve-device", "a100-80gb", "--memory", "40GB")
+    scenario = ServeScenario(device="a100-80gb", memory_bytes=40 * 10**9)
+    _assert_figures(result, cfg, doc, scenario)
+
+
+def test_a_limit_the_weights_fill_says_no_sequence_fits(db_url, tmp_path):
+    result, cfg, doc = _scaled_serve(db_url, tmp_path, "s", "--memory", "100MB")
+    scenario = ServeScenario(device="h100-sxm", memory_bytes=100 * 10**6)
+    _assert_figures(result, cfg, doc, scenario)
+    assert (
+        doc["provenance"]["scaled"]["serve"]["max_batch"] == 0
+        and doc["provenance"]["scaled"]["serve"]["fits"] is False
+    )
+    assert "not one sequence of 640 tokens fits 100MB beside the weights" in result.stdout
+
+
+def test_a_local_scenario_is_modelled_on_the_scale_device_and_says_so(db_url, tmp_path):
+    result, cfg, doc = _scaled_serve(db_url, tmp_path, "served-local", "--device", "a100-80gb")
+    scenario = resolve_scenario(SERVED["served-local"].replace(device="a100-80gb"))
+    _assert_figures(result, cfg, doc, scenario)
+    assert doc["provenance"]["scaled"]["serve"]["modelled_instead_of"] == "local"
+    assert "note: serving on 'local' is measured, and the 350M shape is not built here: modelled on " in (
+        result.stderr
+    )
+    assert "a100-80gb (--device) instead" in result.stderr
