@@ -8,6 +8,8 @@ Anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+MAX_LINE = 1_000  # an error line longer than this is cut: a message may quote a huge value
+
 
 class ArchsearchError(Exception):
     """Base class of errors caused by user input, reported as one line."""
@@ -48,3 +50,15 @@ def quoted(text: str, limit: int = 40) -> str:
     """User text quoted for a one-line message: escapes for control characters, shortened."""
     shown = text if len(text) <= limit else text[: limit - 3] + "..."
     return ascii(shown) if not shown.isprintable() else f"'{shown}'"
+
+
+def error_line(message: str) -> str:
+    """`error: message` as one line: line breaks folded, a long message cut (with what was cut).
+
+    The CLI's boundary prints every error so (`cli.common`), and so does the search's watcher
+    (`search.reaper`) for a driver that Ray ended before it could.
+    """
+    text = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    if len(text) > MAX_LINE:
+        text = f"{text[: MAX_LINE - 40]}... ({len(text) - MAX_LINE + 40:,} characters cut)"
+    return f"error: {text}"

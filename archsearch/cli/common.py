@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from archsearch.errors import ArchsearchError, ConfigError, Terminated
+from archsearch.errors import ArchsearchError, ConfigError, Terminated, error_line
 from archsearch.space import ArchConfig, load_config, preset
 from archsearch.units import format_si
 
@@ -24,18 +24,9 @@ EXIT_USAGE = 2  # Click's code for bad usage; archsearch uses it for every bad i
 EXIT_ENVIRONMENT = 1  # a failure of what the command depends on (`errors.EnvironmentFailure`)
 EXIT_SIGINT = 130  # 128 + SIGINT, as shells report a process Ctrl-C stopped
 EXIT_SIGTERM = 143  # 128 + SIGTERM
-MAX_LINE = 1_000  # an error line longer than this is cut: a message may quote a huge value
 # Click's usage error class, from the Click that Typer runs: recent Typers vendor a copy whose
 # classes are not `click`'s. The public typer.BadParameter derives from it in both cases.
 _USAGE_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
-
-
-def error_line(message: str) -> str:
-    """`error: message` as one line: line breaks folded, a long message cut (with what was cut)."""
-    text = " ".join(line.strip() for line in message.splitlines() if line.strip())
-    if len(text) > MAX_LINE:
-        text = f"{text[: MAX_LINE - 40]}... ({len(text) - MAX_LINE + 40:,} characters cut)"
-    return f"error: {text}"
 
 
 def os_error_text(exc: OSError) -> str:
@@ -195,5 +186,5 @@ def resolve_shape(
     from archsearch.search.selection import trial_config
     from archsearch.storage import Storage
 
-    with Storage.open(storage, create=False) as db:
+    with Storage.open(storage, read_only=True) as db:
         return trial_config(db, study, trial)  # type: ignore[arg-type]

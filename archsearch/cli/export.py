@@ -115,7 +115,7 @@ def export(
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ConfigError(f"--output {output} exists and is not an empty folder")
     check_writable(output, folder=True)  # before the study is read and the configs built
-    with Storage.open(storage, create=False) as db:
+    with Storage.open(storage, read_only=True) as db:
         selection = select(db, study, choice)
         rungs = db.ladder_rungs(study) if request is not None else []
     if request is not None:

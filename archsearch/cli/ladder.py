@@ -270,7 +270,7 @@ def pareto_at_size(
             "apply"
         )
     target = parse_count(at_size, "--at-size")
-    with Storage.open(storage, create=False) as db:
+    with Storage.open(storage, read_only=True) as db:
         ranked, notes = predict_at_size(db, studies[0], target)
     if as_json:
         print_json(at_size_dict(studies[0], target, ranked, notes))

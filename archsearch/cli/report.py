@@ -40,6 +40,6 @@ def report(
     from archsearch.results.report import write_report
     from archsearch.storage import Storage
 
-    with Storage.open(storage, create=False) as db:
+    with Storage.open(storage, read_only=True) as db:
         path = write_report(db, study, output, loss=loss, max_rows=max_rows)
     typer.echo(f"wrote {path}", err=True)

@@ -79,7 +79,7 @@ def pareto(
     ref = floats(reference, "--reference") if reference else None
     if plot is not None:
         check_writable(plot)  # before the fronts are ranked and drawn
-    with Storage.open(storage, create=False) as db:
+    with Storage.open(storage, read_only=True) as db:
         fronts = study_fronts(db, study, names, ref, loss)
         long = {s: db.long_run_losses(s) for s in study}
     if plot is not None:
@@ -147,7 +147,7 @@ def studies(storage: StorageOpt = None, as_json: JsonFlag = False) -> None:
     from archsearch.storage import Storage
     from archsearch.trial import STATES
 
-    with Storage.open(storage, create=False) as db:
+    with Storage.open(storage, read_only=True) as db:
         records = db.studies()
         runs = {s.name: db.search_runs(s.name) for s in records} if as_json else {}
     if as_json:
@@ -213,7 +213,7 @@ def trials(
         check_writable(output)  # before the query runs
     # A table without --limit fetches one row more than it shows, to know whether more match.
     fetch = TABLE_ROWS + 1 if fmt == "table" and limit is None else limit
-    with Storage.open(storage, create=False) as db:
+    with Storage.open(storage, read_only=True) as db:
         found = trials_table(db, study, where=where, sort=sort, limit=fetch)
         long = db.long_run_losses(study) if fmt == "table" else {}
     if fmt == "table":

@@ -133,7 +133,7 @@ def search(
     Ctrl-C or SIGTERM stops dispatching, cancels the running trials (recorded as interrupted and
     re-queued) and exits 130 / 143; `--resume` then continues to the requested number.
     """
-    from archsearch.search.driver import SearchOptions, SetupFailureError, run_search
+    from archsearch.search.driver import RayNodeDiedError, SearchOptions, SetupFailureError, run_search
     from archsearch.search.spec import load_spec
     from archsearch.storage import Storage, StorageUnavailableError
 
@@ -157,8 +157,8 @@ def search(
     with Storage.open(storage) as db, search_display(options.trials) as update:
         again = resume_command(space, options, db.display_url)
         try:
-            summary = run_search(spec, db, options, on_update=update)
-        except (StorageUnavailableError, SetupFailureError) as exc:  # the work can continue
+            summary = run_search(spec, db, options, on_update=update, continue_with=again)
+        except (StorageUnavailableError, SetupFailureError, RayNodeDiedError) as exc:  # it can continue
             raise type(exc)(f"{exc}; continue with `{again}`") from None
     front = summary.front
     if as_json:

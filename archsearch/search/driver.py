@@ -35,6 +35,11 @@ Failure handling (BRIEF.md section 8):
   their lease expires); `run_search` raises `StorageUnavailableError`, one line naming the
   database, what was being done and the cause. A value the database refuses in a trial's
   outcome fails that trial with the reason, and the search goes on.
+- The local Ray node dying under the driver (its raylet killed, by a memory limit say) stops the
+  search with `RayNodeDiedError`: the running trials are re-queued and Ray is not asked to shut
+  down (asking a dead raylet ends the process from C++). Where Ray's core worker ends the driver
+  first, the watcher of the local Ray says so in one line and ends the trials' leases (`reaper`).
+- Ray must start (or the cluster of `--address` answer) within a bound (`raystart`).
 - The first trials of a run all failing with the same error in the evaluation (a corpus the
   workers cannot read, a broken install) is a setup failure, not the shapes': the search stops
   with `SetupFailureError` and those trials are re-queued, so a `--resume` after the fix runs
@@ -63,7 +68,17 @@ import numpy as np
 from archsearch.errors import ArchsearchError, EnvironmentFailure, Terminated
 from archsearch.search.pareto import StudyFront, pareto_mask, study_front
 from archsearch.search.pruning import DEFAULT_REDUCTION_FACTOR, MultiObjectiveHalving
-from archsearch.search.reaper import ray_reaped
+from archsearch.search.raystart import (
+    RAY_START_ENV,
+    RayStartTimeout,
+    bounded,
+    native_stderr_to,
+    refused,
+    shorten_ray_waits,
+    start_bound,
+    start_failure_cause,
+)
+from archsearch.search.reaper import Watcher, how_it_ended, local_raylet, ray_reaped
 from archsearch.search.samplers import SAMPLERS, SEED_MAX
 from archsearch.search.spec import SearchSpec
 from archsearch.search.worker import TrialRequest, evaluate
@@ -107,6 +122,14 @@ SKIPPED_CONSTRAINT = {REJECTED: "valid_shape", DUPLICATE: "new_shape"}
 
 class SearchError(ArchsearchError):
     """A search that cannot start or continue (a study clash, a space the sampler cannot meet)."""
+
+
+class RayNodeDiedError(SearchError, EnvironmentFailure):
+    """The local Ray node (its raylet) died under the search; the running trials were re-queued."""
+
+
+class RayStartError(SearchError, EnvironmentFailure):
+    """Ray did not start here, or the cluster of `--address` could not be joined, within the bound."""
 
 
 class SetupFailureError(SearchError, EnvironmentFailure):
@@ -286,7 +309,9 @@ class _RayPool:
 
     Ray's own messages (its token-authentication notice, worker warnings) go to `RAY_LOG`, not to
     the user's terminal; a Ray that fails to start says where to look. A local Ray started here
-    is stopped when the driver ends, even by SIGKILL (`reaper`).
+    is stopped when the driver ends, even by SIGKILL, and its node's death ends the search in
+    one line, said by the driver (`check_node`) or, when Ray ended the driver first, by the
+    watcher (`reaper`).
     """
 
     def __init__(self, options: SearchOptions, evaluate_fn: Callable[..., TrialOutcome]) -> None:
@@ -294,13 +319,24 @@ class _RayPool:
         self.evaluate_fn = evaluate_fn
         self.owned = False
         self._stack = ExitStack()
+        self.watcher: Watcher | None = None  # of a local Ray started here
+        self._raylet: tuple[int, int] | None = None  # its node's raylet: (pid, start time)
+        self.node_ended: str | None = None  # how that raylet ended, once it has
 
     def __enter__(self) -> _RayPool:
+        bound = start_bound()
+        shorten_ray_waits(bound)  # before Ray reads its settings, on import
         import ray
 
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         if not ray.is_initialized():
+            address = self.options.address
+            where = f"join Ray at {address}" if address else "start a local Ray"
+            why = refused(address) if address else None
+            if why is not None:  # at once, rather than after Ray's connection attempts
+                raise RayStartError(f"cannot {where}: nothing answers there ({why})")
             self._stack.enter_context(_ray_logs_to(RAY_LOG))
+            self._stack.enter_context(_ray_errors_to(ray, RAY_LOG))
             kwargs: dict[str, Any] = dict(log_to_driver=False, configure_logging=False)
             # A signal while Ray starts is held until `ray.init` returns: raised at an arbitrary
             # point, a KeyboardInterrupt can land in a fork handler Ray's process start runs, where
@@ -315,33 +351,32 @@ class _RayPool:
                     raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
                 held.append(signum)
 
+            since = time.time()
             previous = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
             # `ray.init` would put its own SIGTERM handler (sys.exit, wherever the signal lands) in
             # place of ours: while it starts, it installs none.
             keep = _ray_keeps_our_sigterm(ray) if main else nullcontext()
             try:
-                if self.options.address:
-                    with keep:
-                        ray.init(address=self.options.address, **kwargs)
+                if address:
+                    with keep, bounded(bound), native_stderr_to(RAY_LOG):
+                        ray.init(address=address, **kwargs)
                 else:
-                    self._stack.enter_context(ray_reaped())
+                    self.watcher = self._stack.enter_context(ray_reaped())
                     cpus = max(
                         os.cpu_count() or 1, math.ceil(self.options.workers * self.options.cpus_per_trial)
                     )
-                    with keep:
+                    with keep, bounded(bound), native_stderr_to(RAY_LOG):
                         start_local_ray(cpus, **kwargs)
+                    self._raylet = local_raylet(os.getpid())
             except BaseException as exc:  # the reaper (in the stack) stops what Ray started
                 self._stack.close()
                 if held == [signal.SIGINT]:
                     raise KeyboardInterrupt from None
                 if held or (isinstance(exc, SystemExit) and exc.code == signal.SIGTERM):
                     raise Terminated from None  # held, or Ray's own SIGTERM handler's exit
-                if not isinstance(exc, Exception):
+                if not isinstance(exc, (Exception, RayStartTimeout)):
                     raise
-                where = f"join Ray at {self.options.address}" if self.options.address else "start a local Ray"
-                raise SearchError(
-                    f"cannot {where}: {type(exc).__name__}: {_first_line(exc)} (Ray's messages: {RAY_LOG})"
-                ) from None
+                raise RayStartError(self._start_failure(exc, where, bound, since)) from None
             finally:
                 for s, handler in previous.items():
                     signal.signal(s, handler)
@@ -359,29 +394,82 @@ class _RayPool:
         )
         return self
 
+    def _start_failure(self, exc: BaseException, where: str, bound: float, since: float) -> str:
+        """Why Ray did not start: the bound that ran out, or Ray's error; and the cause a failed
+        local start's own logs name (rather than Ray's guess, "some of the raylet failed to
+        startup or the GCS has become overloaded"), else where Ray's messages went."""
+        found = None if self.options.address else start_failure_cause(os.getpid(), since)
+        if isinstance(exc, RayStartTimeout):
+            late = f"Ray did not start within {bound:g} s (trying to {where}; ${RAY_START_ENV} sets it)"
+            return late + (f"; the cause, from {found[1]}: {found[0]}" if found else f" ({RAY_LOG})")
+        if found is not None:
+            return f"cannot {where}: {found[0]} (from {found[1]})"
+        return f"cannot {where}: {type(exc).__name__}: {_first_line(exc)} (Ray's messages: {RAY_LOG})"
+
     def __exit__(self, *exc: object) -> None:
         try:
-            if self.owned:
+            # Ray's shutdown asks the raylet to disconnect this driver; with the raylet dead, Ray
+            # ends the process from C++ there (exit 1, before the error line): the watcher stops
+            # what is left of the node instead.
+            if self.owned and not self._node_gone():
                 self.ray.shutdown()
         finally:
             self._stack.close()
 
+    def arm(self, storage: Storage, continue_with: str | None) -> None:
+        """Tell the watcher of a local Ray what to do if the node's death ends this process."""
+        if self.watcher is not None:
+            self.watcher.arm(storage.url, storage.host, continue_with)
+
+    def _node_gone(self) -> bool:
+        """Whether the raylet of the local Ray started here has ended (noted in `node_ended`)."""
+        if self.node_ended is None and self._raylet is not None:
+            self.node_ended = how_it_ended(*self._raylet)
+        return self.node_ended is not None
+
+    def check_node(self) -> None:
+        """Raise `RayNodeDiedError` once the raylet of the local Ray started here has ended.
+
+        Called every turn of the loop, before a trial whose worker died is retried (a trial
+        submitted to a dead node would wait forever), and when a call into Ray fails. A joined
+        cluster's nodes are Ray's to watch: their deaths reach the driver as trial errors.
+        """
+        if self._node_gone():
+            ended = self.node_ended
+            raise RayNodeDiedError(
+                f"the local Ray node died under the search (its raylet, pid {self._raylet[0]}, {ended}; a "
+                "memory limit or the OOM killer can do that); its running trials were re-queued"
+            )
+
+    @contextmanager
+    def _call(self) -> Iterator[None]:
+        """A call into Ray: one that fails because the local node died says so (`check_node`)."""
+        try:
+            yield
+        except Exception:
+            self.check_node()
+            raise
+
     def board(self, pruner: MultiObjectiveHalving) -> Any:
-        return self.ray.remote(num_cpus=0)(_Board).remote(pruner)
+        with self._call():
+            return self.ray.remote(num_cpus=0)(_Board).remote(pruner)
 
     def submit(self, request: TrialRequest, known: Any, board: Any) -> Any:
-        return self.task.remote(request, known, board)
+        with self._call():
+            return self.task.remote(request, known, board)
 
     def put(self, value: Any) -> Any:
-        return self.ray.put(value)
+        with self._call():
+            return self.ray.put(value)
 
     def wait(self, refs: list[Any], timeout: float) -> list[Any]:
         """The refs done within `timeout` (at least one, unless the time runs out)."""
-        ready, _ = self.ray.wait(refs, num_returns=1, timeout=timeout)
-        rest = [r for r in refs if r not in ready]
-        if ready and rest:  # collect any others that finished meanwhile, without waiting
-            more, _ = self.ray.wait(rest, num_returns=len(rest), timeout=0)
-            ready += more
+        with self._call():
+            ready, _ = self.ray.wait(refs, num_returns=1, timeout=timeout)
+            rest = [r for r in refs if r not in ready]
+            if ready and rest:  # collect any others that finished meanwhile, without waiting
+                more, _ = self.ray.wait(rest, num_returns=len(rest), timeout=0)
+                ready += more
         return ready
 
     def result(self, ref: Any) -> tuple[TrialOutcome | None, str | None, bool]:
@@ -397,7 +485,8 @@ class _RayPool:
             return None, f"worker died: {type(exc).__name__}: {_first_line(exc)}", True
 
     def cancel(self, ref: Any) -> None:
-        self.ray.cancel(ref, force=True)
+        if not self._node_gone():  # a dead node's workers are gone, and Ray would ask its raylet
+            self.ray.cancel(ref, force=True)
 
 
 class _Board:
@@ -450,6 +539,33 @@ def _ray_logs_to(path: Path) -> Iterator[None]:
     finally:
         logging.lastResort = fallback
         handler.close()
+
+
+@contextmanager
+def _ray_errors_to(ray: Any, path: Path) -> Iterator[None]:
+    """The errors Ray publishes to the driver (a raylet's death with its log's tail, a monitor's
+    traceback), which Ray's error thread prints to stdout whatever `log_to_driver` says, are
+    appended to `path` instead (`ray._private.worker.print_to_stdstream`, where this Ray has it).
+
+    For as long as Ray stays connected: after a node's death the driver skips Ray's shutdown
+    (`_RayPool.__exit__`), and the thread lives on until the process ends.
+    """
+    worker = getattr(getattr(ray, "_private", None), "worker", None)
+    original = getattr(worker, "print_to_stdstream", None)
+    if original is None:
+        yield
+        return
+
+    def to_file(data: dict[str, Any], ignore_prefix: bool = False) -> None:
+        with open(path, "a") as handle:
+            handle.writelines(f"({data.get('pid')}) {line}\n" for line in data.get("lines", ()))
+
+    worker.print_to_stdstream = to_file
+    try:
+        yield
+    finally:
+        if not ray.is_initialized():
+            worker.print_to_stdstream = original
 
 
 def _first_line(exc: BaseException) -> str:
@@ -544,9 +660,11 @@ class _Driver:
         """Refuse a study clash before Ray starts, from a read (`open_study` checks again, atomically).
 
         Ray starts before the study is created, so a Ctrl-C or a failure while it starts leaves
-        no empty study behind for a plain rerun to refuse.
+        no empty study behind for a plain rerun to refuse. Optuna's tables are opened here too, so
+        tables this Optuna cannot use (a newer Optuna's) are refused before Ray starts.
         """
         name = self.options.study
+        self.storage.optuna_storage()
         record = self.storage.study(name)
         found = self.storage.optuna_objectives(name)
         if record is None:
@@ -760,6 +878,7 @@ class _Driver:
                             continue
                         break
                     ready = pool.wait(list(self.running), WAIT_S)
+                    pool.check_node()
                     for ref in ready:
                         new = self._collect(pool, ref, known_ref, board)
                         if new:
@@ -887,6 +1006,8 @@ class _Driver:
 
         item = self._in_hand = self.running.pop(ref)  # until its outcome is written
         outcome, reason, died = pool.result(ref)
+        if died:
+            pool.check_node()  # the node itself died: no retry, the trial is re-queued
         if outcome is None:
             if died and item.attempt <= self.options.retries:
                 log.warning("trial %d: %s; retrying", item.trial.number, reason)
@@ -1013,6 +1134,8 @@ class _Driver:
             pool.cancel(ref)
         if failure is not None and database_failure(failure):
             why = "the database failed"
+        elif isinstance(failure, RayNodeDiedError):
+            why = "the local Ray node died"
         elif self.stop.signum:
             why = f"interrupted by {signal.Signals(self.stop.signum).name}"
         else:
@@ -1095,6 +1218,7 @@ def run_search(
     *,
     on_update: Callable[[SearchProgress], None] | None = None,
     evaluate_fn: Callable[..., TrialOutcome] | None = None,
+    continue_with: str | None = None,
 ) -> SearchSummary:
     """Run (or resume) a search until the study has `options.trials` finished trials.
 
@@ -1104,6 +1228,8 @@ def run_search(
         options: study name, trial count, workers, sampler, Ray settings.
         on_update: called with a `SearchProgress` after every event, for progress displays.
         evaluate_fn: the Ray task body; `worker.evaluate` by default (benchmarks pass a no-op).
+        continue_with: the command that continues this search, for the line the watcher of a
+            local Ray prints if the node's death ends this process (`reaper`).
 
     Returns:
         A `SearchSummary`; `signal` is set when SIGINT / SIGTERM stopped it early.
@@ -1113,10 +1239,14 @@ def run_search(
             sampler cannot find valid configs.
         SpecError: the `[proxy] data` corpus cannot be used (`SearchSpec.check_data`).
         SetupFailureError: the run's first trials all failed with one error in the evaluation.
+        RayNodeDiedError: the local Ray node died under the search.
         ReadOnlyStorageError: the database cannot be written here.
+        DamagedStorageError: the SQLite file is damaged (checked before anything is written).
+        StorageError: Optuna's tables are a newer Optuna's (refused before anything is written).
         StorageUnavailableError: the database failed during the search (module docstring).
     """
     storage.require_writable()  # a read-only database fails here, before anything is written
+    storage.check_intact()  # so does a damaged file (Optuna's pages too)
     threads = spec.proxy.threads
     if threads is not None and threads > options.cpus_per_trial:
         log.warning(
@@ -1130,6 +1260,7 @@ def run_search(
         driver.check_study()
         with _RayPool(options, evaluate_fn or evaluate) as pool:
             driver.open_study()
+            pool.arm(storage, continue_with)
             driver.doing = "sweeping the trials a stopped driver left"
             driver.sweep()
             signum = driver.run(pool)

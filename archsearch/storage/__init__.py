@@ -6,6 +6,7 @@ Imports neither torch nor Ray; Optuna is imported only when its storage is asked
 from archsearch.storage.db import (
     DEFAULT_STORAGE_URL,
     STORAGE_ENV,
+    DamagedStorageError,
     LadderRungRecord,
     LongRunRecord,
     ReadOnlyStorageError,
@@ -31,6 +32,7 @@ __all__ = [
     "DEFAULT_STORAGE_URL",
     "SCHEMA_VERSION",
     "STORAGE_ENV",
+    "DamagedStorageError",
     "KernelCache",
     "LadderRungRecord",
     "LongRunRecord",

@@ -5,6 +5,13 @@ Design (BRIEF.md section 8 measured how this stack fails):
   transaction that later needs the write lock fails at once whatever the timeout, so every
   transaction here, and in Optuna's engine on the same file, takes the lock when it begins.
 - PostgreSQL engines get `pool_pre_ping` (Optuna sets it only for MySQL) and a small pool.
+- Every wait on the database is bounded: SQLite's busy timeout; on PostgreSQL the connect
+  timeout, a lock timeout as long as SQLite's, and TCP keepalives and a user timeout for a server
+  that stops answering mid-statement.
+- A storage opened to read (`Storage.open(read_only=True)`, every command that only reads) never
+  changes the database: it keeps the file's journal mode, creates and upgrades nothing, refuses
+  writes (SQLite's `query_only`, PostgreSQL's read-only transactions), and never checkpoints a
+  WAL that a stopped writer left (it opens such a file read-only).
 - Creating the tables is serialised between processes (a file lock for SQLite, an advisory lock
   for PostgreSQL), so several searches can start on a new database at once.
 - Each trial's results are written in one transaction (`finish_trial`); the driver is the only
@@ -21,6 +28,7 @@ import json
 import math
 import os
 import socket
+import sqlite3
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -56,6 +64,7 @@ DEFAULT_STORAGE_URL = "sqlite:///archsearch.db"
 STORAGE_ENV = "ARCHSEARCH_STORAGE"
 BUSY_TIMEOUT_S = 30  # 5 s gave "database is locked" at 64 writers, 30 s none (BRIEF.md section 8)
 CONNECT_TIMEOUT_S = 15  # a PostgreSQL server that does not answer (libpq's connect_timeout)
+TCP_USER_TIMEOUT_S = 60  # data sent to a PostgreSQL server that stays unacknowledged this long: it is gone
 READ_ONLY = "archsearch_read_only"  # execution option of the sessions that only read
 _PG_INIT_LOCK = 0x61726368  # "arch": the advisory lock id that serialises table creation
 
@@ -86,6 +95,11 @@ class StorageUnavailableError(StorageError, EnvironmentFailure):
     def __init__(self, message: str, cause: str | None = None) -> None:
         super().__init__(message)
         self.cause = cause
+
+
+class DamagedStorageError(StorageError, EnvironmentFailure):
+    """The database file is damaged (pages SQLite cannot read): the disk's or a copy's fault,
+    not the input's; no search can continue on it, so the CLI exits 1 without a resume hint."""
 
 
 class ValueRefusedError(StorageError):
@@ -260,8 +274,10 @@ def _sqlite_path(url: URL) -> Path:
     return Path(url.database)
 
 
-def _use_immediate_transactions(engine: Engine) -> None:
-    """SQLite: WAL, a busy timeout, and `BEGIN IMMEDIATE` for every transaction of `engine`.
+def _use_immediate_transactions(engine: Engine, reader: bool = False) -> None:
+    """SQLite: WAL, a busy timeout, and `BEGIN IMMEDIATE` for every transaction of `engine`; for
+    a `reader`, the file's own journal mode (switching it to WAL rewrites the file's header),
+    `query_only` (a write fails instead of changing the file) and plain `BEGIN`s.
 
     This is SQLAlchemy's documented pysqlite recipe: the driver's own transaction handling is off
     (`isolation_level = None`) and SQLAlchemy's "begin" event emits the BEGIN instead.
@@ -272,25 +288,55 @@ def _use_immediate_transactions(engine: Engine) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
-        cursor.execute("PRAGMA journal_mode = WAL")  # persistent; WAL works only on a local disk
+        if reader:
+            cursor.execute("PRAGMA query_only = ON")
+        else:
+            cursor.execute("PRAGMA journal_mode = WAL")  # persistent; WAL works only on a local disk
         cursor.execute("PRAGMA foreign_keys = ON")
         cursor.close()
 
     @event.listens_for(engine, "begin")
     def _begin(connection: Any) -> None:
         # Reads take no write lock (WAL readers never block, nor wait for, the writer).
-        read_only = connection.get_execution_options().get(READ_ONLY, False)
+        read_only = reader or connection.get_execution_options().get(READ_ONLY, False)
         connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
-def _engine_kwargs(url: URL) -> dict[str, Any]:
+def _engine_kwargs(url: URL, reader: bool = False) -> dict[str, Any]:
     if url.get_backend_name() == "sqlite":
-        return {"connect_args": {"timeout": BUSY_TIMEOUT_S}}
+        kwargs = {"connect_args": {"timeout": BUSY_TIMEOUT_S}}
+        path = _sqlite_path(url)
+        if reader and _wal_left(path):
+            # Read-only: a read-write connection that closes last folds the WAL into the file
+            # (SQLite's checkpoint on close), rewriting it; a read-only one leaves both as they are.
+            kwargs["creator"] = lambda: sqlite3.connect(
+                f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S
+            )
+        return kwargs
     # pre-ping drops connections a server or proxy closed; a driver needs few connections.
     kwargs: dict[str, Any] = {"pool_pre_ping": True, "pool_size": 2, "max_overflow": 4}
-    if url.get_backend_name() == "postgresql":  # libpq's own bound: a silent host would wait for TCP's
-        kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
+    if url.get_backend_name() == "postgresql":
+        settings = f"-c lock_timeout={BUSY_TIMEOUT_S * 1000}"  # another driver's lock: as SQLite's busy wait
+        if reader:  # the server refuses a write in any of this engine's transactions
+            settings += " -c default_transaction_read_only=on"
+        kwargs["connect_args"] = {
+            "connect_timeout": CONNECT_TIMEOUT_S,  # libpq's own bound: a silent host would wait for TCP's
+            # A server that stops answering mid-statement (frozen, or the network gone) is noticed
+            # within about a minute, not after the kernel's two hours of TCP keepalive.
+            "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3,
+            "tcp_user_timeout": TCP_USER_TIMEOUT_S * 1000,
+            "options": settings,
+        }  # fmt: skip
     return kwargs
+
+
+def _wal_left(path: Path) -> bool:
+    """Whether the SQLite database at `path` has a WAL with frames in it beside it: a writer is
+    running, or one stopped without the checkpoint its last close makes."""
+    try:
+        return path.with_name(path.name + "-wal").stat().st_size > 0
+    except OSError:
+        return False
 
 
 def _one_line(exc: BaseException) -> str:
@@ -345,14 +391,22 @@ class Storage:
 
     # --- opening ---------------------------------------------------------------------------------
     @classmethod
-    def open(cls, url: str | None = None, *, create: bool = True) -> Storage:
+    def open(cls, url: str | None = None, *, create: bool = True, read_only: bool = False) -> Storage:
         """Open (and with `create`, initialise) the database at `url` (see `storage_url`).
+
+        Args:
+            create: create archsearch's tables in a database that has none yet.
+            read_only: for a command that only reads: nothing is created, upgraded or written,
+                and the file is left byte for byte as it was (module docstring); implies not
+                `create`.
 
         Raises:
             StorageError: a malformed URL, a missing driver, an unreachable server, a missing
                 SQLite file or folder, or a database that is not archsearch's (without `create`).
-            SchemaVersionError: the database's schema version differs from this code's.
+            SchemaVersionError: the database's schema version differs from this code's (to read
+                it, older than this code's too: the upgrade would write).
         """
+        create = create and not read_only
         parsed = _parse_url(storage_url(url))
         sqlite = parsed.get_backend_name() == "sqlite"
         if sqlite:
@@ -362,21 +416,21 @@ class Storage:
             if not create and not path.is_file():
                 raise StorageError(f"no database at {path}")
         try:
-            engine = create_engine(parsed, **_engine_kwargs(parsed))
+            engine = create_engine(parsed, **_engine_kwargs(parsed, reader=read_only))
         except (NoSuchModuleError, ImportError) as exc:
             raise StorageError(f"no driver for {_masked(parsed)}: {_one_line(exc)}") from None
         if sqlite:
-            _use_immediate_transactions(engine)
+            _use_immediate_transactions(engine, reader=read_only)
         storage = cls(parsed, engine)
         try:
-            storage._initialise(create)
+            storage._initialise(create, read_only)
         except BaseException:
             engine.dispose()
             raise
         return storage
 
-    def _initialise(self, create: bool) -> None:
-        with self._init_lock():
+    def _initialise(self, create: bool, read_only: bool = False) -> None:
+        with contextlib.nullcontext() if read_only else self._init_lock():  # a reader creates nothing
             try:
                 with self._engine.begin() as conn:
                     tables = set(self._engine.dialect.get_table_names(conn))
@@ -394,7 +448,7 @@ class Storage:
                         select(schema.Meta.value).where(schema.Meta.key == "schema_version")
                     ).scalar_one_or_none()
                     found = int(row) if row is not None else 0
-                    if schema.ADDITIVE_SINCE <= found < SCHEMA_VERSION:
+                    if schema.ADDITIVE_SINCE <= found < SCHEMA_VERSION and not read_only:
                         # Those versions lack only tables added since: create them (existing
                         # tables are left alone) and record the new version, in one transaction.
                         schema.Base.metadata.create_all(conn, checkfirst=True)
@@ -411,10 +465,18 @@ class Storage:
                 raise StorageError(f"cannot use the database {self.display_url}: {_one_line(exc)}") from None
         if found != SCHEMA_VERSION:
             newer = "a newer" if found > SCHEMA_VERSION else "an older"
+            if found > SCHEMA_VERSION:
+                advice = ": upgrade archsearch"
+            elif read_only and schema.ADDITIVE_SINCE <= found:
+                advice = (
+                    " and upgrades it in place, which this command, which only reads, does not do: run "
+                    "one that writes to it first (`search --resume`, `validate`)"
+                )
+            else:
+                advice = ": use a new database"
             raise SchemaVersionError(
                 f"{self.display_url} has archsearch schema version {found}, written by {newer} "
-                f"archsearch; this one reads version {SCHEMA_VERSION}"
-                + (": upgrade archsearch" if found > SCHEMA_VERSION else ": use a new database")
+                f"archsearch; this one reads version {SCHEMA_VERSION}{advice}"
             )
 
     @contextlib.contextmanager
@@ -473,6 +535,33 @@ class Storage:
             if _read_only(exc):
                 raise self._read_only_error(exc) from None
             raise StorageError(f"database error on {self.display_url}: {_one_line(exc)}") from None
+
+    def check_intact(self) -> None:
+        """Check, before a search spends any compute or writes anything, that no page of the
+        SQLite file is damaged: SQLite's `quick_check` reads every page of every table, Optuna's
+        included (time proportional to the file's size, without `integrity_check`'s slower
+        cross-checks of indexes). A PostgreSQL server checks its own pages.
+
+        Raises:
+            DamagedStorageError: a damaged file, with SQLite's first complaint.
+            StorageUnavailableError: the file could not be read (locked past the timeout).
+        """
+        if not self.is_sqlite:
+            return
+        reader = self._engine.execution_options(**{READ_ONLY: True})
+        try:
+            with reader.connect() as conn:
+                found = str(conn.execute(text("PRAGMA quick_check(1)")).scalar())
+        except (OperationalError, InterfaceError) as exc:  # locked or unreadable, not damaged
+            cause = failure_cause(exc)
+            raise StorageUnavailableError(f"the database {self.display_url} failed: {cause}", cause) from None
+        except DBAPIError as exc:  # so damaged that the check itself fails
+            found = _one_line(exc)
+        if found != "ok":
+            raise DamagedStorageError(
+                f"the database {self.display_url} is damaged (SQLite's quick_check: {found}): restore it "
+                "from a copy, or give another --storage"
+            )
 
     def _read_only_error(self, exc: DBAPIError) -> ReadOnlyStorageError:
         if getattr(exc.orig, "sqlite_errorcode", None) == _SQLITE_READONLY_DIRECTORY:
@@ -800,6 +889,18 @@ class Storage:
                 .where(schema.Trial.id.in_(list(trial_ids)), schema.Trial.status == RUNNING)
                 .values(lease_expires_at=time.time() + lease_s)
             )
+
+    def expire_leases(self, host: str) -> int:
+        """End now the leases of the running trials of the driver `host` (its `Storage.host`), which
+        died without settling them: the next driver's sweep re-queues them at once instead of
+        after the lease. Returns how many there were."""
+        with self._session() as s:
+            done = s.execute(
+                update(schema.Trial)
+                .where(schema.Trial.host == host, schema.Trial.status == RUNNING)
+                .values(lease_expires_at=time.time())
+            )
+            return int(done.rowcount or 0)
 
     def end_trial(self, trial_id: int, status: str, reason: str) -> None:
         """Close a trial that produced no results: rejected, interrupted, or failed before running."""

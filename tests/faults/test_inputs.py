@@ -296,7 +296,7 @@ def test_a_signal_while_ray_starts_exits_128_plus_n_with_one_line_and_leaves_no_
 
 
 def test_an_error_line_folds_line_breaks_and_cuts_a_huge_value():
-    from archsearch.cli.common import MAX_LINE, error_line
+    from archsearch.errors import MAX_LINE, error_line
 
     line = error_line("bad value:\n" + "x" * 10_000_000)
     assert "\n" not in line and len(line) <= MAX_LINE + len("error: ")

@@ -1,0 +1,255 @@
+"""Ray failing under a search: its local node dying mid-search (the raylet killed, as a memory
+limit does), a start that does not finish (a Ray address that never answers, one that refuses),
+and a failed local start, whose line names the cause its raylet logged.
+
+Each ends in one line; the node's death with the command that continues, which, followed
+literally, finishes exactly N trials.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from ray import cloudpickle  # Ray vendors it
+
+from archsearch.search import driver as driver_module
+from archsearch.search.driver import RayStartError, SearchOptions, run_search
+from archsearch.search.raystart import RayStartTimeout, bounded, start_failure_cause
+from archsearch.search.reaper import how_it_ended, local_raylet
+from archsearch.storage import Storage
+from archsearch.trial import TrialOutcome
+from tests.specs import tiny_spec, tiny_toml
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers need not import tests/
+
+SLOW_PROXY = 'seconds = 8\nbatch_size = 4\nevals = 2\neval_batches = 1\ndevice = "cpu"'
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1", **extra}
+
+
+def _archsearch(*args: str, cwd: Path, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "archsearch", *args], cwd=cwd, env=_env(), text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, **kwargs,
+    )  # fmt: skip
+
+
+def _wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _counts(url: str) -> dict[str, int]:
+    try:
+        with Storage.open(url, read_only=True) as db:
+            return db.counts("s")
+    except Exception:  # not created yet
+        return {}
+
+
+def _evaluating(driver: int) -> bool:
+    """Whether a Ray worker of this driver (a process below it, not another search's) runs a trial."""
+    below, todo = set(), [driver]
+    while todo:
+        pid = todo.pop()
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            continue
+        todo += [int(c) for c in children if int(c) not in below]
+        below.update(int(c) for c in children)
+    for pid in below:
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::evaluate"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _error_line(err: str) -> str:
+    """The one error line after the progress lines (which start with '['), nothing else."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines and all(line.startswith("[") for line in lines[:-1]), err
+    assert lines[-1].startswith("error: ") and "Traceback" not in err, err
+    return lines[-1]
+
+
+# --- the local node dies mid-search ------------------------------------------------------------------
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="the watcher's witness needs pidfd_open (Linux)")
+def test_a_ray_node_that_dies_mid_search_ends_it_in_one_line_and_the_hint_finishes_exactly_n(tmp_path):
+    (tmp_path / "db").mkdir()
+    url = f"sqlite:///{tmp_path / 'db' / 'trials.db'}"
+    space = tmp_path / "space.toml"
+    space.write_text(tiny_toml(proxy=SLOW_PROXY, search="trials = 2\nprune = false"))
+    proc = _archsearch("search", "--space", str(space), "--study", "s", "--storage", url, cwd=tmp_path)
+    try:
+        # Waited for by state: a trial running in the database, a worker of this search running it.
+        raylet = _wait_for(
+            lambda: _counts(url).get("running") and _evaluating(proc.pid) and local_raylet(proc.pid),
+            180, "a trial running on the search's own local Ray",
+        )  # fmt: skip
+        os.kill(raylet[0], signal.SIGKILL)  # what a memory limit's OOM kill does to it
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode != 0, err
+    line = _error_line(err)
+    assert line.startswith(
+        f"error: the local Ray node died under the search (its raylet, pid {raylet[0]}, was killed by SIGKILL"
+    ), line
+    assert out == "", out  # nothing of Ray's on stdout either
+    conn = sqlite3.connect(tmp_path / "db" / "trials.db")
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    conn.close()
+    # Followed literally, from elsewhere: the trial the node's death stopped is re-queued and run.
+    command = shlex.split(line.rsplit("`", 2)[-2])
+    assert command[:2] == ["archsearch", "search"] and command[command.index("--storage") + 1] == url
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "archsearch", *command[1:]], cwd=elsewhere, env=_env(), capture_output=True,
+        text=True, timeout=400,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    with Storage.open(url, read_only=True) as db:
+        counts, records = db.counts("s"), db.trials("s")
+    assert counts["complete"] == 2 and set(counts) <= {"complete", "interrupted", "duplicate"}, counts
+    stopped = [r for r in records if r.status == "interrupted"]
+    assert stopped, records
+    later = [r.params for r in records if r.status == "complete" and r.number > stopped[0].number]
+    assert stopped[0].params in later  # re-queued, not lost
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_how_a_process_ended_is_read_from_its_zombie():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    start = int(Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()[19])
+    assert how_it_ended(child.pid, start) is None
+    os.kill(child.pid, signal.SIGKILL)
+    _wait_for(lambda: how_it_ended(child.pid, start), 30, "the child to die")
+    assert how_it_ended(child.pid, start) == "was killed by SIGKILL"  # a zombie until collected
+    child.wait()
+    assert how_it_ended(child.pid, start) == "ended"
+
+
+# --- a start that does not finish ----------------------------------------------------------------------
+def _space(tmp_path: Path) -> Path:
+    space = tmp_path / "space.toml"
+    space.write_text(tiny_toml(search="trials = 2\nprune = false"))
+    return space
+
+
+def test_a_ray_address_that_accepts_and_never_answers_ends_within_the_bound(tmp_path):
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    with socket.socket() as silent:  # connections queue in its backlog; nothing ever answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        args = ["search", "--space", str(_space(tmp_path)), "--storage", url, "--address", address]
+        done = subprocess.run(
+            [sys.executable, "-m", "archsearch", *args], cwd=tmp_path, capture_output=True, text=True,
+            env=_env(ARCHSEARCH_RAY_START_S="3"), timeout=120,  # the bound, plus Python's start-up
+        )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(
+        f"error: Ray did not start within 3 s (trying to join Ray at {address}; "
+        "$ARCHSEARCH_RAY_START_S sets it)"
+    ), done.stderr
+    with Storage.open(url, read_only=True) as db:
+        assert db.study_names() == []
+
+
+def test_a_ray_address_that_refuses_is_one_line_at_once(tmp_path):
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    args = ["search", "--space", str(_space(tmp_path)), "--storage", url, "--address"]
+    done = subprocess.run(
+        [sys.executable, "-m", "archsearch", *args, "127.0.0.1:1"], cwd=tmp_path, capture_output=True,
+        text=True, env=_env(), timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    refused = "error: cannot join Ray at 127.0.0.1:1: nothing answers there (Connection refused)\n"
+    assert done.stderr == refused
+
+
+def test_the_bound_is_raised_again_until_the_block_ends():
+    caught = []
+    with pytest.raises(RayStartTimeout):
+        with bounded(0.05):
+            try:
+                time.sleep(30)
+            except RayStartTimeout:  # swallowed once, as Ray's clean-up code might
+                caught.append(1)
+                time.sleep(30)
+    assert caught == [1]
+
+
+# --- a failed local start names its cause ----------------------------------------------------------------
+RAYLET_LOG = """\
+[2026-11-25 03:00:00,001 I 41 41] (raylet) main.cc:283: Setting cluster ID to: d4c1
+[2026-11-25 03:00:00,002 E 41 41] (raylet) worker_pool.cc:512: Some earlier error
+[2026-11-25 03:00:00,003 C 41 41] (raylet) plasma_store_runner.cc:97: Check failed: /dev/shm has 60 MB, the \
+object store needs 70 MB
+*** StackTrace Information ***
+"""
+
+
+def _instant(request, known=None, board=None):
+    return TrialOutcome(status="complete", train={"val_loss": 2.0, "tokens": 64, "val_curve": [[64, 2.0]]})
+
+
+def test_a_failed_local_start_names_the_cause_the_raylet_logged(tmp_path, monkeypatch):
+    import ray
+
+    logs = tmp_path / "ray" / f"session_2026-11-25_03-00-00_000001_{os.getpid()}" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "raylet.out").write_text(RAYLET_LOG)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+
+    def times_out(*args, **kwargs):  # what Ray raises when its raylet does not register
+        raise Exception(
+            "The current node timed out during startup. This could happen because some of the raylet "
+            "failed to startup or the GCS has become overloaded."
+        )
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(driver_module, "start_local_ray", times_out)
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    with Storage.open(url) as db, pytest.raises(RayStartError) as info:
+        run_search(tiny_spec(), db, SearchOptions(study="s", trials=1), evaluate_fn=_instant)
+    assert str(info.value) == (
+        "cannot start a local Ray: Check failed: /dev/shm has 60 MB, the object store needs 70 MB "
+        f"(from {logs / 'raylet.out'})"
+    )
+    with Storage.open(url, read_only=True) as db:
+        assert db.study_names() == []
+
+
+def test_a_session_of_another_process_is_not_blamed(tmp_path):
+    logs = tmp_path / "ray" / f"session_2026-11-25_03-00-00_000001_{os.getpid() + 1}" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "raylet.out").write_text(RAYLET_LOG)
+    assert start_failure_cause(os.getpid(), 0, tmp_path / "ray") is None
+    assert start_failure_cause(os.getpid() + 1, 0, tmp_path / "ray") == (
+        "Check failed: /dev/shm has 60 MB, the object store needs 70 MB",
+        logs / "raylet.out",
+    )

@@ -1,0 +1,185 @@
+"""The database failing for real, not injected: a disk that fills mid-search (a small tmpfs the test
+mounts), and a PostgreSQL server stopped mid-search (a throwaway cluster the test starts and stops).
+
+Each ends the search in one line naming the database and the cause; the file (or the server) is
+left intact, and once the space is freed (the server started again) the search continues to
+exactly N. Both fault at a fixed point: inside a trial's evaluation (a Ray worker, so the driver is
+mid-search, with a trial running), before the outcome returns.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shlex
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from ray import cloudpickle  # Ray vendors it
+from typer.testing import CliRunner
+
+from archsearch.cli import app
+from archsearch.search import driver as driver_module
+from archsearch.search.driver import SearchOptions, run_search
+from archsearch.storage import Storage, StorageUnavailableError
+from archsearch.trial import TrialOutcome
+from tests.faults.test_storage_failures import _message, _resume
+from tests.postgres import throwaway_cluster
+from tests.specs import tiny_spec, tiny_toml
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers need not import tests/
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+N = 3
+LEASE_S = 2  # a trial the failure leaves running is re-queued by a resume this soon
+
+
+def instant(request, known=None, board=None):
+    loss = 2.0 + request.config.d_model / 1000 + request.config.n_layers / 100
+    return TrialOutcome(status="complete", train={"val_loss": loss, "tokens": 64, "val_curve": [[64, loss]]})
+
+
+# --- a full disk --------------------------------------------------------------------------------------
+@pytest.fixture
+def small_disk(tmp_path) -> Iterator[Path]:
+    """A folder on an 8 MB tmpfs, mounted for the test; skips, saying why, where it cannot be."""
+    folder = tmp_path / "small"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("a full disk needs a small tmpfs, and mounting one needs root")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(folder)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs for a full disk: {done.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def _fill(folder: Path) -> None:
+    """Write to `folder` until its file system is full."""
+    with open(folder / "filler", "wb") as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+        except OSError as exc:
+            assert exc.errno == 28, exc  # ENOSPC
+
+
+def test_a_disk_that_fills_mid_search_ends_in_one_line_and_the_hint_finishes_exactly_n(
+    small_disk, tmp_path, monkeypatch
+):
+    url = f"sqlite:///{small_disk / 'trials.db'}"
+    marker = tmp_path / "filled"
+
+    def fill_then_finish(request, known=None, board=None):
+        if request.number >= 1 and not marker.exists():  # trial 0 recorded, trial 1 running
+            marker.touch()
+            _fill(small_disk)
+        return instant(request)
+
+    space = tmp_path / "space.toml"
+    space.write_text(tiny_toml(search=f"trials = {N}\nprune = false"))
+    monkeypatch.setattr(driver_module, "evaluate", fill_then_finish)
+    # The CLI's own SearchOptions, with a short lease: the failure leaves the trial being recorded
+    # running (re-queueing it needs the write that failed), and a resume waits out its lease.
+    monkeypatch.setattr(driver_module, "SearchOptions", functools.partial(SearchOptions, lease_s=LEASE_S))
+    result = CliRunner().invoke(app, ["search", "--space", str(space), "--study", "s", "--storage", url])
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert all(line.startswith("[") for line in lines[:-1]), result.output  # progress, then the line
+    assert "Traceback" not in result.output
+    line = lines[-1]
+    doing = r"[A-Za-z0-9'() ]+"  # whichever write comes first: archsearch's or Optuna's
+    assert re.match("^error: " + _message(url, doing, "OperationalError: database or disk is full")[1:], line)
+    assert line.count("`") == 2 and "--resume" in line, line
+    # Read without writing: a read-write connection closing last would checkpoint onto the full disk.
+    conn = sqlite3.connect(f"{(small_disk / 'trials.db').as_uri()}?mode=ro", uri=True)
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    conn.close()
+    (small_disk / "filler").unlink()  # the space freed
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setattr(driver_module, "evaluate", instant)
+    done = CliRunner().invoke(app, shlex.split(line.rsplit("`", 2)[-2])[1:])  # followed literally
+    assert done.exit_code == 0, done.output
+    with Storage.open(url, read_only=True) as db:
+        counts = db.counts("s")
+    assert counts["complete"] == N and set(counts) <= {"complete", "interrupted", "duplicate"}, counts
+    assert list(elsewhere.iterdir()) == []
+
+
+# --- a PostgreSQL server stopped ---------------------------------------------------------------------
+def test_a_postgresql_server_stopped_mid_search_ends_in_one_line_and_a_resume_finishes_exactly_n(tmp_path):
+    with throwaway_cluster() as cluster:
+        stop = cluster.stop_command("immediate")  # as a crash, an OOM kill or a failover would
+        marker = tmp_path / "stopped"
+
+        def stop_server_then_finish(request, known=None, board=None):
+            if request.number >= 1 and not marker.exists():  # trial 0 recorded, trial 1 running
+                marker.touch()
+                subprocess.run(stop, check=True, capture_output=True, timeout=180)  # -w: until it is down
+            return instant(request)
+
+        with Storage.open(cluster.url) as db, pytest.raises(StorageUnavailableError) as info:
+            options = SearchOptions(study="s", trials=N, lease_s=LEASE_S)
+            run_search(tiny_spec(), db, options, evaluate_fn=stop_server_then_finish)
+        message = str(info.value)
+        assert re.match(_message(cluster.url, r"[A-Za-z0-9'() ]+", "OperationalError: .+"), message), message
+        assert "\n" not in message and f"left running until the lease expires ({LEASE_S} s)" in message
+        cluster.start()
+        _resume(cluster.url, lease_s=LEASE_S)  # exactly N, nothing running in either table
+
+
+PG_HOLDER = """
+import os, sys, time, psycopg
+conn = psycopg.connect(sys.argv[1])
+conn.execute("SELECT name FROM archsearch_studies WHERE name = 's' FOR UPDATE")  # until released
+print("locked", flush=True)
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.05)
+conn.rollback()
+"""
+
+
+def test_a_postgresql_lock_held_by_another_process_past_the_timeout(tmp_path, monkeypatch):
+    from sqlalchemy.engine import make_url
+
+    from archsearch.storage import db as db_module
+    from tests.postgres import postgres_database
+
+    monkeypatch.setattr(db_module, "BUSY_TIMEOUT_S", 1)  # PostgreSQL's lock_timeout is set from it
+    release, marker = tmp_path / "release", tmp_path / "locked-once"
+    with postgres_database() as url:
+        parsed = make_url(url)
+        dsn = f"host={parsed.host} port={parsed.port or 5432} user={parsed.username} dbname={parsed.database}"
+
+        def lock_then_finish(request, known=None, board=None):
+            if request.number >= 1 and not marker.exists():  # the study's row, as a driver's claim takes it
+                marker.touch()
+                holder = subprocess.Popen(
+                    [sys.executable, "-c", PG_HOLDER, dsn, str(release)], stdout=subprocess.PIPE, text=True
+                )
+                assert holder.stdout.readline().strip() == "locked"  # held before the outcome returns
+            return instant(request)
+
+        try:
+            with Storage.open(url) as db, pytest.raises(StorageUnavailableError) as info:
+                options = SearchOptions(study="s", trials=N, lease_s=LEASE_S)
+                run_search(tiny_spec(), db, options, evaluate_fn=lock_then_finish)
+        finally:
+            release.touch()
+        message = str(info.value)
+        cause = "LockNotAvailable: canceling statement due to lock timeout"  # psycopg's class for 55P03
+        assert re.match(_message(url, r"[A-Za-z0-9'() ]+", cause), message), message
+        monkeypatch.undo()  # the full timeout: the holder lets go within it
+        _resume(url, lease_s=LEASE_S)
