@@ -174,5 +174,10 @@ def test_a_driver_killed_before_its_raylet_gets_no_line(tmp_path):
     driver.kill()  # the raylet outlives it (no parent-death signal here): the watcher reaps it
     _, err = driver.communicate(timeout=60)
     assert err == ""
-    _until(lambda: not Path(f"/proc/{raylet}").exists() or
-           Path(f"/proc/{raylet}/stat").read_text().rpartition(")")[2].split()[0] in "ZX", "the reap")
+    _until(
+        lambda: (
+            not Path(f"/proc/{raylet}").exists()
+            or Path(f"/proc/{raylet}/stat").read_text().rpartition(")")[2].split()[0] in "ZX"
+        ),
+        "the reap",
+    )
