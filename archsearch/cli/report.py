@@ -34,8 +34,6 @@ def report(
 ) -> None:
     """One self-contained HTML report of studies: front, trials, knee and its exports, validation,
     step breakdown, settings, devices and versions. Opens with no network (plotly is embedded).
-
-    Needs plotly (pip install 'archsearch[plots]').
     """
     from archsearch.results.report import write_report
     from archsearch.storage import Storage

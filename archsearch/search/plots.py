@@ -120,7 +120,7 @@ def front_figure(fronts: Sequence[StudyFront], labels: Mapping[str, Mapping[int,
     try:
         import plotly.graph_objects as go
     except ImportError:
-        raise ArchsearchError("HTML plots need plotly: pip install 'archsearch[plots]'") from None
+        raise ArchsearchError("HTML plots need plotly (a dependency): pip install plotly") from None
     fig = go.Figure()
     palette = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
     for i, front in enumerate(fronts):
