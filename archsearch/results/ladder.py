@@ -383,50 +383,40 @@ def run_ladder(
     failed: list[str] = []
     trained = 0
     stop = _Stop()
+
+    def done(index: int, result: dict[str, Any] | None, reason: str | None) -> None:
+        nonlocal trained, skipped
+        rung = todo[index]
+        name = _rung_name(rung)
+        why = _store(storage, options, rung, result, reason)
+        if why is None:
+            trained += 1
+            last = f"{name}: {result['val_loss']:.4f}"  # type: ignore[index]
+            for twin in twins.get(shape_key(rung.config), []):  # the same run, stored once more
+                _store(storage, options, twin, result, reason)
+                skipped += 1
+        else:
+            failed.append(last := f"{name}: {why}")
+            log.warning("rung failed: %s", last)
+        if on_update is not None:
+            elapsed = time.monotonic() - start
+            on_update(LadderProgress(skipped + trained, len(planned), len(failed), last, elapsed))
+
     if todo:
         log.info("ladder %s: %d rungs to train, %d stored", options.study, len(todo), skipped)
         # Largest first: the longest runs start while the small ones fill the other workers.
         todo.sort(key=lambda p: -p.params)
-        with _RayPool(options, run_fn or long_run) as pool, _signals(stop):  # type: ignore[arg-type]
-            running: dict[Any, tuple[PlannedRung, dict[str, Any], int]] = {}  # ref -> rung, request, attempt
+        kept = "the rungs stored so far are kept; rerun the same command to train the rest"
+        with _RayPool(options, run_fn or long_run, "the ladder", kept) as pool, _signals(stop):  # type: ignore[arg-type]
+            pool.arm()
             if on_update is not None:
                 on_update(LadderProgress(skipped, len(planned), 0, f"training {len(todo)} rungs", 0.0))
-            try:
-                while stop.signum is None and (todo or running):
-                    while todo and len(running) < options.workers:
-                        rung = todo.pop(0)
-                        request = dict(
-                            config=rung.config.to_dict(), settings=rung.settings, data=data,
-                            cpus=options.cpus_per_trial,
-                        )  # fmt: skip
-                        running[pool.task.remote(request)] = (rung, request, 1)
-                    for ref in pool.wait(list(running), 0.5):
-                        rung, request, attempt = running.pop(ref)
-                        result, reason, died = pool.result(ref)
-                        name = f"trial {rung.trial} at {format_si(rung.params)}"
-                        if result is None and died and attempt <= options.retries:
-                            log.warning("%s: %s; retrying", name, reason)
-                            running[pool.task.remote(request)] = (rung, request, attempt + 1)
-                            continue
-                        why = _store(storage, options, rung, result, reason)
-                        if why is None:
-                            trained += 1
-                            last = f"{name}: {result['val_loss']:.4f}"  # type: ignore[index]
-                            for twin in twins.get(
-                                shape_key(rung.config), []
-                            ):  # the same run, stored once more
-                                _store(storage, options, twin, result, reason)
-                                skipped += 1
-                        else:
-                            failed.append(last := f"{name}: {why}")
-                            log.warning("rung failed: %s", last)
-                        if on_update is not None:
-                            elapsed = time.monotonic() - start
-                            done = skipped + trained
-                            on_update(LadderProgress(done, len(planned), len(failed), last, elapsed))
-            finally:
-                for ref in running:  # Ctrl-C: what finished is stored; what runs is dropped
-                    pool.cancel(ref)
+            cpus = options.cpus_per_trial
+            requests = [
+                (_rung_name(r), dict(config=r.config.to_dict(), settings=r.settings, data=data, cpus=cpus))
+                for r in todo
+            ]
+            pool.run_each(requests, retries=options.retries, stop=stop, done=done)
     rungs = tuple(storage.ladder_rungs(options.study, ratio))
     if stop.signum is not None:
         return LadderSummary(
@@ -470,6 +460,10 @@ def _store_twin(storage: Storage, options: LadderOptions, rung: PlannedRung, twi
         corpus_fingerprint=twin.corpus_fingerprint,
         wall_time_s=0.0,
     )
+
+
+def _rung_name(rung: PlannedRung) -> str:
+    return f"trial {rung.trial} at {format_si(rung.params)}"
 
 
 def _store(

@@ -39,6 +39,8 @@ Failure handling (BRIEF.md section 8):
   search with `RayNodeDiedError`: the running trials are re-queued and Ray is not asked to shut
   down (asking a dead raylet ends the process from C++). Where Ray's core worker ends the driver
   first, the watcher of the local Ray says so in one line and ends the trials' leases (`reaper`).
+  `validate` and `ladder` run their long runs on the same pool (`_RayPool.run_each`), which
+  checks the node the same way: its death ends them in one line, the runs stored so far kept.
 - Ray must start (or the cluster of `--address` answer) within a bound (`raystart`).
 - The first trials of a run all failing with the same error in the evaluation (a corpus the
   workers cannot read, a broken install) is a setup failure, not the shapes': the search stops
@@ -78,7 +80,7 @@ from archsearch.search.raystart import (
     start_bound,
     start_failure_cause,
 )
-from archsearch.search.reaper import Watcher, how_it_ended, local_raylet, ray_reaped
+from archsearch.search.reaper import Watcher, how_it_ended, local_raylet, node_died, ray_reaped
 from archsearch.search.samplers import SAMPLERS, SEED_MAX
 from archsearch.search.spec import SearchSpec
 from archsearch.search.worker import TrialRequest, evaluate
@@ -314,9 +316,17 @@ class _RayPool:
     watcher (`reaper`).
     """
 
-    def __init__(self, options: SearchOptions, evaluate_fn: Callable[..., TrialOutcome]) -> None:
+    def __init__(
+        self,
+        options: SearchOptions,
+        evaluate_fn: Callable[..., TrialOutcome],
+        work: str = "the search",
+        kept: str = "its running trials were re-queued",
+    ) -> None:
         self.options = options
         self.evaluate_fn = evaluate_fn
+        self.work = work  # what runs on the pool, and what its node's death leaves, for that line
+        self.kept = kept
         self.owned = False
         self._stack = ExitStack()
         self.watcher: Watcher | None = None  # of a local Ray started here
@@ -416,10 +426,14 @@ class _RayPool:
         finally:
             self._stack.close()
 
-    def arm(self, storage: Storage, continue_with: str | None) -> None:
-        """Tell the watcher of a local Ray what to do if the node's death ends this process."""
+    def arm(self, storage: Storage | None = None, continue_with: str | None = None) -> None:
+        """Tell the watcher of a local Ray what to say if the node's death ends this process, and,
+        with `storage`, to end the leases of this driver's running trials there."""
         if self.watcher is not None:
-            self.watcher.arm(storage.url, storage.host, continue_with)
+            self.watcher.arm(
+                storage.url if storage else None, storage.host if storage else None, continue_with,
+                work=self.work, kept=None if storage else self.kept,
+            )  # fmt: skip
 
     def _node_gone(self) -> bool:
         """Whether the raylet of the local Ray started here has ended (noted in `node_ended`)."""
@@ -435,11 +449,7 @@ class _RayPool:
         cluster's nodes are Ray's to watch: their deaths reach the driver as trial errors.
         """
         if self._node_gone():
-            ended = self.node_ended
-            raise RayNodeDiedError(
-                f"the local Ray node died under the search (its raylet, pid {self._raylet[0]}, {ended}; a "
-                "memory limit or the OOM killer can do that); its running trials were re-queued"
-            )
+            raise RayNodeDiedError(f"{node_died(self._raylet[0], self.node_ended, self.work)}; {self.kept}")
 
     @contextmanager
     def _call(self) -> Iterator[None]:
@@ -454,9 +464,49 @@ class _RayPool:
         with self._call():
             return self.ray.remote(num_cpus=0)(_Board).remote(pruner)
 
-    def submit(self, request: TrialRequest, known: Any, board: Any) -> Any:
+    def submit(self, *args: Any) -> Any:
+        """Start the task on `args` (a trial's request, what is known, the board; a run's request)."""
         with self._call():
-            return self.task.remote(request, known, board)
+            return self.task.remote(*args)
+
+    def run_each(
+        self,
+        requests: list[tuple[str, Any]],
+        *,
+        retries: int,
+        stop: _Stop,
+        done: Callable[[int, Any, str | None], None],
+    ) -> None:
+        """Run each `(name, request)` as a task, `options.workers` at a time, in order; `done(index,
+        result, reason)` as each finishes (None and the reason when it failed), after up to
+        `retries` more tries of one whose worker died. Stops starting new ones once `stop` holds a
+        signal, and cancels what runs when it returns or raises (the callers store each result in
+        `done`, so what finished is kept). `validate` and `ladder` run their long runs so.
+
+        Raises:
+            RayNodeDiedError: the local node died (checked every turn and before a retry: a task
+                sent to a dead node would wait forever).
+        """
+        todo = list(enumerate(requests))
+        running: dict[Any, tuple[int, int]] = {}  # ref -> index, attempt
+        try:
+            while stop.signum is None and (todo or running):
+                self.check_node()
+                while todo and len(running) < self.options.workers:
+                    index, (_, request) = todo.pop(0)
+                    running[self.submit(request)] = (index, 1)
+                for ref in self.wait(list(running), 0.5):
+                    index, attempt = running.pop(ref)
+                    result, reason, died = self.result(ref)
+                    if result is None and died and attempt <= retries:
+                        self.check_node()
+                        log.warning("%s: %s; retrying", requests[index][0], reason)
+                        running[self.submit(requests[index][1])] = (index, attempt + 1)
+                        continue
+                    done(index, result, reason)
+        finally:
+            for ref in running:  # Ctrl-C, or the node died: what finished is stored; what runs is dropped
+                self.cancel(ref)
 
     def put(self, value: Any) -> Any:
         with self._call():

@@ -155,6 +155,15 @@ def how_it_ended(pid: int, start: int, proc: Path = Path("/proc")) -> str | None
     return f"exited with status {status >> 8}"
 
 
+def node_died(pid: int, ended: str, work: str) -> str:
+    """The start of the line for a local Ray node that died under `work` ("the search", "validate"),
+    said by the driver (`driver._RayPool.check_node`) or by the watcher when Ray ended the driver."""
+    return (
+        f"the local Ray node died under {work} (its raylet, pid {pid}, {ended}; a memory limit or the "
+        "OOM killer can do that)"
+    )
+
+
 class Watcher:
     """The driver's end of the watcher: `token` marks the processes to stop; `arm` says what to do
     if Ray ends the driver (module docstring); `release` says the driver ended on its own."""
@@ -168,10 +177,19 @@ class Watcher:
             self._process.stdin.write(json.dumps(message).encode() + b"\n")  # type: ignore[union-attr]
             self._process.stdin.flush()  # type: ignore[union-attr]
 
-    def arm(self, storage_url: str, host: str, continue_with: str | None) -> None:
+    def arm(
+        self,
+        storage_url: str | None,
+        host: str | None,
+        continue_with: str | None,
+        work: str = "the search",
+        kept: str | None = None,
+    ) -> None:
         """If the local Ray node dies and takes this driver with it: end the leases of `host`'s
-        running trials in `storage_url` and print the line, with `continue_with` (a command)."""
-        self._send({"storage": storage_url, "host": host, "continue_with": continue_with})
+        running trials in `storage_url` (when given) and print the line: the node died under `work`,
+        then `kept` (what is left; by default that a resume re-queues the running trials), then
+        `continue_with` (a command)."""
+        self._send(dict(storage=storage_url, host=host, continue_with=continue_with, work=work, kept=kept))
 
     def release(self) -> None:
         self._send({"released": True})
@@ -253,21 +271,21 @@ class _Witness:
     def settle(self) -> None:
         """The driver has ended: if its raylet died first and it did not release the watcher, Ray
         ended it: end its trials' leases and print the line it could not."""
-        if self.released or self.raylet_ended is None or not self.note.get("storage"):
+        if self.released or self.raylet_ended is None or not self.note:  # not armed: Ray's own exit
             return
-        requeued = "a resume re-queues its running trials"
-        with contextlib.suppress(Exception):  # best effort: the lease expires anyway
-            from archsearch.storage import Storage
+        if self.note.get("storage"):
+            with contextlib.suppress(Exception):  # best effort: the lease expires anyway
+                from archsearch.storage import Storage
 
-            with Storage.open(str(self.note["storage"]), create=False) as db:
-                db.expire_leases(str(self.note["host"]))
+                with Storage.open(str(self.note["storage"]), create=False) as db:
+                    db.expire_leases(str(self.note["host"]))
         from archsearch.errors import error_line
 
-        pid = self.raylet[0]  # type: ignore[index]
+        work = str(self.note.get("work") or "the search")
+        kept = self.note.get("kept") or "a resume re-queues its running trials"
         again = self.note.get("continue_with")
         message = (
-            f"the local Ray node died under the search (its raylet, pid {pid}, {self.raylet_ended}; a memory "
-            f"limit or the OOM killer can do that) and Ray ended the search with it; {requeued}"
+            f"{node_died(self.raylet[0], self.raylet_ended, work)} and Ray ended {work} with it; {kept}"  # type: ignore[index]
             + (f"; continue with `{again}`" if again else "")
         )
         sys.stderr.write(error_line(message) + "\n")

@@ -430,37 +430,30 @@ def run_validate(
     failed: list[str] = []
     trained = 0
     stop = _Stop()
+
+    def done(index: int, result: dict[str, Any] | None, reason: str | None) -> None:
+        nonlocal trained
+        r, seed, request = todo[index]
+        why = _store(storage, options, r.number, seed, request, result, reason)
+        if why is None:
+            trained += 1
+            last = f"trial {r.number} seed {seed}: {result['val_loss']:.4f}"  # type: ignore[index]
+        else:
+            failed.append(last := f"trial {r.number} seed {seed}: {why}")
+            log.warning("long run failed: %s", last)
+        if on_update is not None:
+            elapsed = time.monotonic() - start
+            on_update(ValidateProgress(skipped + trained, total, len(failed), last, elapsed))
+
     if todo:
         log.info("validate %s: %d long runs to train, %d stored", options.study, len(todo), skipped)
-        with _RayPool(options, run_fn or long_run) as pool, _signals(stop):  # type: ignore[arg-type]
-            running: dict[Any, tuple[TrialRecord, int, dict[str, Any], int]] = {}  # ref -> run, attempt
+        kept = "the long runs stored so far are kept; rerun the same command to train the rest"
+        with _RayPool(options, run_fn or long_run, "validate", kept) as pool, _signals(stop):  # type: ignore[arg-type]
+            pool.arm()
             if on_update is not None:
                 on_update(ValidateProgress(skipped, total, 0, f"training {len(todo)} long runs", 0.0))
-            try:
-                while stop.signum is None and (todo or running):
-                    while todo and len(running) < options.workers:
-                        r, seed, request = todo.pop(0)
-                        running[pool.task.remote(request)] = (r, seed, request, 1)
-                    for ref in pool.wait(list(running), 0.5):
-                        r, seed, request, attempt = running.pop(ref)
-                        result, reason, died = pool.result(ref)
-                        if result is None and died and attempt <= options.retries:
-                            log.warning("trial %d seed %d: %s; retrying", r.number, seed, reason)
-                            running[pool.task.remote(request)] = (r, seed, request, attempt + 1)
-                            continue
-                        why = _store(storage, options, r.number, seed, request, result, reason)
-                        if why is None:
-                            trained += 1
-                            last = f"trial {r.number} seed {seed}: {result['val_loss']:.4f}"  # type: ignore[index]
-                        else:
-                            failed.append(last := f"trial {r.number} seed {seed}: {why}")
-                            log.warning("long run failed: %s", last)
-                        if on_update is not None:
-                            elapsed = time.monotonic() - start
-                            on_update(ValidateProgress(skipped + trained, total, len(failed), last, elapsed))
-            finally:
-                for ref in running:  # Ctrl-C: what finished is stored; what runs is dropped
-                    pool.cancel(ref)
+            requests = [(f"trial {r.number} seed {seed}", request) for r, seed, request in todo]
+            pool.run_each(requests, retries=options.retries, stop=stop, done=done)
     if stop.signum is not None:
         return ValidateSummary(options.study, None, trained, skipped, tuple(failed), stop.signum)
     report = _report(storage, options, chosen)

@@ -27,6 +27,7 @@ from archsearch.search.raystart import RayStartTimeout, bounded, start_failure_c
 from archsearch.search.reaper import how_it_ended, local_raylet
 from archsearch.storage import Storage
 from archsearch.trial import TrialOutcome
+from tests.results.studies import small_study
 from tests.specs import tiny_spec, tiny_toml
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers need not import tests/
@@ -63,8 +64,8 @@ def _counts(url: str) -> dict[str, int]:
         return {}
 
 
-def _evaluating(driver: int) -> bool:
-    """Whether a Ray worker of this driver (a process below it, not another search's) runs a trial."""
+def _evaluating(driver: int, task: bytes = b"ray::evaluate") -> bool:
+    """Whether a Ray worker of this driver (a process below it, not another search's) runs `task`."""
     below, todo = set(), [driver]
     while todo:
         pid = todo.pop()
@@ -76,7 +77,7 @@ def _evaluating(driver: int) -> bool:
         below.update(int(c) for c in children)
     for pid in below:
         try:
-            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::evaluate"):
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(task):
                 return True
         except OSError:
             continue
@@ -91,21 +92,13 @@ def _error_line(err: str) -> str:
     return lines[-1]
 
 
-# --- the local node dies mid-search ------------------------------------------------------------------
-@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="the watcher's witness needs pidfd_open (Linux)")
-def test_a_ray_node_that_dies_mid_search_ends_it_in_one_line_and_the_hint_finishes_exactly_n(tmp_path):
-    (tmp_path / "db").mkdir()
-    url = f"sqlite:///{tmp_path / 'db' / 'trials.db'}"
-    space = tmp_path / "space.toml"
-    space.write_text(tiny_toml(proxy=SLOW_PROXY, search="trials = 2\nprune = false"))
-    proc = _archsearch("search", "--space", str(space), "--study", "s", "--storage", url, cwd=tmp_path)
+def _kill_its_raylet(proc: subprocess.Popen, busy, work: str, database: Path) -> str:
+    """SIGKILL the raylet of `proc`'s own local Ray once `busy()` holds (what a memory limit's OOM
+    kill does to it); returns the one error line `proc` ends with, having checked that it names the
+    node's death under `work`, that stdout stays empty and that the SQLite `database` is whole."""
     try:
-        # Waited for by state: a trial running in the database, a worker of this search running it.
-        raylet = _wait_for(
-            lambda: _counts(url).get("running") and _evaluating(proc.pid) and local_raylet(proc.pid),
-            180, "a trial running on the search's own local Ray",
-        )  # fmt: skip
-        os.kill(raylet[0], signal.SIGKILL)  # what a memory limit's OOM kill does to it
+        raylet = _wait_for(lambda: busy() and local_raylet(proc.pid), 180, f"{work} on its own local Ray")
+        os.kill(raylet[0], signal.SIGKILL)
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -114,12 +107,26 @@ def test_a_ray_node_that_dies_mid_search_ends_it_in_one_line_and_the_hint_finish
     assert proc.returncode != 0, err
     line = _error_line(err)
     assert line.startswith(
-        f"error: the local Ray node died under the search (its raylet, pid {raylet[0]}, was killed by SIGKILL"
+        f"error: the local Ray node died under {work} (its raylet, pid {raylet[0]}, was killed by SIGKILL"
     ), line
     assert out == "", out  # nothing of Ray's on stdout either
-    conn = sqlite3.connect(tmp_path / "db" / "trials.db")
+    conn = sqlite3.connect(database)
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     conn.close()
+    return line
+
+
+# --- the local node dies mid-search ------------------------------------------------------------------
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="the watcher's witness needs pidfd_open (Linux)")
+def test_a_ray_node_that_dies_mid_search_ends_it_in_one_line_and_the_hint_finishes_exactly_n(tmp_path):
+    (tmp_path / "db").mkdir()
+    url = f"sqlite:///{tmp_path / 'db' / 'trials.db'}"
+    space = tmp_path / "space.toml"
+    space.write_text(tiny_toml(proxy=SLOW_PROXY, search="trials = 2\nprune = false"))
+    proc = _archsearch("search", "--space", str(space), "--study", "s", "--storage", url, cwd=tmp_path)
+    # Waited for by state: a trial running in the database, a worker of this search running it.
+    running = lambda: _counts(url).get("running") and _evaluating(proc.pid)  # noqa: E731
+    line = _kill_its_raylet(proc, running, "the search", tmp_path / "db" / "trials.db")
     # Followed literally, from elsewhere: the trial the node's death stopped is re-queued and run.
     command = shlex.split(line.rsplit("`", 2)[-2])
     assert command[:2] == ["archsearch", "search"] and command[command.index("--storage") + 1] == url
@@ -138,6 +145,22 @@ def test_a_ray_node_that_dies_mid_search_ends_it_in_one_line_and_the_hint_finish
     later = [r.params for r in records if r.status == "complete" and r.number > stopped[0].number]
     assert stopped[0].params in later  # re-queued, not lost
     assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="the watcher's witness needs pidfd_open (Linux)")
+def test_a_ray_node_that_dies_under_validate_ends_it_in_one_line_and_keeps_the_database(tmp_path):
+    """validate (and ladder, on the same pool loop) check the node as the search does: before, a
+    dead node's run was retried on it and the command waited forever."""
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    with Storage.open(url) as db:
+        small_study(db, "s")  # 2,048-token proxies: at 5,000x, a long run outlasts the test
+    args = ["validate", "--study", "s", "--storage", url, "--trials", "4", "--multiplier", "5000"]
+    proc = _archsearch(*args, cwd=tmp_path)
+    training = lambda: _evaluating(proc.pid, b"ray::long_run")  # noqa: E731
+    line = _kill_its_raylet(proc, training, "validate", tmp_path / "t.db")
+    assert line.endswith("; the long runs stored so far are kept; rerun the same command to train the rest")
+    with Storage.open(url, read_only=True) as db:
+        assert db.long_runs("s", 5000) == [] and db.counts("s")["complete"] == 5
 
 
 def test_how_a_process_ended_is_read_from_its_zombie():
