@@ -47,6 +47,13 @@ def profile(
         bool, typer.Option("--serve", help="Prefill and per-token decode instead of a training step.")
     ] = False,
     context: Annotated[int, typer.Option(help="With --serve: prompt and cached tokens.", min=1)] = 512,
+    memory: Annotated[
+        str | None,
+        typer.Option(
+            help='With --serve: the server\'s memory limit (e.g. "40GB"), for the largest batch that fits '
+            "(default: a modelled GPU's memory; none here)."
+        ),
+    ] = None,
     steps: Annotated[
         int,
         typer.Option(
@@ -73,11 +80,15 @@ def profile(
     --batch on this machine now (or --threads); --json's "threads" is the count used.
     --serve: prefill and per-token decode at --context instead (see `archsearch.cli.serve`).
     """
+    if memory is not None and not serve:
+        raise ConfigError("--memory only goes with --serve")
     cfg = resolve_config(config, preset_name)
     if serve:  # archsearch.cli.serve prints it
         from archsearch.cli.serve import serve_profile
+        from archsearch.units import parse_bytes
 
-        return serve_profile(cfg, device, batch or 1, context, dtype, as_json, min_run_time)
+        limit = parse_bytes(memory, "--memory") if memory is not None else None
+        return serve_profile(cfg, device, batch or 1, context, dtype, as_json, min_run_time, limit)
     batch = batch or 8
     if cache is not None and storage is not None:
         raise ConfigError("give --cache FILE or --storage URL, not both")

@@ -30,10 +30,19 @@ PARTS = (  # ServeTime fields shown in the breakdown, in order
 
 
 def serve_profile(
-    cfg: ArchConfig, device: str, batch: int, context: int, dtype: str, as_json: bool, min_run_time: float
+    cfg: ArchConfig,
+    device: str,
+    batch: int,
+    context: int,
+    dtype: str,
+    as_json: bool,
+    min_run_time: float,
+    memory_bytes: int | None = None,
 ) -> None:
     """Print prefill of `batch` prompts of `context` tokens and one decode step over `context`
-    cached tokens: modelled on a catalogued GPU, else measured here (with the prediction).
+    cached tokens: modelled on a catalogued GPU, else measured here (with the prediction); with
+    `memory_bytes` (else a modelled GPU's memory), the largest batch that fits it, and on a
+    modelled GPU the decode step at that batch.
 
     Raises:
         ConfigError: bad device, batch or context. ServeError, UnknownNameError: bad dtype.
@@ -56,7 +65,7 @@ def serve_profile(
         out |= _measured(cfg, device, batch, context, dtype, min_run_time)
     scenario = ServeScenario(
         batch=batch, prompt_len=context, gen_len=1, weight_dtype=out["dtype"], cache_dtype=out["dtype"],
-        device=device if modelled else "local",
+        device=device if modelled else "local", memory_bytes=memory_bytes,
     )  # fmt: skip
     costs = serve_costs(cfg, resolve_scenario(scenario))
     out["costs"] = costs.to_dict()
@@ -130,6 +139,9 @@ def _print(cfg: ArchConfig, out: dict[str, Any]) -> None:
         f"batch {out['batch']}, context {out['context']}"
     )
     console.print(_costs_line(out["costs"]))
+    if out["costs"]["max_batch"] == 0:
+        limit = si(out["costs"]["memory_limit"], "B")
+        console.print(f"not one sequence of {out['context'] + 1:,} tokens fits {limit} beside the weights")
     breakdowns = out if out["modelled"] else out["predicted"]
     if breakdowns is None:  # measured on a GPU: no local model to print beside it
         graph = out["measured"]["decode_graph_time_s"]

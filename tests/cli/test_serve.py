@@ -36,6 +36,16 @@ def test_llama2_7b_decode_on_an_h100_is_modelled_with_its_breakdown_and_floor():
     assert out["decode_at_max_batch"]["tokens_per_second"] > 5 * out["decode_tokens_per_s"]
 
 
+def test_a_memory_limit_sets_the_largest_batch_and_decode_there():
+    args = ("profile", "--preset", "llama2-7b", "--device", "h100-sxm", "--serve", "--context", "4096")
+    out = json.loads(run(*args, "--memory", "20GB", "--json").stdout)
+    # (20 GB - 13.48 GB of weights) / (4097 tokens x 512 KiB) = 3.03 sequences.
+    assert out["costs"]["memory_limit"] == 20 * 10**9
+    assert out["costs"]["max_batch"] == out["decode_at_max_batch"]["batch"] == 3
+    out = json.loads(run(*args, "--memory", "10GB", "--json").stdout)  # not even the weights fit
+    assert out["costs"]["max_batch"] == 0 and "decode_at_max_batch" not in out
+
+
 def test_the_modelled_table_names_the_parts():
     result = run("profile", "--preset", "llama3-8b", "--device", "a100-80gb", "--serve", "--batch", "4")
     assert result.exit_code == 0, result.output
@@ -83,6 +93,9 @@ def test_cpu_measures_prefill_and_decode_with_the_local_prediction_beside(tiny_c
     assert predicted["local_model"]["op_s"] > 0
     assert out["costs"]["kv_bytes_per_token"] == 2 * 2 * 16 * 4  # layers x K and V x kv_dim x fp32
     assert out["costs"]["max_batch"] is None
+    # What 1 MB holds beside the weights: caches of 48 + 1 tokens (the step decoded) of 256 B each.
+    limited = json.loads(run(*args, "--dtype", "fp32", "--memory", "1MB", "--json").stdout)["costs"]
+    assert limited["max_batch"] == (10**6 - limited["weight_bytes"]) // (49 * 256) == 68
     table = run(*args, "--dtype", "fp32").stdout
     assert "serving measured on" in table and "predicted" in table
 
@@ -93,9 +106,15 @@ def test_cpu_measures_prefill_and_decode_with_the_local_prediction_beside(tiny_c
         (("--dtype", "int4"), "error: --dtype 'int4' is unknown; valid: auto, fp32, bf16, fp16, fp8\n"),
         (("--device", "tpu"), "error: unknown device 'tpu'; measured: cpu, cuda, cuda:N; modelled: "),
         (("--context", "0"), "error: Invalid value for '--context'"),
+        (("--memory", "lots"), "error: --memory "),
     ],
 )
 def test_bad_serving_options_are_one_line(args, message):
     result = run("profile", "--preset", "byte-1m", "--serve", "--device", "h100-sxm", *args)
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith(message) and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_memory_without_serve_is_one_line():
+    result = run("profile", "--preset", "byte-1m", "--device", "h100-sxm", "--memory", "40GB")
+    assert result.exit_code == 2 and result.stderr == "error: --memory only goes with --serve\n"
