@@ -307,7 +307,8 @@ class ServeReport:
             "decode_time_s": self.decode.time_s,
             "decode_tokens_per_s": self.decode.tokens_per_second,
             "generation_time_s": self.generation_time_s,
-            "max_batch": None if at_max is None else at_max.batch,
+            # The largest batch itself is the memory figures' (`space.serve.ServeCosts`): 0 where
+            # none fits, None without a limit; this report only has decode at it.
             "max_batch_tokens_per_s": None if at_max is None else at_max.tokens_per_second,
             "prefill": self.prefill.to_dict(),
             "decode": self.decode.to_dict(),

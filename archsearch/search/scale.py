@@ -129,7 +129,7 @@ class ScaledServe:
             "context": s.context,
             "kv_bytes_per_sequence": self.kv_bytes_per_sequence,
             **self.report.to_dict(),
-            **self.costs.to_dict(),  # after the report's: max_batch 0 (none fits), not None
+            **self.costs.to_dict(),
         }
 
 
