@@ -233,7 +233,6 @@ def main() -> None:
         rung_tokens,
     )
     from archsearch.space.costs import param_counts
-    from archsearch.space.objectives import size_adjusted_loss
     from archsearch.storage import Storage, shape_key
     from archsearch.units import parse_count
 
@@ -274,7 +273,7 @@ def main() -> None:
                 break
             print(f"{len(chosen)} designs ladder at {count} rungs; trying {count - 1}", flush=True)
         rungs = count
-        beta = storage.require_study(args.study).size_beta or 0.0
+        rule = storage.require_study(args.study).loss_rule
         proxy = storage.require_study(args.study).spec["proxy"]
         data_path = storage.require_study(args.study).spec.get("data")
     if len(chosen) < designs:
@@ -312,7 +311,8 @@ def main() -> None:
             "tokens": requests[key]["settings"]["tokens"], "predicted": p.loss, "low": p.low, "high": p.high,
             "distance": p.distance, "real": result["val_loss"] if result else None,
             "real_wall_time_s": result["wall_time_s"] if result else None,
-            "proxy_loss": t["loss"], "proxy_adjusted": size_adjusted_loss(t["loss"], t["params_total"], beta),
+            "proxy_loss": t["loss"],
+            "proxy_adjusted": rule.value(t["loss"], t["loss_change"], t["params_total"]),
             "proxy_params": t["params_total"],
             "rungs": [
                 {"params_total": r.params_total, "params_non_embedding": r.params_non_embedding,

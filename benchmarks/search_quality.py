@@ -48,7 +48,6 @@ from archsearch.search.pareto import pareto_front, reference_point
 from archsearch.search.samplers import SAMPLERS
 from archsearch.search.spec import parse_spec
 from archsearch.search.worker import TrialRequest, evaluate
-from archsearch.space.objectives import size_adjusted_loss
 from archsearch.storage import Storage
 from archsearch.trial import COMPLETE, FINISHED, TrialOutcome
 
@@ -111,7 +110,7 @@ def _search(spec_text: str, url: str, sampler: str, seed: int, trials: int, work
             continue
         loss = r["loss"] if r.status == COMPLETE else None
         if loss is not None:
-            loss = size_adjusted_loss(loss, r["params_total"], spec.size_beta)
+            loss = spec.loss_rule.value(loss, r["loss_change"], r["params_total"])
         finished.append((r.number, r.status, loss, r["flops_forward_per_token"]))
     return dict(
         sampler=sampler, seed=seed, wall_s=time.perf_counter() - start, counts=summary.progress.counts,

@@ -49,9 +49,10 @@ def pareto(
     loss: Annotated[
         str | None,
         typer.Option(
-            help="proxy: rank the proxy loss as stored; adjusted: the proxy loss credited for size, "
-            "loss - beta ln(params / 1M), with the study's [objectives].size_beta, else beta over the "
-            'complete trials (docs/accuracy.md, "The loss objective"). Default: the study\'s loss objective.'
+            help="proxy: rank the proxy loss as stored; adjusted: the study's loss objective, "
+            "loss + extrapolate x change - beta ln(params / 1M), with its [objectives].size_beta, else "
+            'beta over the complete trials (docs/accuracy.md, "The loss objective"). Default: the '
+            "study's loss objective."
         ),
     ] = None,
     plot: Annotated[Path | None, typer.Option(help="Write a plot: FILE.png or FILE.html.")] = None,
@@ -109,7 +110,7 @@ def print_study_front(f: Any, long: dict[int, tuple[float, float, int]] | None =
     objectives = f.front.objectives
     title = f"Pareto front of {f.study!r}: {len(f.front.numbers)} of {len(f.trial_numbers)} complete trials"
     table = Table(title=title)
-    adjusted = f.size_beta is not None  # the front ranks the size-adjusted loss: show it beside the loss
+    adjusted = f.loss_rule is not None  # the front ranks the adjusted loss: show it beside the loss
     columns = ("", "trial", "shape", "params", "FLOPs/token", "loss", *(("adjusted",) if adjusted else ()))
     for column in (*columns, "bits/byte", "throughput"):
         table.add_column(column, justify="left" if column in ("", "shape") else "right")
@@ -138,7 +139,7 @@ def print_study_front(f: Any, long: dict[int, tuple[float, float, int]] | None =
     console.print(f"hypervolume {f.front.hypervolume:.4g} against reference ({ref}) in ({axes}){scale}")
     if adjusted:
         rule = escape(f.beta_rule or "")
-        console.print(f"adjusted loss = loss - {f.size_beta:.4f} ln(params / 1M), beta: {rule}")
+        console.print(f"adjusted loss = {f.loss_rule.formula()}, beta: {rule}")
 
 
 @app.command()

@@ -75,6 +75,8 @@ def validate(
 
 
 def _print_validation(study: str, report: dict[str, Any]) -> None:
+    from archsearch.search.validate import adjusted_label
+
     console = stdout()
     seeds = report["seeds"]
     fronts = report["fronts"]
@@ -99,7 +101,7 @@ def _print_validation(study: str, report: dict[str, Any]) -> None:
         ranks.add_column(column, justify="left" if column == "predictor" else "right")
     names = {"proxy": "proxy loss", "params": "-params", "flops": "-FLOPs"}
     if "adjusted" in report["correlations"]:  # reports stored before it lack this predictor
-        names["adjusted"] = f"size-adjusted proxy (beta {report['size_beta']:.3f})"
+        names["adjusted"] = adjusted_label(report)
     objective = report.get("objective", "proxy")  # reports from before size betas: the proxy loss
     names[objective] += ": the study's objective"
     for key, label in names.items():

@@ -189,9 +189,8 @@ def _front(report: Report) -> str:
             f"front</h3><p>hypervolume {f.front.hypervolume:.4g} against reference ({esc(ref)}) in "
             f"({esc(axes)}), log10 for FLOPs and step time"
             + (
-                f"; the loss is size-adjusted: loss - {f.size_beta:.4f} ln(params / 1M), beta: "
-                f"{esc(f.beta_rule or '')}"
-                if f.size_beta is not None
+                f"; the loss is adjusted: {esc(f.loss_rule.formula())}, beta: {esc(f.beta_rule or '')}"
+                if f.loss_rule is not None
                 else ""
             )
             + "</p>"
@@ -203,7 +202,7 @@ def _front(report: Report) -> str:
 
 def _front_members(i: int, s: StudySection) -> str:
     f = s.front
-    adjusted = f.size_beta is not None
+    adjusted = f.loss_rule is not None
     headers = [("", False), ("trial", True), ("shape", False), ("params", True), ("FLOPs/token", True),
                ("loss", True), *((("adjusted", True),) if adjusted else ()), ("step time", True),
                ("throughput", True), ("long loss", True)]  # fmt: skip
@@ -261,17 +260,15 @@ def _study(i: int, s: StudySection) -> str:
 
 # The trials table's columns: (header, numeric, the cell of a row given its columns by name).
 def _columns(s: StudySection) -> list[tuple[str, bool, Callable[[dict[str, Any]], Cell]]]:
-    from archsearch.space.objectives import size_adjusted_loss
-
-    beta = s.front.size_beta
+    rule = s.front.loss_rule
 
     def number(name: str, render: Callable[[Any], str]) -> Callable[[dict[str, Any]], Cell]:
         return lambda row: (render(row[name]) if row[name] is not None else "-", row[name])
 
     def adjusted(row: dict[str, Any]) -> Cell:
-        if row["loss"] is None or not row["params_total"]:
+        if rule is None or row["loss"] is None or not row["params_total"]:
             return "-", None
-        value = size_adjusted_loss(row["loss"], row["params_total"], beta)
+        value = rule.value(row["loss"], row["loss_change"], row["params_total"])
         return f"{value:.4f}", value
 
     def long(row: dict[str, Any]) -> Cell:
@@ -291,7 +288,7 @@ def _columns(s: StudySection) -> list[tuple[str, bool, Callable[[dict[str, Any]]
         ("long loss", True, long),
         ("reason", False, lambda row: (esc(row["reason"] or ""), row["reason"] or "")),
     ]
-    if beta is not None:
+    if rule is not None:
         columns.insert(6, ("adjusted loss", True, adjusted))
     return columns
 

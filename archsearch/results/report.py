@@ -322,6 +322,8 @@ def validation_view(record: ValidationRecord, earlier: int = 0) -> Validation:
     """A stored `validate` report's correlations with their 95% intervals: the bootstrap
     intervals over trials that `validate` stores (`deciding`), else, for reports stored before
     them, Fisher-z approximations (`rank_interval`)."""
+    from archsearch.search.validate import adjusted_label
+
     report = record.report
     deciding = report.get("deciding")
     n = len(report.get("trials", ()))
@@ -331,8 +333,8 @@ def validation_view(record: ValidationRecord, earlier: int = 0) -> Validation:
         c = report.get("correlations", {}).get(key)
         if c is None:  # reports stored before the size-adjusted predictor lack it
             continue
-        if key == "adjusted" and report.get("size_beta") is not None:
-            label = f"{label} (beta {report['size_beta']:.3f})"
+        if key == "adjusted":
+            label = adjusted_label(report)
         iso = report.get("iso_pairs", {}).get(key)
         rows.append(
             Correlation(

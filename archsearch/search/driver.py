@@ -86,7 +86,7 @@ from archsearch.search.spec import SearchSpec
 from archsearch.search.worker import TrialRequest, evaluate
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts, kv_cache_bytes_per_token, param_counts
-from archsearch.space.objectives import OBJECTIVE_COLUMNS, size_adjusted_loss
+from archsearch.space.objectives import OBJECTIVE_COLUMNS, curve_change
 from archsearch.space.search_space import Rejected
 from archsearch.storage import (
     Storage,
@@ -651,17 +651,19 @@ def objective_values(
 ) -> list[float] | None:
     """The Optuna values of a complete trial in the spec's objective order, or None if any is missing.
 
-    The loss is the spec's loss objective: the proxy loss, credited for size when the spec has a
-    size beta (`objectives.size_adjusted_loss`); the trial's row keeps the proxy loss as measured.
+    The loss is the spec's loss objective (`spec.loss_rule`, `objectives.loss_objective`): the
+    proxy loss, extrapolated by its curve's last change and credited for size as the spec says;
+    the trial's row keeps the proxy loss as measured.
     """
     if isinstance(record, TrialOutcome):
-        loss = (record.train or {}).get("val_loss")
+        train = record.train or {}
+        loss, change = train.get("val_loss"), curve_change(train.get("val_curve") or ())
         step_time, prefill, decode = record.step_time_s, record.prefill_time_s, record.decode_time_s
     else:
-        loss, step_time = record["loss"], record["step_time_s"]
+        loss, change, step_time = record["loss"], record["loss_change"], record["step_time_s"]
         prefill, decode = record["prefill_time_s"], record["decode_time_s"]
     if loss is not None:
-        loss = size_adjusted_loss(loss, param_counts(cfg).total, spec.size_beta)
+        loss = spec.loss_rule.value(loss, change, param_counts(cfg).total)
     by_name = {
         "loss": loss,
         "flops": float(flop_counts(cfg).forward),
@@ -989,7 +991,7 @@ class _Driver:
             for k, (_tokens, loss) in enumerate(val, start=1):
                 rung = pruner.rung_at(k / evals)
                 if rung is not None and rung > judged:
-                    told = size_adjusted_loss(loss, params, self.spec.size_beta)
+                    told = self.spec.loss_rule.value(loss, curve_change(val[:k]), params)  # as the worker
                     pruner.record(record.number, rung, told, flops)
                     judged = rung
 
@@ -1038,7 +1040,7 @@ class _Driver:
             data=spec.data,
             step_time_device=spec.step_time_device if "step_time" in spec.objectives else None,
             rungs=spec.defaults.rungs,
-            size_beta=spec.size_beta,
+            loss_rule=spec.loss_rule,
             cpus=self.options.cpus_per_trial,  # caps a CPU trial's threads (worker.trial_cores)
         )
 
@@ -1223,11 +1225,11 @@ class _Driver:
         are read per event; another driver's trials count in the counts only)."""
         if self._values is None:
             self._values = []
-            columns = ["params_total", *(OBJECTIVE_COLUMNS[o] for o in self.spec.objectives)]  # loss first
-            for params, *row in self.storage.complete_values(self.options.study, columns)[1]:
-                told = [math.nan if x is None else float(x) for x in row]
+            columns = ["params_total", "loss_change", *(OBJECTIVE_COLUMNS[o] for o in self.spec.objectives)]
+            for params, change, *row in self.storage.complete_values(self.options.study, columns)[1]:
+                told = [math.nan if x is None else float(x) for x in row]  # loss first
                 if params and math.isfinite(told[0]):
-                    told[0] = size_adjusted_loss(told[0], params, self.spec.size_beta)
+                    told[0] = self.spec.loss_rule.value(told[0], change, params)
                 self._values.append([math.nan if row[0] is None else float(row[0]), *told])
         if self._wall_times is None:  # earlier runs' trials too, so a resume has an ETA at once
             self._wall_times = self.storage.wall_times(self.options.study)

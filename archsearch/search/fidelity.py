@@ -10,6 +10,7 @@ baseline, counting parameters) orders shapes the way longer training orders them
 - `noise_floor`: the spread over seeds of the same shape; loss differences inside it are ties.
 - `size_adjusted_losses`: the proxy loss credited for size, the predictor that ranks the tiny
   calibration set best (see its docstring for the measurement).
+- `loss_objectives`: a study's loss objective over trials, its beta fixed or taken over them.
 
 Every predictor is read as "lower is better", as every archsearch objective: a predictor where
 higher is better (parameter count) is passed negated.
@@ -22,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from archsearch.space.objectives import PARAMS_UNIT
+from archsearch.space.objectives import PARAMS_UNIT, LossRule
 
 
 def _pair(a: Sequence[float], b: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
@@ -235,3 +236,31 @@ def size_adjusted_losses(
     elif not (math.isfinite(beta) and beta >= 0):
         raise ValueError(f"beta must be a finite number >= 0, got {beta}")
     return loss - beta * size, float(beta)
+
+
+def loss_objectives(
+    losses: Sequence[float],
+    changes: Sequence[float],
+    params: Sequence[float],
+    size_beta: float | None = None,
+    extrapolate: float = 0.0,
+) -> tuple[np.ndarray, LossRule]:
+    """Each trial's loss objective (`objectives.loss_objective`) under one rule, with `size_beta`
+    or, None, the equal-weight beta (`size_adjusted_losses`) over the extrapolated losses given.
+
+    Args:
+        losses: proxy losses, nats per token (finite).
+        changes: their curves' last changes (`objectives.curve_change`), aligned with `losses`.
+        params: parameter counts, > 0.
+
+    Returns:
+        (the objectives, the rule that gave them: its beta is the one used).
+
+    Raises:
+        ValueError: as `size_adjusted_losses`; `extrapolate` negative or not finite.
+    """
+    carried = LossRule(None, extrapolate)
+    extrapolated = [carried.value(x, c, 0) for x, c in zip(losses, changes, strict=True)]
+    rule = LossRule(size_adjusted_losses(extrapolated, params, size_beta)[1], extrapolate)
+    values = [rule.value(x, c, n) for x, c, n in zip(losses, changes, params, strict=True)]
+    return np.asarray(values, dtype=float).reshape(len(values)), rule

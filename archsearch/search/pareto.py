@@ -13,11 +13,12 @@ step times span orders of magnitude, so the knee and the hypervolume see them on
   point, so the reference is always stated with the number.
 
 A study's front ranks its own loss objective by default: the proxy loss as stored, or, for a
-study with a size beta (`[objectives].size_beta`), the proxy loss credited for size,
-`loss - beta ln(params / 1M)`, which ranks 10x-longer training better than the proxy loss alone
-(docs/accuracy.md, "The loss objective"). Either can be asked for: `loss="proxy"`, or `loss="adjusted"`
-(with the study's beta, else `fidelity.size_adjusted_losses`'s equal-weight beta over the trials
-ranked).
+study with a size beta or an extrapolation (`[objectives].size_beta`, `extrapolate`), the proxy
+loss extrapolated by its curve's last change and credited for size,
+`loss + extrapolate * change - beta ln(params / 1M)` (`objectives.loss_objective`), which ranks
+10x-longer training better than the proxy loss alone (docs/accuracy.md, "The loss objective").
+Either can be asked for: `loss="proxy"`, or `loss="adjusted"` (the study's rule; without a beta
+of its own, `fidelity.size_adjusted_losses`'s equal-weight beta over the trials ranked).
 """
 
 from __future__ import annotations
@@ -29,13 +30,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from archsearch.errors import ArchsearchError
-from archsearch.search.fidelity import size_adjusted_losses
-from archsearch.space.objectives import LOG_OBJECTIVES, OBJECTIVE_COLUMNS, parse_objectives
+from archsearch.search.fidelity import loss_objectives
+from archsearch.space.objectives import LOG_OBJECTIVES, OBJECTIVE_COLUMNS, LossRule, parse_objectives
 
 if TYPE_CHECKING:
     from archsearch.storage import Storage
 
-# The loss a study's front ranks: the proxy loss as stored, or credited for size.
+# The loss a study's front ranks: the proxy loss as stored, or the study's loss objective.
 LOSS_MEASURES = ("proxy", "adjusted")
 
 
@@ -199,16 +200,21 @@ class StudyFront:
     trial_numbers: tuple[int, ...]  # every complete trial with all objectives (faded plot points)
     trial_values: np.ndarray  # and their objective values
     throughput: dict[int, tuple[float, str, bool]]  # number -> (tokens/s, device, modelled)
-    # Set when the loss column of the values is the size-adjusted loss, its beta (nats per e-fold
-    # of parameters) and where it came from; None when it is the proxy loss as stored.
-    size_beta: float | None = None
+    # Set when the loss column of the values is the adjusted loss: its rule (`objectives.LossRule`,
+    # its beta the one used) and where the beta came from; None when it is the proxy loss as stored.
+    loss_rule: LossRule | None = None
     beta_rule: str | None = None
+
+    @property
+    def size_beta(self) -> float | None:
+        """The adjusted loss's beta (nats per e-fold of parameters); None: the proxy loss."""
+        return None if self.loss_rule is None else self.loss_rule.size_beta
 
     def to_dict(self, long: dict[int, tuple[float, float, int]] | None = None) -> dict[str, Any]:
         """JSON-ready; `long` (`Storage.long_run_losses`) adds each member's long-run loss.
 
-        "loss" is always the proxy loss as stored; a front of the size-adjusted loss adds
-        "adjusted_loss" to each member and states its beta ("size_beta").
+        "loss" is always the proxy loss as stored; a front of the adjusted loss adds
+        "adjusted_loss" to each member and states its rule ("size_beta", "extrapolate").
         """
         rows = []
         for r, values in zip(self.records, self.front.values, strict=True):
@@ -236,8 +242,9 @@ class StudyFront:
         return {
             "study": self.study,
             "objectives": list(self.front.objectives),
-            "loss": "proxy" if self.size_beta is None else "adjusted",
+            "loss": "proxy" if self.loss_rule is None else "adjusted",
             "size_beta": self.size_beta,
+            "extrapolate": None if self.loss_rule is None else self.loss_rule.extrapolate,
             "trials": len(self.trial_numbers),
             "hypervolume": self.front.hypervolume,
             "reference": list(self.front.reference),
@@ -246,37 +253,42 @@ class StudyFront:
         }
 
 
-def loss_measure(storage: Storage, study: str, loss: str | None) -> tuple[str, float | None]:
-    """(the loss a front of `study` ranks, its fixed beta or None): `loss` None is the study's own
-    loss objective; "adjusted" takes the study's beta where it has one.
+def loss_measure(storage: Storage, study: str, loss: str | None) -> tuple[str, LossRule | None]:
+    """(the loss a front of `study` ranks, the study's rule for it or None): `loss` None is the
+    study's own loss objective; "adjusted" is the study's rule (`StudyRecord.loss_rule`), whose
+    beta None is then taken over the trials ranked.
 
     Raises:
         ArchsearchError: an unknown study or `loss`.
     """
     if loss is not None and loss not in LOSS_MEASURES:
         raise ArchsearchError(f"--loss must be one of {', '.join(LOSS_MEASURES)}, got {loss!r}")
-    beta = storage.require_study(study).size_beta
+    rule = storage.require_study(study).loss_rule
     if loss is None:
-        loss = "proxy" if beta is None else "adjusted"
-    return loss, beta if loss == "adjusted" else None
+        loss = "proxy" if rule.plain else "adjusted"
+    return loss, rule if loss == "adjusted" else None
 
 
 def _ranked(
     storage: Storage, study: str, objectives: Sequence[str] | None, loss: str
-) -> tuple[tuple[str, ...], list[int], np.ndarray, np.ndarray]:
-    """The trials a front of `study` ranks: (objectives, numbers, raw values, params_total).
+) -> tuple[tuple[str, ...], list[int], np.ndarray, np.ndarray, np.ndarray]:
+    """The trials a front of `study` ranks: (objectives, numbers, raw values, params_total, the
+    curves' last changes, 0 where none is stored).
 
     Complete trials with every objective, and with a parameter count when `loss` is "adjusted".
     """
     record = storage.require_study(study)
     names = parse_objectives(objectives or record.objectives)
-    numbers, rows = storage.complete_values(study, [*(OBJECTIVE_COLUMNS[o] for o in names), "params_total"])
-    table = np.array(rows, dtype=float).reshape(len(numbers), len(names) + 1)  # None -> NaN
-    values, params = table[:, :-1], table[:, -1]
+    columns = [*(OBJECTIVE_COLUMNS[o] for o in names), "params_total", "loss_change"]
+    numbers, rows = storage.complete_values(study, columns)
+    table = np.array(rows, dtype=float).reshape(len(numbers), len(names) + 2)  # None -> NaN
+    values, params, changes = table[:, :-2], table[:, -2], table[:, -1]
+    changes = np.where(np.isnan(changes), 0.0, changes)  # rows from before the change was stored
     keep = ~np.isnan(values).any(axis=1)
     if loss == "adjusted":
         keep &= np.isfinite(values[:, 0]) & (params > 0)
-    return names, [n for n, k in zip(numbers, keep, strict=True) if k], values[keep], params[keep]
+    kept = [n for n, k in zip(numbers, keep, strict=True) if k]
+    return names, kept, values[keep], params[keep], changes[keep]
 
 
 def study_front(
@@ -297,27 +309,28 @@ def study_front(
         reference: the hypervolume reference point in raw units (default: see `reference_point`);
             its loss is the adjusted loss when `loss` is "adjusted".
         loss: None: the study's own loss objective (`loss_measure`); "proxy": the proxy loss as
-            stored; "adjusted": the proxy loss credited for size, `loss - beta ln(params / 1M)`.
+            stored; "adjusted": the study's rule, `loss + extrapolate * change - beta ln(params / 1M)`.
         size_beta: the adjusted loss's beta; default: the study's, else the equal-weight beta over
             the trials ranked (the complete trials with every objective;
-            `fidelity.size_adjusted_losses`).
+            `fidelity.loss_objectives`).
         beta_rule: how a given `size_beta` was chosen, for the reader.
 
     Raises:
         ArchsearchError: an unknown study or `loss`, or a reference point of the wrong length.
     """
-    loss, own_beta = loss_measure(storage, study, loss)
-    if size_beta is None and own_beta is not None:
-        size_beta, beta_rule = own_beta, "the study's [objectives].size_beta"
+    loss, own = loss_measure(storage, study, loss)
+    if size_beta is None and own is not None and own.size_beta is not None:
+        size_beta, beta_rule = own.size_beta, "the study's [objectives].size_beta"
     elif size_beta is None:
         beta_rule = "sd(loss) / sd(ln params) over the complete trials"
-    objectives, numbers, values, params = _ranked(storage, study, objectives, loss)
+    objectives, numbers, values, params, changes = _ranked(storage, study, objectives, loss)
     if reference is not None and len(reference) != len(objectives):
         raise ArchsearchError(f"the reference point needs {len(objectives)} values, one per objective")
-    beta = None
+    rule = None
     if loss == "adjusted":
         values = values.copy()
-        values[:, 0], beta = size_adjusted_losses(values[:, 0], params, size_beta)
+        extrapolate = own.extrapolate if own is not None else 0.0
+        values[:, 0], rule = loss_objectives(values[:, 0], changes, params, size_beta, extrapolate)
     front = pareto_front(numbers, values, objectives, reference) if numbers else None
     if front is None:
         return None
@@ -330,8 +343,8 @@ def study_front(
                 p = profiles[name]
                 throughput[r.number] = (p["tokens_per_second"], name, p["modelled"])
                 break
-    rule = beta_rule if beta is not None else None
-    return StudyFront(study, front, records, tuple(numbers), values, throughput, beta, rule)
+    why = beta_rule if rule is not None else None
+    return StudyFront(study, front, records, tuple(numbers), values, throughput, rule, why)
 
 
 def study_fronts(
@@ -356,12 +369,18 @@ def study_fronts(
     measures = {loss_measure(storage, s, loss) for s in studies}
     if len(measures) > 1 and loss is None:
         raise ArchsearchError("the studies rank different loss objectives: pass --loss proxy or adjusted")
-    loss, beta = measures.pop() if len(measures) == 1 else (loss, None)
+    loss, own = measures.pop() if len(measures) == 1 else (loss, None)
+    beta = None if own is None else own.size_beta
     rule = "the studies' [objectives].size_beta"
     if loss == "adjusted" and beta is None and len(studies) > 1:
-        ranked = [_ranked(storage, s, objectives, loss) for s in studies]
-        losses = np.concatenate([values[:, 0] for _, _, values, _ in ranked])
-        beta = size_adjusted_losses(losses, np.concatenate([params for *_, params in ranked]))[1]
+        carried, sizes = [], []  # each study's losses extrapolated by its own rule; one beta over all
+        for s in studies:
+            _, _, values, params, changes = _ranked(storage, s, objectives, loss)
+            extrapolate = storage.require_study(s).loss_rule.extrapolate
+            carried.append(loss_objectives(values[:, 0], changes, params, 0.0, extrapolate)[0])
+            sizes.append(params)
+        flat = np.concatenate(carried)
+        beta = loss_objectives(flat, np.zeros(len(flat)), np.concatenate(sizes))[1].size_beta
         rule = "sd(loss) / sd(ln params) over the complete trials of the studies shown"
     if len(studies) == 1:
         beta = None  # the study's own, or over its trials (study_front says which)

@@ -26,11 +26,11 @@ def _x_objective(front: StudyFront) -> str:
 
 
 def _y_label(fronts: Sequence[StudyFront]) -> str:
-    # Several studies share one beta (`study_fronts`), so the first front's states it for all.
-    beta = fronts[0].size_beta
-    if beta is None:
+    # Several studies share one beta (`study_fronts`), so the first front's rule states it for all.
+    rule = fronts[0].loss_rule
+    if rule is None:
         return "held-out loss (nats / token)"
-    return f"size-adjusted loss: loss - {beta:.3f} ln(params / 1M) (nats / token)"
+    return f"adjusted loss: {rule.formula()} (nats / token)"
 
 
 def plot_fronts(fronts: Sequence[StudyFront], path: str | Path) -> Path:

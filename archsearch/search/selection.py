@@ -24,7 +24,7 @@ import numpy as np
 from archsearch.errors import ArchsearchError
 from archsearch.search.pareto import pareto_front
 from archsearch.space.export import EXPORT_FORMATS, parse_flops
-from archsearch.space.objectives import OBJECTIVE_COLUMNS, size_adjusted_loss
+from archsearch.space.objectives import OBJECTIVE_COLUMNS, LossRule
 from archsearch.trial import COMPLETE
 
 if TYPE_CHECKING:
@@ -162,28 +162,28 @@ def _numbered(trials: list[Any], study: str, number: int, use: str = "export") -
     return t
 
 
-def _objective(t: Any, column: str, beta: float | None) -> float:
-    """A trial's value of an objective column; the loss as the study's loss objective (credited
-    for size when the study has a size beta, `objectives.size_adjusted_loss`). NaN when missing."""
+def _objective(t: Any, column: str, rule: LossRule) -> float:
+    """A trial's value of an objective column; the loss as the study's loss objective (`rule`,
+    `objectives.loss_objective`). NaN when missing."""
     value = t[column]
     if value is None:
         return float("nan")
-    if column == "loss" and beta is not None:
-        return size_adjusted_loss(value, t["params_total"], beta) if t["params_total"] else float("nan")
+    if column == "loss" and not rule.plain:
+        return rule.value(value, t["loss_change"], t["params_total"]) if t["params_total"] else float("nan")
     return float(value)
 
 
 def _best_under(complete: list[Any], record: Any, limit: float) -> Any:
     """The complete trial with the lowest loss objective within the FLOPs limit; ties go to the
     lower trial number."""
-    study, beta = record.name, record.size_beta
+    study, rule = record.name, record.loss_rule
     costed = [t for t in complete if t["loss"] is not None and t["flops_forward_per_token"] is not None]
     within = [t for t in costed if t["flops_forward_per_token"] <= limit]
     if not within:
         cheapest = min((t["flops_forward_per_token"] for t in costed), default=None)
         hint = f"; the cheapest has {cheapest:.4g}" if cheapest is not None else ""
         raise ArchsearchError(f"no complete trial of {study!r} has forward FLOPs/token <= {limit:.4g}{hint}")
-    return min(within, key=lambda t: (_objective(t, "loss", beta), t.number))
+    return min(within, key=lambda t: (_objective(t, "loss", rule), t.number))
 
 
 def _front(complete: Sequence[Any], record: Any) -> tuple[list[Any], int]:
@@ -194,7 +194,7 @@ def _front(complete: Sequence[Any], record: Any) -> tuple[list[Any], int]:
         raise ArchsearchError(f"study {record.name!r} has objectives {record.objectives!r}: no front to rank")
     columns = [OBJECTIVE_COLUMNS[o] for o in record.objectives]
     values = np.array(
-        [[_objective(t, c, record.size_beta) for c in columns] for t in complete], dtype=float
+        [[_objective(t, c, record.loss_rule) for c in columns] for t in complete], dtype=float
     ).reshape(len(complete), len(columns))
     result = pareto_front([t.number for t in complete], values, record.objectives)
     if result is None:

@@ -42,6 +42,8 @@ Every table and key is optional unless marked; unknown tables or keys are errors
     size_beta = 0.15               # the loss objective is loss - size_beta * ln(params / 1M):
                                    # the proxy loss credited for size (docs/accuracy.md, "The loss
                                    # objective"); left out: the proxy loss as it is
+    extrapolate = 2.0              # and carried on by its last evaluation interval's change 2 more
+                                   # times: + extrapolate * change; left out: 0
     [serve]                # how shapes are served (space.serve.ServeScenario); all optional
     batch = 1              # sequences decoded together
     prompt_len = 512       # tokens prefilled per sequence
@@ -82,7 +84,7 @@ from archsearch.evaluators.catalogue import ACCELERATORS
 from archsearch.evaluators.settings import TrainError, TrainSettings
 from archsearch.fileio import read_text
 from archsearch.search.samplers import SAMPLERS, SEED_MAX
-from archsearch.space.objectives import DEFAULT_OBJECTIVES, SERVE_TIME_OBJECTIVES, parse_objectives
+from archsearch.space.objectives import DEFAULT_OBJECTIVES, SERVE_TIME_OBJECTIVES, LossRule, parse_objectives
 from archsearch.space.search_space import KNOBS, Budget, Domain, SearchSpace, SpaceError, check_export_formats
 from archsearch.space.serve import ServeError, ServeScenario
 from archsearch.units import parse_bytes
@@ -186,9 +188,11 @@ class SearchSpec:
     profile: ProfileSpec
     objectives: tuple[str, ...] = DEFAULT_OBJECTIVES
     step_time_device: str | None = None  # "local" or a [profile].devices name; with step_time only
-    # The loss objective credits size: loss - size_beta * ln(params / 1M) (objectives.size_adjusted_loss);
-    # None: the proxy loss as it is.
+    # The loss objective (objectives.loss_objective): loss + extrapolate * change - size_beta *
+    # ln(params / 1M), `change` the proxy curve's last evaluation interval's; None and 0: the proxy
+    # loss as it is.
     size_beta: float | None = None
+    extrapolate: float = 0.0
     defaults: SearchDefaults = SearchDefaults()
     source: str = ""  # the TOML text as read
 
@@ -208,6 +212,10 @@ class SearchSpec:
                 )
         if self.size_beta is not None and not (math.isfinite(self.size_beta) and self.size_beta >= 0):
             raise SpecError(f"must be a finite number >= 0, got {self.size_beta}", "[objectives].size_beta")
+        if not (math.isfinite(self.extrapolate) and self.extrapolate >= 0):
+            raise SpecError(
+                f"must be a finite number >= 0, got {self.extrapolate}", "[objectives].extrapolate"
+            )
         if self.defaults.prune:
             # The trainer reports losses only at its evaluation points, (i + 1) / evals.
             points = [i / self.proxy.evals for i in range(1, self.proxy.evals)]
@@ -266,6 +274,11 @@ class SearchSpec:
         return self.space.serve
 
     @property
+    def loss_rule(self) -> LossRule:
+        """The loss objective's rule: what Optuna is told, the rungs compare and fronts rank."""
+        return LossRule(self.size_beta, self.extrapolate)
+
+    @property
     def profile_batch(self) -> int:
         return self.profile.batch or self.proxy.batch_size
 
@@ -280,6 +293,7 @@ class SearchSpec:
             "objectives": list(self.objectives),
             "step_time_device": self.step_time_device,
             "size_beta": self.size_beta,
+            "extrapolate": self.extrapolate,
             "search": {**dataclasses.asdict(self.defaults), "rungs": list(self.defaults.rungs)},
         }
 
@@ -292,14 +306,16 @@ class SearchSpec:
         trial runs, not what it computes (the same losses at 1 and 2 threads in
         `benchmarks/threads.py`; each trial's device fingerprint records its thread count), so a
         study resumes on a machine with other cores, and the files written before the setting
-        existed keep their fingerprint (as do those without `size_beta`). The sampler and seeds
-        stay in: they decide which points are tried. `data` is the resolved path; the corpus's
-        contents have their own fingerprint, checked when it is loaded.
+        existed keep their fingerprint (as do those without `size_beta` or `extrapolate`). The
+        sampler and seeds stay in: they decide which points are tried. `data` is the resolved
+        path; the corpus's contents have their own fingerprint, checked when it is loaded.
         """
         canonical = self.to_dict()
         del canonical["name"], canonical["search"]["trials"], canonical["proxy"]["threads"]
         if canonical["size_beta"] is None:
             del canonical["size_beta"]
+        if not canonical["extrapolate"]:
+            del canonical["extrapolate"]
         text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -348,7 +364,9 @@ _TYPES = {  # schema type -> (what it says in errors, test)
 _RANGE = {"min": "number", "max": "number", "step": "number", "log": "bool"}
 _RULES = {"multiple_of": "int", "gated_parity": "bool", "export": "list[str]"}
 _PROFILE = {"local": "bool", "devices": "list[str]", "batch": "int", "dtype": "str", "min_run_time": "float"}
-_OBJECTIVES = {"minimize": "list[str]", "step_time_device": "str", "size_beta": "float"}
+_OBJECTIVES = {
+    "minimize": "list[str]", "step_time_device": "str", "size_beta": "float", "extrapolate": "float",
+}  # fmt: skip
 _SERVE = {
     "batch": "int",
     "prompt_len": "int",
@@ -431,6 +449,10 @@ KEY_DOCS: dict[str, str] = {
     ),
     "objectives.step_time_device": 'With step_time: "local" or a name from [profile].devices.',
     "objectives.size_beta": "The loss objective is loss - size_beta ln(params / 1M); left out: the loss.",
+    "objectives.extrapolate": (
+        "The loss objective adds extrapolate x the proxy curve's last evaluation interval's change "
+        "(Accuracy, \"The loss objective\"); left out: 0."
+    ),
     "serve.batch": "Sequences decoded together.",
     "serve.prompt_len": "Tokens prefilled per sequence.",
     "serve.gen_len": "Tokens generated per sequence.",
@@ -607,5 +629,6 @@ def _parse(text: str, source: str, base_dir: Path) -> SearchSpec:
         name=Path(source).stem, space=space, proxy=proxy, data=data, profile=profile,
         objectives=objectives.get("minimize", DEFAULT_OBJECTIVES),
         step_time_device=objectives.get("step_time_device"), size_beta=objectives.get("size_beta"),
+        extrapolate=float(objectives.get("extrapolate", 0.0)),
         defaults=defaults, source=text,
     )  # fmt: skip

@@ -14,7 +14,8 @@ trials for `multiplier` x the proxy's token budget and compares rankings:
    return plain data. Every finished run is stored at once (`Storage.add_long_run`); a rerun
    skips the (trial, multiplier, seed) runs already stored, and Ctrl-C keeps what finished.
 3. The report: Spearman and Kendall of the proxy loss, of -params, of -FLOPs and of the
-   size-adjusted proxy loss (`fidelity.size_adjusted_losses`: with `size_beta`, else the study's
+   adjusted proxy loss, the study's loss objective (`fidelity.loss_objectives`: extrapolated by
+   the study's `[objectives].extrapolate`, credited for size with `size_beta`, else the study's
    `[objectives].size_beta`, else its beta over the calibration set) against the long-run loss
    (seed mean), naming which of the two losses is the study's objective; iso-parameter pair
    agreement of the proxy, of -params and of the adjusted loss; the seed noise floor; how many
@@ -24,8 +25,9 @@ trials for `multiplier` x the proxy's token budget and compares rankings:
    correlations with 95% bootstrap intervals, its paired difference against -params and -FLOPs,
    pairs beyond the long runs' seed noise, front recall, the knee's regret). It is stored
    with the study (`Storage.add_validation`) as JSON; reports stored before the size-adjusted
-   predictor lack its keys (`adjusted`, `size_beta`), and before studies had a size beta, the
-   `objective` key (their objective was the proxy loss).
+   predictor lack its keys (`adjusted`, `size_beta`), before studies had a size beta, the
+   `objective` key (their objective was the proxy loss), and before the extrapolation, the
+   `extrapolate` key (0).
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ from archsearch.search import fidelity_stats as fs
 from archsearch.search.fidelity import (
     iso_pair_agreement,
     kendall,
+    loss_objectives,
     noise_floor,
-    size_adjusted_losses,
     spearman,
 )
 from archsearch.search.pareto import hypervolume, pareto_mask, reference_point, scaled, study_front
@@ -263,14 +265,17 @@ def fidelity_report(
     seeds: int,
     size_beta: float | None = None,
     objective: str = "proxy",
+    extrapolate: float = 0.0,
 ) -> dict[str, Any]:
     """The rank-fidelity report of a calibration set.
 
     Args:
-        rows: one per trial: number, params_total, flops (forward per token), proxy_loss and
-            long_losses (one per seed; trials without any are left out of the measures).
-        size_beta: the size-adjusted predictor's beta; None: the equal-weight beta over the set.
+        rows: one per trial: number, params_total, flops (forward per token), proxy_loss,
+            loss_change (its curve's last change; left out: 0) and long_losses (one per seed;
+            trials without any are left out of the measures).
+        size_beta: the adjusted predictor's beta; None: the equal-weight beta over the set.
         objective: which predictor is the study's loss objective, "proxy" or "adjusted".
+        extrapolate: the adjusted predictor's extrapolation (`objectives.loss_objective`).
 
     Returns:
         Plain data (JSON-ready): see the module docstring; NaN correlations become None.
@@ -285,7 +290,9 @@ def fidelity_report(
     def finite(x: float) -> float | None:
         return float(x) if math.isfinite(x) else None
 
-    adjusted, beta = size_adjusted_losses(proxy, params, size_beta)  # never fitted to the long runs
+    changes = [r.get("loss_change") or 0.0 for r in used]
+    # Never fitted to the long runs.
+    adjusted, rule = loss_objectives(proxy, changes, params, size_beta, extrapolate)
     # Lower predicted = better.
     predictors = {"proxy": proxy, "params": -params, "flops": -flops, "adjusted": adjusted}
     correlations = {
@@ -332,7 +339,9 @@ def fidelity_report(
         "trials": numbers,
         "correlations": correlations,
         "iso_pairs": iso,
-        "size_beta": beta,  # the adjusted loss: proxy_loss - size_beta * ln(params_total / 1M)
+        # the adjusted loss: proxy_loss + extrapolate * loss_change - size_beta * ln(params_total / 1M)
+        "size_beta": rule.size_beta,
+        "extrapolate": rule.extrapolate,
         "size_beta_fixed": size_beta is not None,  # given (or the study's), not taken over the set
         "objective": objective,  # the predictor the study told Optuna: "proxy" or "adjusted"
         "noise_floor": floor,
@@ -503,12 +512,24 @@ def _report(storage: Storage, options: ValidateOptions, chosen: list[TrialRecord
             params_total=int(r["params_total"]),
             flops=float(r["flops_forward_per_token"]),
             proxy_loss=float(r["loss"]),
+            loss_change=r["loss_change"],
             long_losses=losses.get(r.number, []),
             shape=r.config.describe() if r.config is not None else "",
         )
         for r in chosen
     ]
-    own = storage.require_study(options.study).size_beta
-    beta = options.size_beta if options.size_beta is not None else own
-    objective = "proxy" if own is None else "adjusted"
-    return fidelity_report(rows, options.multiplier, options.seeds, beta, objective)
+    own = storage.require_study(options.study).loss_rule
+    beta = options.size_beta if options.size_beta is not None else own.size_beta
+    objective = "proxy" if own.plain else "adjusted"
+    return fidelity_report(rows, options.multiplier, options.seeds, beta, objective, own.extrapolate)
+
+
+def adjusted_label(report: dict[str, Any]) -> str:
+    """The adjusted predictor of a stored report as a reader sees it: "adjusted proxy (beta
+    0.150, + 2 x last change)"; reports from before the extrapolation lack its key (0)."""
+    extrapolate = report.get("extrapolate") or 0.0
+    beta = report.get("size_beta")
+    terms = [f"beta {beta:.3f}"] if beta is not None else []
+    terms += [f"+ {extrapolate:g} x last change"] if extrapolate else []
+    name = "adjusted proxy" if extrapolate else "size-adjusted proxy"
+    return f"{name} ({', '.join(terms)})" if terms else name

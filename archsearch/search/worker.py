@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from archsearch.search.pruning import rung_at
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts, param_counts
-from archsearch.space.objectives import size_adjusted_loss
+from archsearch.space.objectives import LossRule, curve_change
 from archsearch.trial import COMPLETE, FAILED, PRUNED, TrialOutcome
 
 if TYPE_CHECKING:
@@ -54,8 +54,8 @@ class TrialRequest:
         data: the corpus path; None: the bundled corpus.
         step_time_device: "local", a catalogue name, or None when step time is not an objective.
         rungs: the pruning fractions of the proxy budget; empty: no pruning.
-        size_beta: the study's loss objective credits size by it, at the rungs too
-            (`objectives.size_adjusted_loss`); None: the proxy loss as it is.
+        loss_rule: the study's loss objective (`objectives.LossRule`), which the rungs judge:
+            the loss at the rung, extrapolated by the curve's change so far and credited for size.
         cpus: the CPUs Ray gave the trial, which cap its threads; None: see `trial_cores`.
     """
 
@@ -66,7 +66,7 @@ class TrialRequest:
     data: str | None = None
     step_time_device: str | None = None
     rungs: tuple[float, ...] = ()
-    size_beta: float | None = None
+    loss_rule: LossRule = dataclasses.field(default_factory=LossRule)
     cpus: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -77,6 +77,7 @@ class TrialRequest:
             proxy=dataclasses.asdict(self.proxy),
             profile=dataclasses.asdict(self.profile),
             rungs=list(self.rungs),
+            loss_rule=dataclasses.asdict(self.loss_rule),
         )
         return out
 
@@ -98,6 +99,7 @@ class TrialRequest:
             proxy=TrainSettings(**values["proxy"]),
             profile=ProfileSpec(**profile),
             rungs=tuple(values.get("rungs") or ()),
+            loss_rule=LossRule(**(values.get("loss_rule") or {})),
         )
         return cls(**values)
 
@@ -222,6 +224,7 @@ def _run_trial(
     def on_eval(tokens: int, val_loss: float) -> bool:
         # The trainer evaluates at (i + 1) / evals of the budget, whatever the budget's unit.
         judged["evals"] += 1
+        judged["curve"].append((tokens, val_loss))
         fraction = judged["evals"] / settings.evals
         plateau = judged["unigram"]
         if plateau is not None and on_plateau(val_loss, plateau, tokens * 0.5 / fraction, tokens_per_step):
@@ -235,14 +238,17 @@ def _run_trial(
         if rung is None or rung <= judged["rung"]:
             return False
         judged["rung"] = rung
-        # Judged on the study's loss objective, as the finished trials it is compared with.
-        reason = judge(request.number, rung, size_adjusted_loss(val_loss, params, request.size_beta), flops)
+        # Judged on the study's loss objective, as the finished trials it is compared with: the
+        # curve so far ends at the rung, and its last change is the one the objective extrapolates.
+        told = request.loss_rule.value(val_loss, curve_change(judged["curve"]), params)
+        reason = judge(request.number, rung, told, flops)
         if reason is not None:
             judged["pruned_rung"], judged["reason"] = rungs[rung], reason
         return reason is not None
 
     def attempt(run_settings: TrainSettings, plateau: float | None) -> Any:
-        judged.update(evals=0, rung=-1, pruned_rung=None, reason=None, stalled=None, unigram=plateau)
+        judged.update(evals=0, curve=[], rung=-1, pruned_rung=None, reason=None, stalled=None)
+        judged["unigram"] = plateau
         result = train(cfg, data, run_settings, on_eval=on_eval, cache=cache)
         if judged["stalled"] is None and plateau is not None and result.status == COMPLETE:
             if on_plateau(result.val_loss, plateau, result.tokens * 0.5, tokens_per_step):

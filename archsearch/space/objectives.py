@@ -78,24 +78,85 @@ LOG_OBJECTIVES = frozenset(name for name, o in OBJECTIVES.items() if o.log_scale
 PARAMS_UNIT = 1e6  # size enters as ln(params / 1M): a 1M-parameter shape keeps its loss
 
 
-def size_adjusted_loss(loss: float, params: float, beta: float | None) -> float:
-    """The loss objective of a study with a size beta: `loss - beta * ln(params / 1M)`.
+def loss_objective(
+    loss: float, change: float, params: float, size_beta: float | None, extrapolate: float = 0.0
+) -> float:
+    """The loss objective: `loss + extrapolate * change - size_beta * ln(params / 1M)`.
 
-    A short proxy run under-credits capacity, which longer training rewards; crediting the proxy
-    loss with `beta` nats per e-fold of parameters ranks shapes like 10x-longer training on the
-    tiny space (docs/accuracy.md, "The loss objective"; `search.fidelity.size_adjusted_losses` holds the
-    measurements). With `beta` None (a study without one) the loss is returned as it is.
+    The one rule every reader of a study's loss objective applies (the driver, the pruning rungs,
+    fronts, selection, reports). A short proxy run under-credits capacity, which longer training
+    rewards: crediting the loss with `size_beta` nats per e-fold of parameters ranks shapes more
+    like 10x-longer training. And a curve still falling steeply at its end has further to fall:
+    carrying the end loss on by its last evaluation interval's change (`curve_change`, negative
+    while it falls) `extrapolate` more times ranked 10x training better again on the development
+    calibration sets (docs/accuracy.md, "The loss objective"; `benchmarks/calibration.py` holds the
+    measurement). `size_beta` None and `extrapolate` 0 (a study without them): the loss as it is.
+
+    Args:
+        loss: the proxy's held-out loss at the end of its run, nats per token.
+        change: its last evaluation interval's change (`curve_change`), nats per token.
+        params: the shape's total parameters.
+        size_beta: nats credited per e-fold of parameters, >= 0; None: size is not credited.
+        extrapolate: how many more last intervals the loss is carried on by, >= 0.
 
     Raises:
-        ValueError: `params` is not positive, or `beta` is negative or not finite.
+        ValueError: `params` is not positive (with a size beta), or `size_beta` or `extrapolate`
+            is negative or not finite.
     """
-    if beta is None:
-        return loss
-    if not (math.isfinite(beta) and beta >= 0):
-        raise ValueError(f"beta must be a finite number >= 0, got {beta}")
+    value = loss
+    if extrapolate:
+        if not (math.isfinite(extrapolate) and extrapolate >= 0):
+            raise ValueError(f"extrapolate must be a finite number >= 0, got {extrapolate}")
+        value += extrapolate * change
+    if size_beta is None:
+        return value
+    if not (math.isfinite(size_beta) and size_beta >= 0):
+        raise ValueError(f"beta must be a finite number >= 0, got {size_beta}")
     if not params > 0:
         raise ValueError(f"the parameter count must be > 0, got {params}")
-    return loss - beta * math.log(params / PARAMS_UNIT)
+    return value - size_beta * math.log(params / PARAMS_UNIT)
+
+
+def curve_change(curve: Sequence[Sequence[float]]) -> float:
+    """The last evaluation interval's change of a held-out curve of (tokens, loss) points: the loss
+    at the last evaluation minus the one before it (negative while the loss falls); 0 with fewer
+    than 2 points. Non-finite points are left out, as storage leaves them out of stored curves,
+    so a curve and its stored copy have one change."""
+    losses = [float(loss) for _, loss in curve if math.isfinite(float(loss))]
+    return losses[-1] - losses[-2] if len(losses) >= 2 else 0.0
+
+
+@dataclass(frozen=True)
+class LossRule:
+    """A study's loss objective (`loss_objective`): its `[objectives]` size_beta and extrapolate.
+
+    The default rule is the proxy loss as it is (`plain`).
+    """
+
+    size_beta: float | None = None
+    extrapolate: float = 0.0
+
+    def __post_init__(self) -> None:
+        loss_objective(0.0, 0.0, PARAMS_UNIT, self.size_beta, self.extrapolate)  # raises ValueError
+
+    @property
+    def plain(self) -> bool:
+        """Whether the objective is the proxy loss as it is."""
+        return self.size_beta is None and not self.extrapolate
+
+    def value(self, loss: float, change: float | None, params: float) -> float:
+        """The objective of one trial; a `change` None (a row from before the change was stored,
+        without a stored curve) counts as 0."""
+        return loss_objective(loss, change or 0.0, params, self.size_beta, self.extrapolate)
+
+    def formula(self) -> str:
+        """The rule as a reader sees it: "loss + 2 x change - 0.1500 ln(params / 1M)"."""
+        terms = ["loss"]
+        if self.extrapolate:
+            terms.append(f"+ {self.extrapolate:g} x change")
+        if self.size_beta is not None:
+            terms.append(f"- {self.size_beta:.4f} ln(params / 1M)")
+        return " ".join(terms)
 
 
 def parse_objectives(text: str | Sequence[str]) -> tuple[str, ...]:

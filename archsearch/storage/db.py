@@ -36,7 +36,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Engine, create_engine, delete, event, func, insert, select, text, update
+from sqlalchemy import (
+    ColumnElement,
+    Engine,
+    bindparam,
+    create_engine,
+    delete,
+    event,
+    func,
+    insert,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import (
     ArgumentError,
@@ -53,6 +65,7 @@ from sqlalchemy.orm import Session
 from archsearch.errors import ArchsearchError, EnvironmentFailure, UnknownNameError, quoted
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts, kv_cache_bytes_per_token, param_counts
+from archsearch.space.objectives import LossRule, curve_change
 from archsearch.storage import schema
 from archsearch.storage.schema import SCHEMA_VERSION
 from archsearch.trial import COMPLETE, FINISHED, PRUNED, RUNNING, TrialOutcome, check_state
@@ -164,10 +177,16 @@ class StudyRecord:
 
     @property
     def size_beta(self) -> float | None:
-        """The study's loss objective credits size by this beta (`objectives.size_adjusted_loss`);
-        None: its loss objective is the proxy loss as stored (and studies from before it existed)."""
+        """The study's loss objective credits size by this beta (`objectives.loss_objective`);
+        None: it does not (and studies from before it existed)."""
         beta = self.spec.get("size_beta")
         return None if beta is None else float(beta)
+
+    @property
+    def loss_rule(self) -> LossRule:
+        """The study's loss objective (`objectives.LossRule`): its `[objectives]` size_beta and
+        extrapolate (0 in studies from before it existed)."""
+        return LossRule(self.size_beta, float(self.spec.get("extrapolate") or 0.0))
 
 
 @dataclass(frozen=True)
@@ -453,6 +472,8 @@ class Storage:
                         # tables are left alone) and record the new version, in one transaction.
                         schema.Base.metadata.create_all(conn, checkfirst=True)
                         _add_columns(conn, self._engine)
+                        if found < schema.LOSS_CHANGE_SINCE:
+                            _fill_loss_changes(conn)
                         conn.execute(
                             update(schema.Meta.__table__)
                             .where(schema.Meta.key == "schema_version")
@@ -946,6 +967,8 @@ class Storage:
                 row.mfu = train.get("mfu")
                 row.precision = train.get("precision")
                 row.corpus_fingerprint = train.get("corpus_fingerprint")
+                # The curve of the run whose loss is kept: a stalled run's retry's (search.worker).
+                row.loss_change = curve_change(train.get("val_curve") or ())
                 for kind, curve in (
                     ("train", train.get("loss_curve") or ()),
                     ("val", train.get("val_curve") or ()),
@@ -1373,6 +1396,25 @@ def _add_columns(conn: Any, engine: Any) -> None:
         kind = column.type.compile(dialect=engine.dialect)
         # Names and type from the schema module, never user text: DDL cannot bind parameters.
         conn.execute(text(f"ALTER TABLE {table_name} ADD COLUMN {column_name} {kind}"))
+
+
+def _fill_loss_changes(conn: Any) -> None:
+    """Fill `loss_change` (schema version 6) of an older database's trials from their stored
+    held-out curves; a trial without one keeps NULL, which the loss objective reads as 0."""
+    curves, trials = schema.Curve.__table__, schema.Trial.__table__
+    rows = conn.execute(
+        select(curves.c.trial_id, curves.c.tokens, curves.c.loss)
+        .where(curves.c.kind == "val")
+        .order_by(curves.c.trial_id, curves.c.tokens)
+    )
+    by_trial: dict[int, list[tuple[int, float]]] = {}
+    for trial_id, tokens, loss in rows:
+        by_trial.setdefault(trial_id, []).append((tokens, loss))
+    if by_trial:
+        conn.execute(
+            update(trials).where(trials.c.id == bindparam("trial")).values(loss_change=bindparam("change")),
+            [{"trial": t, "change": curve_change(curve)} for t, curve in by_trial.items()],
+        )
 
 
 # Trial order: by number, unnumbered (claimed, not yet asked) rows last on every backend, the row

@@ -33,11 +33,17 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 # 2: archsearch_long_runs, archsearch_validations; 3: archsearch_search_runs; 4: archsearch_ladder_rungs,
-# archsearch_ladder_fits; 5: archsearch_trials.prefill_time_s and decode_time_s
-SCHEMA_VERSION = 5
+# archsearch_ladder_fits; 5: archsearch_trials.prefill_time_s and decode_time_s; 6:
+# archsearch_trials.loss_change (older rows filled from their stored held-out curves on opening)
+SCHEMA_VERSION = 6
 ADDITIVE_SINCE = 1  # versions 1 .. SCHEMA_VERSION - 1 differ from this one only by missing tables
 # ... and by these nullable columns, added to existing tables on opening: (table, column).
-ADDED_COLUMNS = (("archsearch_trials", "prefill_time_s"), ("archsearch_trials", "decode_time_s"))
+ADDED_COLUMNS = (
+    ("archsearch_trials", "prefill_time_s"),
+    ("archsearch_trials", "decode_time_s"),
+    ("archsearch_trials", "loss_change"),
+)
+LOSS_CHANGE_SINCE = 6  # a database older than this gets loss_change from its curves when opened
 
 
 class Real(TypeDecorator[float]):
@@ -121,6 +127,9 @@ class Trial(Base):
     kv_cache_bytes_per_token: Mapped[float | None] = mapped_column(Real)
     # --- proxy training ---
     loss: Mapped[float | None] = mapped_column(Real)  # held-out nats per token
+    # The held-out curve's last evaluation interval's change (objectives.curve_change), which the
+    # loss objective extrapolates by; added in version 6, NULL in older rows without a curve: 0.
+    loss_change: Mapped[float | None] = mapped_column(Real)
     bits_per_byte: Mapped[float | None] = mapped_column(Real)
     tokens_trained: Mapped[int | None] = mapped_column(BigInteger)
     steps: Mapped[int | None] = mapped_column(Integer)

@@ -133,7 +133,7 @@ def test_studies_overlaid_share_one_beta(url, tmp_path):
     # Pooled over both: b's losses are a's minus 0.1, which widens the losses' spread, not the sizes'.
     assert a["size_beta"] == b["size_beta"] > alone["size_beta"]
     assert a["reference"] == b["reference"] and b["hypervolume"] > a["hypervolume"]
-    assert b"size-adjusted loss: loss - " in (tmp_path / "f.html").read_bytes()
+    assert b"adjusted loss: loss - " in (tmp_path / "f.html").read_bytes()
 
 
 def test_two_studies_share_one_reference_so_their_hypervolumes_compare(url, tmp_path):

@@ -35,9 +35,9 @@ def test_writes_one_html_file_and_says_where(url, tmp_path):
 def test_loss_ranks_the_fronts_as_pareto_does(url, tmp_path):
     out = tmp_path / "r.html"
     assert _run("--study", "a", "--storage", url, "-o", str(out), "--loss", "adjusted").exit_code == 0
-    assert "the loss is size-adjusted: loss - " in out.read_text()
+    assert "the loss is adjusted: loss - " in out.read_text()
     assert _run("--study", "a", "--storage", url, "-o", str(out), "--loss", "proxy").exit_code == 0
-    assert "the loss is size-adjusted" not in out.read_text()
+    assert "the loss is adjusted" not in out.read_text()
 
 
 def test_max_rows_cuts_the_table(url, tmp_path):

@@ -114,6 +114,8 @@ BAD_VALUES = [
          r"\[proxy\]: device 'tpu' is unknown; valid: cpu, cuda, cuda:N, auto"),
     _bad("min-run-time-nan", "profile", "local = true\nmin_run_time = nan",
          r"\[profile\].min_run_time: must be finite and positive, got nan"),
+    _bad("extrapolate-negative", "objectives", "extrapolate = -1.0",
+         r"\[objectives\].extrapolate: must be a finite number >= 0, got -1.0$"),
     _bad("seed-too-large", "search", "trials = 3\nprune = false\nseed = 4294967296",
          r"\[search\].seed: must be in 0\.\.4294967295"),
 ]  # fmt: skip

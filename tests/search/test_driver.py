@@ -6,13 +6,14 @@ import math
 import os
 import signal
 import sys
+from dataclasses import replace
 
 import optuna
 import pytest
 from ray import cloudpickle  # Ray vendors it
 
 from archsearch.search import driver as driver_module
-from archsearch.search.driver import SearchError, SearchOptions, run_search
+from archsearch.search.driver import SearchError, SearchOptions, objective_values, run_search
 from archsearch.storage import Storage
 from archsearch.trial import TrialOutcome
 from tests.specs import tiny_spec
@@ -380,6 +381,36 @@ def test_a_study_with_a_size_beta_tells_optuna_its_loss_credited_for_size(db):
     assert len(told) >= 2
     front = summary.front
     assert front.size_beta == 0.5 and {t.number for t in study.best_trials} == set(front.front.numbers)
+    assert dict(zip(front.trial_numbers, front.trial_values[:, 0], strict=True)) == pytest.approx(told)
+
+
+def _falling(request, known=None, board=None):
+    """`_result`'s loss at the end of a curve whose last interval fell by d_model / 2000."""
+    out = _result(request)
+    loss, fall = out.train["val_loss"], request.config.d_model / 2000
+    return replace(out, train={**out.train, "val_curve": [[1, loss + 3 * fall], [2, loss + fall], [3, loss]]})
+
+
+def test_a_study_with_extrapolate_tells_optuna_its_loss_carried_on_by_the_last_change(db):
+    """What Optuna is told, the stored change and the summary's front agree, and a resumed run
+    (its values read back from the rows) tells the same."""
+    spec = tiny_spec(objectives="size_beta = 0.5\nextrapolate = 2.0", search="trials = 4\nprune = false")
+    summary = run_search(spec, db, SearchOptions(study="s", trials=3, sampler="random"), evaluate_fn=_falling)
+    records = {r.number: r for r in db.trials("s")}
+    told = {}
+    for t in optuna.load_study(study_name="s", storage=db.url).trials:
+        record = records[t.number]
+        if record.status != "complete":
+            continue
+        fall = record.config.d_model / 2000
+        assert record["loss_change"] == pytest.approx(-fall)
+        expected = record["loss"] - 2.0 * fall - 0.5 * math.log(record["params_total"] / 1e6)
+        assert t.values[0] == pytest.approx(expected) and t.user_attrs["proxy_loss"] == record["loss"]
+        assert objective_values(spec, record, record.config) == pytest.approx(t.values)  # from the row
+        told[t.number] = t.values[0]
+    assert len(told) >= 2
+    front = summary.front
+    assert front.loss_rule == spec.loss_rule
     assert dict(zip(front.trial_numbers, front.trial_values[:, 0], strict=True)) == pytest.approx(told)
 
 

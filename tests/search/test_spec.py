@@ -163,6 +163,19 @@ def test_a_size_beta_makes_the_loss_objective_size_adjusted_and_enters_the_finge
     assert plain.fingerprint == "773dd93112e444d9b9054b9a1f9f532dc451c513af38bd4b7fc72ae3abe071d4"
 
 
+def test_extrapolate_enters_the_loss_rule_and_the_fingerprint_only_when_given():
+    plain, carried = tiny_spec(), tiny_spec(objectives="size_beta = 0.15\nextrapolate = 2")
+    assert plain.extrapolate == 0.0 and plain.loss_rule.plain
+    assert carried.extrapolate == 2.0 and isinstance(carried.extrapolate, float)  # 2 and 2.0: one study
+    assert (carried.loss_rule.size_beta, carried.loss_rule.extrapolate) == (0.15, 2.0)
+    assert carried.to_dict()["extrapolate"] == 2.0
+    assert carried.fingerprint != tiny_spec(objectives="size_beta = 0.15").fingerprint  # a new study
+    assert carried.fingerprint == tiny_spec(objectives="size_beta = 0.15\nextrapolate = 2.0").fingerprint
+    # Left out, or 0 (the same objective): the fingerprint it had before the key existed.
+    assert plain.fingerprint == tiny_spec(objectives="extrapolate = 0.0").fingerprint
+    assert plain.fingerprint == "773dd93112e444d9b9054b9a1f9f532dc451c513af38bd4b7fc72ae3abe071d4"
+
+
 @pytest.mark.parametrize(
     ("name", "fingerprint"),
     [
@@ -239,6 +252,16 @@ BAD = [
          r"\[objectives\].size_beta: must be a finite number >= 0, got -0.1"),
     case("size-beta-not-a-number", spec_text("[objectives]\nsize_beta = 'big'\n"),
          r"\[objectives\].size_beta: expected a number, got 'big'"),
+    case("negative-extrapolate", spec_text("[objectives]\nextrapolate = -2.0\n"),
+         r"\[objectives\].extrapolate: must be a finite number >= 0, got -2.0$"),
+    case("infinite-extrapolate", spec_text("[objectives]\nextrapolate = inf\n"),
+         r"\[objectives\].extrapolate: must be a finite number >= 0, got inf$"),
+    case("nan-extrapolate", spec_text("[objectives]\nextrapolate = nan\n"),
+         r"\[objectives\].extrapolate: must be a finite number >= 0, got nan$"),
+    case("extrapolate-not-a-number", spec_text("[objectives]\nextrapolate = 'two'\n"),
+         r"\[objectives\].extrapolate: expected a number, got 'two'$"),
+    case("extrapolate-bool", spec_text("[objectives]\nextrapolate = true\n"),
+         r"\[objectives\].extrapolate: expected a number, got True$"),
     case("step-time-unprofiled", spec_text(STEP_TIME + "step_time_device = 'h200'\n"),
          r"\[objectives\].step_time_device: 'h200' is not profiled; valid: local$"),
     case("step-time-local-off",

@@ -18,6 +18,7 @@ from archsearch.cli.validate import _print_validation
 from archsearch.search.validate import (
     ValidateError,
     ValidateOptions,
+    adjusted_label,
     calibration_set,
     fidelity_report,
     long_run,
@@ -34,7 +35,7 @@ SHAPES = [(64, 1, 2.9), (64, 2, 2.8), (128, 1, 2.85), (128, 2, 2.7), (128, 4, 2.
 ARGS = ("--study", "tiny", "--trials", "4", "--multiplier", "2")  # 4 runs of 4,096 tokens
 JSON_KEYS = {
     "study", "trained", "skipped", "failed", "multiplier", "seeds", "trials", "correlations", "iso_pairs",
-    "size_beta", "size_beta_fixed", "objective", "noise_floor", "fronts", "rows", "deciding",
+    "size_beta", "size_beta_fixed", "extrapolate", "objective", "noise_floor", "fronts", "rows", "deciding",
 }  # fmt: skip
 PREDICTORS = {"proxy", "params", "flops", "adjusted"}
 
@@ -187,6 +188,28 @@ def test_the_report_of_a_perfect_proxy():
     assert proxy["vs_params"]["value"] == pytest.approx(0.2)  # 1.0 against params' 0.8
     assert proxy["front_recall"] == [3, 3] and proxy["knee_regret"] == 0.0
     assert deciding["params"]["vs_params"]["value"] == 0.0
+
+
+def test_the_adjusted_predictor_extrapolates_as_the_studys_objective_does():
+    # One size, so size ranks nothing: the curves still falling fastest at the end finish best at
+    # 10x, which the proxy loss alone ranks backwards and the extrapolated loss ranks right.
+    changes = [0.0, -0.1, -0.2, -0.3]
+    rows = [
+        dict(number=n, params_total=1000, flops=2000.0, proxy_loss=2.0 + n / 100, loss_change=c,
+             long_losses=[1.9 - n / 5])
+        for n, c in enumerate(changes)
+    ]  # fmt: skip
+    report = fidelity_report(rows, 10, 1, size_beta=0.15, objective="adjusted", extrapolate=2.0)
+    assert report["correlations"]["proxy"]["spearman"] == pytest.approx(-1.0)
+    assert report["correlations"]["adjusted"]["spearman"] == pytest.approx(1.0)
+    assert (report["size_beta"], report["extrapolate"], report["objective"]) == (0.15, 2.0, "adjusted")
+    assert adjusted_label(report) == "adjusted proxy (beta 0.150, + 2 x last change)"
+    # Rows without a change (reports of older studies) count it as 0: the proxy's order.
+    old = [{k: v for k, v in r.items() if k != "loss_change"} for r in rows]
+    assert fidelity_report(old, 10, 1, 0.15, "adjusted", 2.0)["correlations"]["adjusted"]["spearman"] == (
+        pytest.approx(-1.0)
+    )
+    assert adjusted_label({"size_beta": 0.15}) == "size-adjusted proxy (beta 0.150)"  # stored before
 
 
 def test_a_report_stored_before_the_size_adjusted_predictor_still_loads_and_prints(url, capsys):

@@ -87,15 +87,19 @@ def test_the_judge_is_asked_once_per_rung_and_can_prune():
     assert out.train["tokens"] < 4096
 
 
-def test_with_a_size_beta_the_judge_sees_the_loss_objective_not_the_raw_loss():
+def test_with_a_loss_rule_the_judge_sees_the_loss_objective_not_the_raw_loss():
     judged, plain = [], []
     # One thread, declared: a count chosen from the free cores could differ between the two runs
     # (a busy machine), and another reduction order is another loss.
     proxy = {**_plain()["proxy"], "threads": 1}
-    run_trial(_request(size_beta=0.3, proxy=proxy), judge=lambda n, r, loss, f: judged.append(loss))
+    rule = {"size_beta": 0.3, "extrapolate": 2.0}
+    run_trial(_request(loss_rule=rule, proxy=proxy), judge=lambda n, r, loss, f: judged.append(loss))
     out = run_trial(_request(proxy=proxy), judge=lambda n, r, loss, f: plain.append(loss))
     credit = 0.3 * math.log(param_counts(CFG).total / 1e6)
-    assert judged == pytest.approx([loss - credit for loss in plain])  # the same run: seeded, CPU
+    # The curve so far ends at the rung: no change at the first evaluation, the last interval's
+    # at the second.
+    first, second = plain
+    assert judged == pytest.approx([first - credit, second + 2.0 * (second - first) - credit])
     assert [loss for _, loss in out.train["val_curve"][:2]] == pytest.approx(plain)
 
 
@@ -169,7 +173,8 @@ NO_LOCAL = dict(local=False, devices=["h100-sxm"], batch=None, dtype="bf16", min
 def test_a_run_stalled_at_the_unigram_loss_is_trained_again_with_a_longer_warm_up(monkeypatch, trainings):
     _plateau(monkeypatch, min_steps=1)
     asked = []
-    out = run_trial(_request(profile=NO_LOCAL), judge=lambda *args: asked.append(args))
+    rule = {"size_beta": None, "extrapolate": 2.0}
+    out = run_trial(_request(profile=NO_LOCAL, loss_rule=rule), judge=lambda *args: asked.append(args))
     assert trainings == [0.05, worker.STALL_WARMUP]  # stopped at half its budget, then again
     assert out.status == "complete" and out.train["tokens"] >= 4096  # the retry ran to its end
     assert out.reason.startswith("stalled at the unigram loss (") and "with a 5% warm-up" in out.reason
@@ -177,6 +182,12 @@ def test_a_run_stalled_at_the_unigram_loss_is_trained_again_with_a_longer_warm_u
     # Neither run was judged on a loss from the plateau: the first stopped at half its budget
     # (its 25% eval skipped), and the retry is not stall-checked but judged as any run.
     assert [rung for _, rung, _, _ in asked] == [0, 1]
+    # The outcome's curve, which the trial's change is taken from, is the retry's whole run, and
+    # the rungs were judged on its changes.
+    curve = [loss for _, loss in out.train["val_curve"]]
+    assert len(curve) == 4 and curve[-1] == out.train["val_loss"]
+    told = [loss for *_, loss, _ in asked]
+    assert told == pytest.approx([curve[0], curve[1] + 2.0 * (curve[1] - curve[0])])
     assert [p["device"] for p in out.profiles] == ["h100-sxm"]  # profiled as any complete trial
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import math
 import multiprocessing
 import re
 import time
@@ -79,6 +80,7 @@ def test_a_finished_trial_keeps_shape_costs_results_curves_and_profiles(storage)
     assert record["d_model"] == CFG.d_model and record["activation"] == CFG.activation
     assert record["params_total"] > 0 and record["flops_forward_per_token"] > 0
     assert (record["loss"], record["tokens_trained"], record["step_time_device"]) == (1.5, 4096, "h100-sxm")
+    assert record["loss_change"] == pytest.approx(-0.4)  # 1.5 - 1.9: the held-out curve's last interval
     assert record["lease_expires_at"] is None and record["finished_at"] is not None
     assert storage.curves(slot) == {"train": [(2048, 2.0), (4096, 1.8)], "val": [(2048, 1.9), (4096, 1.5)]}
     assert storage.profiles(slot)[0]["report"] == {"x": 1}
@@ -337,6 +339,45 @@ def test_an_older_database_gains_the_new_tables(db_url):
     with engine.connect() as conn:
         assert conn.execute(text("SELECT value FROM archsearch_meta")).scalar_one() == str(SCHEMA_VERSION)
     engine.dispose()
+
+
+def test_a_version_5_database_gains_loss_change_filled_from_the_stored_curves(db_url):
+    with Storage.open(db_url) as st:
+        st.create_study("s", **SPEC)
+        st.finish_trial(_assigned(st, 0), OUTCOME)  # val curve 1.9 -> 1.5
+        long_curve = [[1024, 2.6], [2048, 2.2], [3072, 2.0], [4096, 1.95]]
+        st.finish_trial(_assigned(st, 1), TrialOutcome(status="complete", train={"val_loss": 1.95,
+                                                                                  "val_curve": long_curve}))
+        st.finish_trial(_assigned(st, 2), TrialOutcome(status="complete", train={"val_loss": 2.5,
+                                                                                  "val_curve": [[64, 2.5]]}))
+        no_curve = TrialOutcome(status="complete", train={"val_loss": 2.4})
+        st.finish_trial(_assigned(st, 3), no_curve)
+    engine = create_engine(db_url)
+    with engine.begin() as conn:  # what version 5 wrote: no loss_change column
+        conn.execute(text("ALTER TABLE archsearch_trials DROP COLUMN loss_change"))
+        conn.execute(text("UPDATE archsearch_meta SET value = '5'"))
+    engine.dispose()
+    with pytest.raises(SchemaVersionError, match="version 5, written by an older archsearch"):
+        Storage.open(db_url, read_only=True)  # a reader upgrades nothing
+    with Storage.open(db_url) as st:
+        changes = dict(st.trial_rows("s", ["number", "loss_change"]))
+        assert changes[0] == pytest.approx(-0.4) and changes[1] == pytest.approx(-0.05)
+        assert changes[2] == 0.0  # one point: no interval
+        assert changes[3] is None  # no stored curve: read as 0 (objectives.LossRule.value)
+    with Storage.open(db_url, read_only=True) as st:  # now at the code's version
+        assert st.trial_rows("s", ["number", "loss_change"])[0] == (0, pytest.approx(-0.4))
+    engine = create_engine(db_url)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT value FROM archsearch_meta")).scalar_one() == str(SCHEMA_VERSION)
+    engine.dispose()
+
+
+def test_a_non_finite_curve_leaves_a_finite_change_or_none(storage):
+    train = {"val_loss": math.nan, "val_curve": [[1, 2.0], [2, 1.8], [3, math.nan], [4, math.inf]]}
+    storage.finish_trial(_assigned(storage), TrialOutcome(status="failed", reason="diverged", train=train))
+    (record,) = storage.trials("s")
+    assert record["loss"] is None and record["loss_change"] == pytest.approx(-0.2)  # the finite points'
+    assert storage.curves(record.id)["val"] == [(1, 2.0), (2, 1.8)]
 
 
 def _rung(storage, trial_number=0, seed=0, loss=2.0, tokens_per_param=20.0, cfg=CFG):
