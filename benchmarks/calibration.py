@@ -259,10 +259,12 @@ class SetError(Exception):
 
 
 def _objective(shape: dict[str, Any], proxy: dict[str, Any], extrapolate: float) -> float:
-    curve = [loss for _, loss in proxy["val_curve"]]
-    end = proxy["val_loss"]
-    slope = end - curve[-2] if len(curve) >= 2 else 0.0
-    return end + extrapolate * slope - SIZE_BETA * math.log(shape["params_total"] / 1e6)
+    """The search's loss objective (`objectives.loss_objective`, `[objectives] extrapolate`) of a
+    recorded proxy: its end loss is its curve's last point."""
+    from archsearch.space.objectives import curve_change, loss_objective
+
+    change = curve_change(proxy["val_curve"])
+    return loss_objective(proxy["val_loss"], change, shape["params_total"], SIZE_BETA, extrapolate)
 
 
 PREDICTORS = {
