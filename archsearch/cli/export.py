@@ -33,8 +33,8 @@ def export(
     best_under_flops: Annotated[
         str | None,
         typer.Option(
-            help="Export the trial with the lowest loss objective (the study's: size-adjusted "
-            "when it has a size_beta) with forward FLOPs/token <= F (e.g. 1e9 or 2G)."
+            help="Export the trial with the lowest loss objective (the study's: adjusted when it has a "
+            "size_beta or an extrapolate) with forward FLOPs/token <= F (e.g. 1e9 or 2G)."
         ),
     ] = None,
     front: Annotated[

@@ -20,8 +20,8 @@ def report(
     loss: Annotated[
         str | None,
         typer.Option(
-            help="The loss the fronts rank: proxy (as stored) or adjusted (credited for size), as in "
-            "`pareto`. Default: the studies' own loss objective."
+            help="The loss the fronts rank: proxy (as stored) or adjusted (the study's objective: "
+            "extrapolated, credited for size), as in `pareto`. Default: the studies' own loss objective."
         ),
     ] = None,
     max_rows: Annotated[
