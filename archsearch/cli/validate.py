@@ -30,8 +30,9 @@ def validate(
     size_beta: Annotated[
         float | None,
         typer.Option(
-            help="Beta of the size-adjusted predictor, loss - beta ln(params / 1M) (default: the study's "
-            "[objectives].size_beta, else sd(loss) / sd(ln params) over the set). Report only."
+            help="Beta of the adjusted predictor, loss + extrapolate x change - beta ln(params / 1M), its "
+            "extrapolate the study's (default: the study's [objectives].size_beta; else 0 when the study "
+            "extrapolates; else sd(loss) / sd(ln params) over the set). Report only."
         ),
     ] = None,
     address: Annotated[

@@ -318,19 +318,25 @@ def study_front(
     Raises:
         ArchsearchError: an unknown study or `loss`, or a reference point of the wrong length.
     """
+    asked = loss
     loss, own = loss_measure(storage, study, loss)
+    # The study's own objective without a size beta (extrapolated only) credits no size: beta 0.
+    uncredited = asked is None and size_beta is None and own is not None and own.size_beta is None
     if size_beta is None and own is not None and own.size_beta is not None:
         size_beta, beta_rule = own.size_beta, "the study's [objectives].size_beta"
+    elif uncredited:
+        beta_rule = "none: the study's [objectives] has no size_beta"
     elif size_beta is None:
         beta_rule = "sd(loss) / sd(ln params) over the complete trials"
     objectives, numbers, values, params, changes = _ranked(storage, study, objectives, loss)
     if reference is not None and len(reference) != len(objectives):
         raise ArchsearchError(f"the reference point needs {len(objectives)} values, one per objective")
     rule = None
-    if loss == "adjusted":
+    if loss == "adjusted" and own is not None:
         values = values.copy()
-        extrapolate = own.extrapolate if own is not None else 0.0
-        values[:, 0], rule = loss_objectives(values[:, 0], changes, params, size_beta, extrapolate)
+        beta = 0.0 if uncredited else size_beta
+        values[:, 0], rule = loss_objectives(values[:, 0], changes, params, beta, own.extrapolate)
+        rule = own if uncredited else rule
     front = pareto_front(numbers, values, objectives, reference) if numbers else None
     if front is None:
         return None
@@ -366,13 +372,14 @@ def study_fronts(
             different loss objectives and no `loss`; a study with no complete trial that has
             every objective.
     """
+    asked = loss
     measures = {loss_measure(storage, s, loss) for s in studies}
     if len(measures) > 1 and loss is None:
         raise ArchsearchError("the studies rank different loss objectives: pass --loss proxy or adjusted")
     loss, own = measures.pop() if len(measures) == 1 else (loss, None)
     beta = None if own is None else own.size_beta
     rule = "the studies' [objectives].size_beta"
-    if loss == "adjusted" and beta is None and len(studies) > 1:
+    if loss == "adjusted" and beta is None and len(studies) > 1 and asked is not None:
         carried, sizes = [], []  # each study's losses extrapolated by its own rule; one beta over all
         for s in studies:
             _, _, values, params, changes = _ranked(storage, s, objectives, loss)
@@ -384,7 +391,8 @@ def study_fronts(
         rule = "sd(loss) / sd(ln params) over the complete trials of the studies shown"
     if len(studies) == 1:
         beta = None  # the study's own, or over its trials (study_front says which)
-    fronts = [study_front(storage, s, objectives, reference, loss, beta, rule) for s in studies]
+    # As asked: None is each study's own objective, which they share (without a beta, no size credit).
+    fronts = [study_front(storage, s, objectives, reference, asked, beta, rule) for s in studies]
     missing = [s for s, f in zip(studies, fronts, strict=True) if f is None]
     if missing:
         raise ArchsearchError(f"no complete trial with every objective in {', '.join(map(repr, missing))}")
@@ -394,6 +402,6 @@ def study_fronts(
             raise ArchsearchError("studies with different objectives: pass --objectives")
         names = found[0].front.objectives
         pooled = reference_point(np.concatenate([f.trial_values for f in found]), names)
-        again = (study_front(storage, s, names, pooled, loss, beta, rule) for s in studies)
+        again = (study_front(storage, s, names, pooled, asked, beta, rule) for s in studies)
         found = [f for f in again if f is not None]
     return found

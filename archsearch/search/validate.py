@@ -81,8 +81,9 @@ class ValidateOptions:
     seeds: int = 1  # long runs per trial, seeds 0..seeds-1
     workers: int = 1  # long runs at once
     sample_seed: int = 0  # seeds the choice of the non-front trials
-    # The size-adjusted predictor's beta; None: the study's [objectives].size_beta, else the
-    # equal-weight beta over the calibration set. Changes the report only, never a long run.
+    # The adjusted predictor's beta; None: the study's [objectives].size_beta, else 0 when the
+    # study extrapolates (its objective), else the equal-weight beta over the calibration set.
+    # Changes the report only, never a long run.
     size_beta: float | None = None
     # Ray, as `SearchOptions` names them (the driver's pool reads these four).
     address: str | None = None
@@ -520,6 +521,8 @@ def _report(storage: Storage, options: ValidateOptions, chosen: list[TrialRecord
     ]
     own = storage.require_study(options.study).loss_rule
     beta = options.size_beta if options.size_beta is not None else own.size_beta
+    if beta is None and not own.plain:
+        beta = 0.0  # the study's objective extrapolates and credits no size: so does its predictor
     objective = "proxy" if own.plain else "adjusted"
     return fidelity_report(rows, options.multiplier, options.seeds, beta, objective, own.extrapolate)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from archsearch.search.driver import objective_values
-from archsearch.search.pareto import study_front
+from archsearch.search.pareto import study_front, study_fronts
 from archsearch.search.selection import Choice, select
 from archsearch.space.costs import flop_counts
 from archsearch.space.knobs import config_from_knobs
@@ -29,6 +29,7 @@ SHAPES = {  # number: (d_model, activation, held-out curve)
 }
 BETA = "size_beta = 0.15"
 CARRIED = "size_beta = 0.15\nextrapolate = 2.0"
+ONLY = "extrapolate = 2.0"  # no size credit
 
 
 def _config(number: int):
@@ -53,6 +54,7 @@ def db(tmp_path_factory):
     with Storage.open(f"sqlite:///{tmp_path_factory.mktemp('db') / 'trials.db'}") as st:
         _study(st, "beta", BETA)
         _study(st, "carried", CARRIED)
+        _study(st, "only", ONLY)
         yield st
 
 
@@ -62,14 +64,17 @@ def test_the_two_shapes_tie_in_size_cost_and_end_loss():
     assert SHAPES[FLAT][2][-1][1] == SHAPES[STEEP][2][-1][1]
 
 
-@pytest.mark.parametrize(("study", "objectives"), [("beta", BETA), ("carried", CARRIED)])
+@pytest.mark.parametrize(("study", "objectives"), [("beta", BETA), ("carried", CARRIED), ("only", ONLY)])
 def test_optuna_is_told_what_the_front_ranks(db, study, objectives):
     spec = tiny_spec(objectives=objectives)
     front = study_front(db, study)
     told = {r.number: objective_values(spec, r, r.config)[0] for r in db.trials(study)}
     ranked = dict(zip(front.trial_numbers, front.trial_values[:, 0], strict=True))
     assert ranked == pytest.approx(told)
-    assert db.require_study(study).loss_rule == spec.loss_rule
+    assert db.require_study(study).loss_rule == spec.loss_rule == front.loss_rule
+    if study == "only":  # the study's own objective credits no size, nor does its front
+        assert front.to_dict()["size_beta"] is None and front.loss_rule.formula() == "loss + 2 x change"
+        assert [f.loss_rule for f in study_fronts(db, ["only", "only"])] == [spec.loss_rule] * 2
 
 
 def test_with_extrapolate_the_still_falling_shape_ranks_above_the_flattened_one(db):
