@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import optuna
@@ -22,6 +21,7 @@ from typer.testing import CliRunner
 from archsearch.cli import app
 from archsearch.storage import Storage
 from tests.postgres import postgres_database
+from tests.processes import alive, archsearch_env, descendants, running_task, start_archsearch, wait_for
 from tests.specs import tiny_toml
 from tests.terminal import under_a_terminal
 
@@ -35,27 +35,6 @@ def _space(tmp_path: Path, trials: int = 3, seconds: float | None = None, **tabl
     path = tmp_path / "space.toml"
     path.write_text(tiny_toml(search=f"trials = {trials}\nprune = false", **tables))
     return path
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
-
-
-def _start(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "archsearch", *args], cwd=cwd, env=env or _env(), text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
-
-
-def _wait_for(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _counts(url: str, study: str = "s") -> dict[str, int]:
@@ -195,7 +174,7 @@ def test_a_database_made_read_only_by_chmod_is_one_error_line_in_a_real_process(
 
         def archsearch(*args: str) -> subprocess.CompletedProcess:
             command = [*prefix, sys.executable, "-m", "archsearch", *args, "--storage", url]
-            return subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=_env())
+            return subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=archsearch_env())
 
         done = archsearch("search", "--space", str(space), "--resume", "--study", "s")
         read = archsearch("studies")
@@ -311,8 +290,8 @@ def test_a_signal_stops_cleanly_and_resume_finishes_exactly_n(tmp_path, signum, 
     url = f"sqlite:///{tmp_path / 't.db'}"
     space = _space(tmp_path, trials=4, seconds=2.0)
     args = ["search", "--space", str(space), "--study", "s", "--storage", url]
-    proc = _start(*args, cwd=tmp_path)
-    _wait_for(lambda: _counts(url).get("complete", 0) >= 1, 180, "a first complete trial")
+    proc = start_archsearch(*args, cwd=tmp_path)
+    wait_for(lambda: _counts(url).get("complete", 0) >= 1, 180, "a first complete trial")
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err
@@ -320,7 +299,7 @@ def test_a_signal_stops_cleanly_and_resume_finishes_exactly_n(tmp_path, signum, 
     _no_running(url)
     done = subprocess.run(
         [sys.executable, "-m", "archsearch", *args, "--resume"],
-        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300,
+        cwd=tmp_path, env=archsearch_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     # Piped, the progress is one plain line per finished trial, each with an ETA: from the first
@@ -350,51 +329,20 @@ def test_the_search_bar_counts_running_trials_shows_an_eta_and_keeps_the_final_c
     assert last.startswith("search: 2/2 finished: 2 complete") and "0 running" in last, text[-2000:]
 
 
-def _descendants(root: int) -> set[int]:
-    """The processes under `root`: Ray's raylet and its workers are children of the driver."""
-    children: dict[int, list[int]] = {}
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit():
-                ppid = int((proc / "stat").read_text().rpartition(")")[2].split()[1])
-                children.setdefault(ppid, []).append(int(proc.name))
-        except (OSError, ValueError):
-            continue
-    found, todo = set(), [root]
-    while todo:
-        for child in children.get(todo.pop(), ()):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def _evaluating_worker(driver: int) -> int | None:
-    """A worker of this driver running a trial. Only this driver's: the machine is shared, and
-    another search's worker (another test, another user) is not ours to kill."""
-    for pid in _descendants(driver):
-        try:
-            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::evaluate"):
-                return pid
-        except OSError:
-            continue
-    return None
-
-
 def test_a_worker_killed_with_sigkill_is_retried_and_the_search_completes(tmp_path):
     # Holds under load: the kill waits for the state it needs (the trial running in the database
     # and a worker of this driver executing it), comes at once, and the victim trains for 5 s of
     # a budget in seconds, which a busy machine stretches rather than shortens.
     url = f"sqlite:///{tmp_path / 't.db'}"
     space = _space(tmp_path, trials=2, seconds=5.0)
-    proc = _start(
+    proc = start_archsearch(
         "search", "--space", str(space), "--study", "s", "--storage", url, "--retries", "1", cwd=tmp_path
     )
 
     def victim() -> int | None:
-        return _counts(url).get("running") and _evaluating_worker(proc.pid)
+        return _counts(url).get("running") and running_task(proc.pid)
 
-    pid = _wait_for(victim, 180, "a worker of this search running a trial")
+    pid = wait_for(victim, 180, "a worker of this search running a trial")
     os.kill(pid, signal.SIGKILL)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
@@ -406,30 +354,17 @@ def test_a_worker_killed_with_sigkill_is_retried_and_the_search_completes(tmp_pa
     _no_running(url)
 
 
-def _alive(pids: set[int]) -> set[int]:
-    """Those of `pids` still running (a zombie, dead but not yet reaped by its parent, is not)."""
-    alive = set()
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-        except OSError:
-            continue
-        if state not in ("Z", "X"):
-            alive.add(pid)
-    return alive
-
-
 def test_a_local_ray_does_not_outlive_a_sigkilled_driver(tmp_path):
     # Ray's agents used to live on for 60-90 s after the driver died by SIGKILL.
     url = f"sqlite:///{tmp_path / 't.db'}"
     space = _space(tmp_path, trials=2, seconds=30.0)
-    proc = _start("search", "--space", str(space), "--study", "s", "--storage", url, cwd=tmp_path)
-    _wait_for(lambda: _counts(url).get("running") and _evaluating_worker(proc.pid), 180, "a running trial")
-    ray_processes = _descendants(proc.pid)  # GCS, raylet, agents, workers: the whole local cluster
+    proc = start_archsearch("search", "--space", str(space), "--study", "s", "--storage", url, cwd=tmp_path)
+    wait_for(lambda: _counts(url).get("running") and running_task(proc.pid), 180, "a running trial")
+    ray_processes = descendants(proc.pid)  # GCS, raylet, agents, workers: the whole local cluster
     assert len(ray_processes) >= 3, ray_processes
     proc.kill()
     proc.communicate(timeout=60)
-    _wait_for(lambda: not _alive(ray_processes), 30, f"Ray's processes {sorted(ray_processes)} to end")
+    wait_for(lambda: not alive(ray_processes), 30, f"Ray's processes {sorted(ray_processes)} to end")
 
 
 def _free_port() -> int:
@@ -457,7 +392,7 @@ def _drivers_share_one_study(tmp_path: Path, url: str, n_drivers: int) -> None:
     port = _free_port()
     ray_bin = Path(sys.executable).parent / "ray"
     # Ray >= 2.59 authenticates with a token: the head and the drivers share one.
-    env = {**_env(), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
+    env = {**archsearch_env(), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
     head = subprocess.Popen(
         [str(ray_bin), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
          "--include-dashboard=false", "--disable-usage-stats"],
@@ -469,10 +404,10 @@ def _drivers_share_one_study(tmp_path: Path, url: str, n_drivers: int) -> None:
             with socket.socket() as s:
                 return s.connect_ex(("127.0.0.1", port)) == 0
 
-        _wait_for(head_up, 120, "the Ray head")
+        wait_for(head_up, 120, "the Ray head")
         args = ["search", "--space", str(space), "--study", "s", "--storage", url, "--resume",
                 "--address", f"127.0.0.1:{port}"]  # fmt: skip
-        drivers = [_start(*args, cwd=tmp_path, env=env) for _ in range(n_drivers)]
+        drivers = [start_archsearch(*args, cwd=tmp_path, env=env) for _ in range(n_drivers)]
         outputs = [d.communicate(timeout=600) for d in drivers]
     finally:
         os.killpg(head.pid, signal.SIGTERM)

@@ -4,13 +4,11 @@ written, and the command that continues a stopped search (storage and trial coun
 
 from __future__ import annotations
 
-import os
 import shlex
 import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import optuna
@@ -24,6 +22,7 @@ from archsearch.search.driver import SearchOptions, SetupFailureError, run_searc
 from archsearch.space.knobs import config_from_knobs
 from archsearch.storage import Storage
 from archsearch.trial import TrialOutcome
+from tests.processes import archsearch_env, descendants, start_archsearch, wait_for
 from tests.readonly import read_only
 from tests.specs import tiny_spec, tiny_toml
 
@@ -219,16 +218,12 @@ def test_the_resume_hint_after_an_interrupt_continues_the_same_study_when_follow
     url = f"sqlite:///{tmp_path / 'db' / 'trials.db'}"
     (tmp_path / "db").mkdir()
     space = _space(tmp_path, proxy=SLOW_PROXY, search="trials = 3\nprune = false")
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+    env = archsearch_env()
     args = ["search", "--space", str(space), "--study", "s", "--storage", url, "--trials", "3"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "archsearch", *args], cwd=tmp_path, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 180
-    while _complete(url) < 1:  # waited for by state: a first trial recorded
-        assert time.monotonic() < deadline and proc.poll() is None, "no trial completed"
-        time.sleep(0.2)
+    proc = start_archsearch(*args, cwd=tmp_path)
+    # Waited for by state: a first trial recorded.
+    wait_for(lambda: _complete(url) >= 1 or proc.poll() is not None, 180, "a first trial")
+    assert proc.poll() is None, proc.communicate()
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
@@ -255,16 +250,11 @@ def _complete(url: str) -> int:
 
 def _reaper_started(pid: int) -> bool:
     """Whether the search `pid` has started the watcher of its local Ray: Ray is starting."""
-    for entry in Path("/proc").iterdir():
+    for child in descendants(pid):
         try:
-            if (
-                not entry.name.isdigit()
-                or int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) != pid
-            ):
-                continue
-            if b"archsearch.search.reaper" in (entry / "cmdline").read_bytes():
+            if b"archsearch.search.reaper" in Path(f"/proc/{child}/cmdline").read_bytes():
                 return True
-        except (OSError, IndexError, ValueError):
+        except OSError:
             continue
     return False
 
@@ -277,16 +267,11 @@ def test_a_signal_while_ray_starts_exits_128_plus_n_with_one_line_and_leaves_no_
 ):
     url = f"sqlite:///{tmp_path / 't.db'}"
     space = _space(tmp_path, search="trials = 2\nprune = false")
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
     args = ["search", "--space", str(space), "--study", "s", "--storage", url]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "archsearch", *args], cwd=tmp_path, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not _reaper_started(proc.pid):  # waited for by state: the point where Ray starts
-        assert time.monotonic() < deadline and proc.poll() is None, "Ray never started"
-        time.sleep(0.02)
+    proc = start_archsearch(*args, cwd=tmp_path)
+    # Waited for by state: the point where Ray starts.
+    wait_for(lambda: _reaper_started(proc.pid) or proc.poll() is not None, 120, "Ray to start", every=0.02)
+    assert proc.poll() is None, proc.communicate()
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err

@@ -27,6 +27,7 @@ from archsearch.search.raystart import RayStartTimeout, bounded, start_failure_c
 from archsearch.search.reaper import how_it_ended, local_raylet
 from archsearch.storage import Storage
 from archsearch.trial import TrialOutcome
+from tests.processes import archsearch_env, running_task, start_archsearch, wait_for
 from tests.results.studies import small_study
 from tests.specs import tiny_spec, tiny_toml
 
@@ -35,53 +36,12 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers need 
 SLOW_PROXY = 'seconds = 8\nbatch_size = 4\nevals = 2\neval_batches = 1\ndevice = "cpu"'
 
 
-def _env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1", **extra}
-
-
-def _archsearch(*args: str, cwd: Path, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "archsearch", *args], cwd=cwd, env=_env(), text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, **kwargs,
-    )  # fmt: skip
-
-
-def _wait_for(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _counts(url: str) -> dict[str, int]:
     try:
         with Storage.open(url, read_only=True) as db:
             return db.counts("s")
     except Exception:  # not created yet
         return {}
-
-
-def _evaluating(driver: int, task: bytes = b"ray::evaluate") -> bool:
-    """Whether a Ray worker of this driver (a process below it, not another search's) runs `task`."""
-    below, todo = set(), [driver]
-    while todo:
-        pid = todo.pop()
-        try:
-            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        except OSError:
-            continue
-        todo += [int(c) for c in children if int(c) not in below]
-        below.update(int(c) for c in children)
-    for pid in below:
-        try:
-            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(task):
-                return True
-        except OSError:
-            continue
-    return False
 
 
 def _error_line(err: str) -> str:
@@ -97,7 +57,7 @@ def _kill_its_raylet(proc: subprocess.Popen, busy, work: str, database: Path) ->
     kill does to it); returns the one error line `proc` ends with, having checked that it names the
     node's death under `work`, that stdout stays empty and that the SQLite `database` is whole."""
     try:
-        raylet = _wait_for(lambda: busy() and local_raylet(proc.pid), 180, f"{work} on its own local Ray")
+        raylet = wait_for(lambda: busy() and local_raylet(proc.pid), 180, f"{work} on its own local Ray")
         os.kill(raylet[0], signal.SIGKILL)
         out, err = proc.communicate(timeout=120)
     finally:
@@ -123,9 +83,9 @@ def test_a_ray_node_that_dies_mid_search_ends_it_in_one_line_and_the_hint_finish
     url = f"sqlite:///{tmp_path / 'db' / 'trials.db'}"
     space = tmp_path / "space.toml"
     space.write_text(tiny_toml(proxy=SLOW_PROXY, search="trials = 2\nprune = false"))
-    proc = _archsearch("search", "--space", str(space), "--study", "s", "--storage", url, cwd=tmp_path)
+    proc = start_archsearch("search", "--space", str(space), "--study", "s", "--storage", url, cwd=tmp_path)
     # Waited for by state: a trial running in the database, a worker of this search running it.
-    running = lambda: _counts(url).get("running") and _evaluating(proc.pid)  # noqa: E731
+    running = lambda: _counts(url).get("running") and running_task(proc.pid)  # noqa: E731
     line = _kill_its_raylet(proc, running, "the search", tmp_path / "db" / "trials.db")
     # Followed literally, from elsewhere: the trial the node's death stopped is re-queued and run.
     command = shlex.split(line.rsplit("`", 2)[-2])
@@ -133,8 +93,8 @@ def test_a_ray_node_that_dies_mid_search_ends_it_in_one_line_and_the_hint_finish
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     done = subprocess.run(
-        [sys.executable, "-m", "archsearch", *command[1:]], cwd=elsewhere, env=_env(), capture_output=True,
-        text=True, timeout=400,
+        [sys.executable, "-m", "archsearch", *command[1:]], cwd=elsewhere, env=archsearch_env(),
+        capture_output=True, text=True, timeout=400,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     with Storage.open(url, read_only=True) as db:
@@ -155,8 +115,8 @@ def test_a_ray_node_that_dies_under_validate_ends_it_in_one_line_and_keeps_the_d
     with Storage.open(url) as db:
         small_study(db, "s")  # 2,048-token proxies: at 5,000x, a long run outlasts the test
     args = ["validate", "--study", "s", "--storage", url, "--trials", "4", "--multiplier", "5000"]
-    proc = _archsearch(*args, cwd=tmp_path)
-    training = lambda: _evaluating(proc.pid, b"ray::long_run")  # noqa: E731
+    proc = start_archsearch(*args, cwd=tmp_path)
+    training = lambda: running_task(proc.pid, b"ray::long_run")  # noqa: E731
     line = _kill_its_raylet(proc, training, "validate", tmp_path / "t.db")
     assert line.endswith("; the long runs stored so far are kept; rerun the same command to train the rest")
     with Storage.open(url, read_only=True) as db:
@@ -168,7 +128,7 @@ def test_how_a_process_ended_is_read_from_its_zombie():
     start = int(Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()[19])
     assert how_it_ended(child.pid, start) is None
     os.kill(child.pid, signal.SIGKILL)
-    _wait_for(lambda: how_it_ended(child.pid, start), 30, "the child to die")
+    wait_for(lambda: how_it_ended(child.pid, start), 30, "the child to die")
     assert how_it_ended(child.pid, start) == "was killed by SIGKILL"  # a zombie until collected
     child.wait()
     assert how_it_ended(child.pid, start) == "ended"
@@ -190,7 +150,7 @@ def test_a_ray_address_that_accepts_and_never_answers_ends_within_the_bound(tmp_
         args = ["search", "--space", str(_space(tmp_path)), "--storage", url, "--address", address]
         done = subprocess.run(
             [sys.executable, "-m", "archsearch", *args], cwd=tmp_path, capture_output=True, text=True,
-            env=_env(ARCHSEARCH_RAY_START_S="3"), timeout=120,  # the bound, plus Python's start-up
+            env=archsearch_env(ARCHSEARCH_RAY_START_S="3"), timeout=120,  # the bound, plus Python's start-up
         )  # fmt: skip
     assert done.returncode == 1, done.stderr
     assert done.stderr.count("\n") == 1, done.stderr
@@ -207,7 +167,7 @@ def test_a_ray_address_that_refuses_is_one_line_at_once(tmp_path):
     args = ["search", "--space", str(_space(tmp_path)), "--storage", url, "--address"]
     done = subprocess.run(
         [sys.executable, "-m", "archsearch", *args, "127.0.0.1:1"], cwd=tmp_path, capture_output=True,
-        text=True, env=_env(), timeout=120,
+        text=True, env=archsearch_env(), timeout=120,
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
     refused = "error: cannot join Ray at 127.0.0.1:1: nothing answers there (Connection refused)\n"
