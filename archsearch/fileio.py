@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -147,6 +148,9 @@ def read_text(path: Path, what: str, error: type[Exception]) -> str:
         error: the exception type raised (the caller's own, e.g. ConfigError).
     """
     try:
+        if not stat.S_ISREG(path.stat().st_mode) and not path.is_dir():
+            # A FIFO or a device: opening one to read waits for a writer, without end.
+            raise error(f"cannot read {what} {path}: not a regular file")
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise error(f"{what} not found: {path}") from None
