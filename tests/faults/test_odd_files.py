@@ -1,5 +1,6 @@
-"""Input files that are not plain files: each ends in one line with exit code 2, and no wait without
-end."""
+"""Input files that are not plain files, and outputs onto a disk that fills: each ends in one line with
+the right exit code (2 for the user's input, 1 for the environment), no wait without end, and
+nothing left behind."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from archsearch.cli import app
+from archsearch.storage import Storage
 from tests.faults.test_inputs import _one_line
+from tests.faults.test_real_storage_failures import _fill, small_disk  # noqa: F401 (a fixture)
+from tests.storage.test_query import fill_study
 
 
 # --- a FIFO where a file is read ----------------------------------------------------------------------
@@ -39,3 +43,29 @@ def test_a_folder_given_as_the_space_still_says_so(tmp_path):
     folder.mkdir()
     result = CliRunner().invoke(app, ["space", "check", str(folder)])
     _one_line(result, 2, "Is a directory")
+
+
+# --- outputs onto a full disk -------------------------------------------------------------------------
+@pytest.fixture
+def study_db(tmp_path) -> str:
+    url = f"sqlite:///{tmp_path / 'trials.db'}"
+    with Storage.open(url) as db:
+        fill_study(db)
+    return url
+
+
+OUTPUTS = {  # command, and the output's name
+    "report": (["report", "--study", "s", "-o", "{out}"], "report.html"),
+    "export": (["export", "--study", "s", "--trial", "0", "--format", "json", "-o", "{out}"], "export"),
+    "trials-csv": (["trials", "--study", "s", "--format", "csv", "-o", "{out}"], "trials.csv"),
+    "pareto-plot": (["pareto", "--study", "s", "--plot", "{out}"], "front.html"),
+}
+
+
+@pytest.mark.parametrize(("command", "name"), OUTPUTS.values(), ids=OUTPUTS.keys())
+def test_an_output_onto_a_full_disk_is_one_line_naming_it_exit_1(study_db, small_disk, command, name):  # noqa: F811
+    _fill(small_disk)
+    out = small_disk / name
+    result = CliRunner().invoke(app, [*(a.format(out=out) for a in command), "--storage", study_db])
+    assert _one_line(result, 1) == f"error: cannot use {out}: No space left on device"
+    assert [p.name for p in small_disk.iterdir()] == ["filler"]  # no hidden scratch file or folder
