@@ -1,6 +1,6 @@
-"""Input files that are not plain files, and outputs onto a disk that fills: each ends in one line with
-the right exit code (2 for the user's input, 1 for the environment), no wait without end, and
-nothing left behind."""
+"""Input files that are not plain files, outputs onto a disk that fills, and a memory limit: each ends
+in one line with the right exit code (2 for the user's input, 1 for the environment), no wait
+without end, and nothing left behind."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from archsearch.cli import app
 from archsearch.storage import Storage
 from tests.faults.test_inputs import _one_line
 from tests.faults.test_real_storage_failures import _fill, small_disk  # noqa: F401 (a fixture)
+from tests.specs import TINY_TOML
 from tests.storage.test_query import fill_study
 
 
@@ -69,3 +70,18 @@ def test_an_output_onto_a_full_disk_is_one_line_naming_it_exit_1(study_db, small
     result = CliRunner().invoke(app, [*(a.format(out=out) for a in command), "--storage", study_db])
     assert _one_line(result, 1) == f"error: cannot use {out}: No space left on device"
     assert [p.name for p in small_disk.iterdir()] == ["filler"]  # no hidden scratch file or folder
+
+
+# --- a memory limit -----------------------------------------------------------------------------------
+def test_running_out_of_memory_outside_a_trial_is_one_line_exit_1(tmp_path, monkeypatch):
+    """A `ulimit -v` hit while a command imports torch or builds a shape raises MemoryError there."""
+    import archsearch.search.spec as spec_module
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(spec_module, "parse_spec", no_memory)
+    space = tmp_path / "space.toml"
+    space.write_text(TINY_TOML)
+    result = CliRunner().invoke(app, ["space", "check", str(space)])
+    _one_line(result, 1, "out of memory", "ulimit -v")
