@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -13,20 +14,35 @@ def write_atomic(path: str | Path, data: bytes) -> None:
     """Write `path` whole or not at all: a unique temporary file in the same folder, then a rename.
 
     A crash or a concurrent writer never leaves a half-written file; the last rename wins.
+
+    Raises:
+        OSError: `path` cannot be written (a full disk, a read-only folder), named in the error:
+            the write of the hidden temporary file names no file, and the CLI prints the name.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise named(exc, path) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         # mkstemp makes the file private (0600); give it the mode a plain open() would.
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise named(exc, path) from None
         raise
+
+
+def named(exc: OSError, path: str | Path) -> OSError:
+    """`exc` as the same kind of error naming `path`, the file being written, rather than the
+    hidden scratch file behind it (or none): `cannot use PATH: No space left on device`."""
+    return type(exc)(exc.errno, exc.strerror or str(exc), str(path)) if exc.errno else exc
 
 
 def check_writable(path: str | Path, *, folder: bool = False) -> None:
@@ -58,7 +74,9 @@ def write_tree(output: str | Path, tree: dict[str, bytes]) -> None:
     onto `output` at the end: `output` must be absent or an empty folder.
 
     Raises:
-        ArchsearchError: the folder cannot be written (one line naming it); nothing is left behind.
+        ArchsearchError: `output` is taken (a file, a folder with files in it), naming it.
+        OSError: the files cannot be written (a full disk), naming `output`.
+        Either way nothing is left behind.
     """
     from archsearch.errors import ArchsearchError
 
@@ -68,13 +86,16 @@ def write_tree(output: str | Path, tree: dict[str, bytes]) -> None:
     sweep_orphans(output.parent, prefix)  # a staging folder of a killed writer (SIGTERM, SIGKILL)
     staging = Path(tempfile.mkdtemp(prefix=owned(prefix), suffix=".tmp", dir=output.parent))
     try:
-        for name, data in tree.items():
-            write_atomic(staging / name, data)
-        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp's folder is private (0700); the tree is not
-        os.replace(staging, output)  # rename(2) onto an absent or empty folder
-    except OSError as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise ArchsearchError(f"cannot write {output}: {exc.strerror or exc}") from None
+        try:
+            for name, data in tree.items():
+                write_atomic(staging / name, data)
+            os.chmod(staging, 0o777 & ~_umask())  # mkdtemp's folder is private (0700); the tree is not
+        except OSError as exc:  # the environment's failure (exit 1), not the path's
+            raise named(exc, output) from None
+        try:
+            os.replace(staging, output)  # rename(2) onto an absent or empty folder
+        except OSError as exc:
+            raise ArchsearchError(f"cannot write {output}: {exc.strerror or exc}") from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -147,6 +168,9 @@ def read_text(path: Path, what: str, error: type[Exception]) -> str:
         error: the exception type raised (the caller's own, e.g. ConfigError).
     """
     try:
+        if not stat.S_ISREG(path.stat().st_mode) and not path.is_dir():
+            # A FIFO or a device: opening one to read waits for a writer, without end.
+            raise error(f"cannot read {what} {path}: not a regular file")
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise error(f"{what} not found: {path}") from None

@@ -3,7 +3,7 @@
 Data goes to stdout (a table, or JSON with `--json`), messages to stderr. A user error (an
 `ArchsearchError`) becomes one line, `error: ...`, and exit code 2; a failure of the environment
 (`EnvironmentFailure`, or an `OSError` such as an output path that cannot be written) one line and
-exit code 1; Ctrl-C one line and 130. A bug keeps its traceback.
+exit code 1 (so does running out of memory); Ctrl-C one line and 130. A bug keeps its traceback.
 """
 
 from __future__ import annotations
@@ -24,6 +24,10 @@ EXIT_USAGE = 2  # Click's code for bad usage; archsearch uses it for every bad i
 EXIT_ENVIRONMENT = 1  # a failure of what the command depends on (`errors.EnvironmentFailure`)
 EXIT_SIGINT = 130  # 128 + SIGINT, as shells report a process Ctrl-C stopped
 EXIT_SIGTERM = 143  # 128 + SIGTERM
+OUT_OF_MEMORY = (
+    "out of memory: this process hit its memory limit (ulimit -v, a container's); "
+    "raise it or use a smaller shape"
+)
 # Click's usage error class, from the Click that Typer runs: recent Typers vendor a copy whose
 # classes are not `click`'s. The public typer.BadParameter derives from it in both cases.
 _USAGE_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
@@ -69,6 +73,9 @@ class _Group(TyperGroup):
             raise typer.Exit(EXIT_USAGE) from None
         except OSError as exc:  # an output path that cannot be written, a full disk
             typer.echo(error_line(os_error_text(exc)), err=True)
+            raise typer.Exit(EXIT_ENVIRONMENT) from None
+        except MemoryError:  # a memory limit (`ulimit -v`, a cgroup) hit outside a trial, even on import
+            typer.echo(error_line(OUT_OF_MEMORY), err=True)  # the frames that held the memory are gone
             raise typer.Exit(EXIT_ENVIRONMENT) from None
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (`errors.Terminated`) before a search runs
             terminated = isinstance(exc, Terminated)

@@ -25,7 +25,6 @@ from archsearch.cli.common import (
     si,
     stdout,
 )
-from archsearch.errors import ArchsearchError
 from archsearch.fileio import check_writable, write_atomic
 
 if TYPE_CHECKING:
@@ -226,10 +225,7 @@ def trials(
     if output is None:
         typer.echo(data.decode(), nl=False)
     else:
-        try:
-            write_atomic(output, data)
-        except OSError as exc:
-            raise ArchsearchError(f"cannot write {output}: {exc.strerror or exc}") from None
+        write_atomic(output, data)  # an OSError names `output`: one line, exit 1 (cli.common)
         typer.echo(f"wrote {len(found):,} trials to {output}", err=True)
 
 

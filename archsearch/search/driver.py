@@ -50,6 +50,7 @@ Failure handling (BRIEF.md section 8):
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import math
@@ -380,6 +381,10 @@ class _RayPool:
                     self._raylet = local_raylet(os.getpid())
             except BaseException as exc:  # the reaper (in the stack) stops what Ray started
                 self._stack.close()
+                # Ray's own exit hook (`ray.shutdown`, registered on import) was seen to wait without
+                # end on a start that failed for want of memory, after the error line: with the
+                # reaper done there is nothing left for it to stop.
+                atexit.unregister(ray.shutdown)
                 if held == [signal.SIGINT]:
                     raise KeyboardInterrupt from None
                 if held or (isinstance(exc, SystemExit) and exc.code == signal.SIGTERM):

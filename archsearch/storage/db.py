@@ -27,6 +27,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import socket
 import sqlite3
 import tempfile
@@ -283,8 +284,9 @@ class ValidationRecord:
 def _parse_url(url: str) -> URL:
     try:
         return make_url(url)
-    except ArgumentError:
-        raise StorageError(f"not a database URL: {url!r} (e.g. {DEFAULT_STORAGE_URL})") from None
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
+        shown = re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", url)  # a password, unparsed, is still hidden
+        raise StorageError(f"not a database URL: {shown!r} (e.g. {DEFAULT_STORAGE_URL})") from None
 
 
 def _sqlite_path(url: URL) -> Path:
@@ -309,8 +311,8 @@ def _use_immediate_transactions(engine: Engine, reader: bool = False) -> None:
         cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
         if reader:
             cursor.execute("PRAGMA query_only = ON")
-        else:
-            cursor.execute("PRAGMA journal_mode = WAL")  # persistent; WAL works only on a local disk
+        # A writer's file is put in WAL mode (persistent; local disks only) once `Storage.open` has
+        # found it to be archsearch's (`_use_wal`).
         cursor.execute("PRAGMA foreign_keys = ON")
         cursor.close()
 
@@ -380,6 +382,10 @@ _SQLITE_READONLY_DIRECTORY = 1544
 # role with default_transaction_read_only). A missing privilege (42501) is not one: it refuses
 # reads too, and its own message says which.
 _PG_READ_ONLY = {"25006"}
+# Another process's lock held past the bound: SQLite's BUSY (the busy timeout ran out), and
+# PostgreSQL's lock_not_available (the lock_timeout set in `_engine_kwargs`).
+_SQLITE_BUSY = 5
+_PG_LOCK_NOT_AVAILABLE = "55P03"
 
 
 def _read_only(exc: DBAPIError) -> bool:
@@ -389,6 +395,15 @@ def _read_only(exc: DBAPIError) -> bool:
     if code is not None:
         return code & 0xFF in _SQLITE_READ_ONLY  # extended codes keep the primary in the low byte
     return getattr(orig, "sqlstate", None) in _PG_READ_ONLY
+
+
+def _busy(exc: DBAPIError) -> bool:
+    """Whether a database error says another process held a lock past the bound."""
+    orig = exc.orig
+    code = getattr(orig, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF == _SQLITE_BUSY
+    return getattr(orig, "sqlstate", None) == _PG_LOCK_NOT_AVAILABLE
 
 
 # ------------------------------------------------------------------------------------------------
@@ -452,37 +467,19 @@ class Storage:
         with contextlib.nullcontext() if read_only else self._init_lock():  # a reader creates nothing
             try:
                 with self._engine.begin() as conn:
-                    tables = set(self._engine.dialect.get_table_names(conn))
-                    if schema.Meta.__tablename__ not in tables:
-                        if not create:
-                            raise StorageError(f"{self.display_url} holds no archsearch database")
-                        schema.Base.metadata.create_all(conn)
-                        conn.execute(
-                            schema.Meta.__table__.insert().values(
-                                key="schema_version", value=str(SCHEMA_VERSION)
-                            )
-                        )
-                        return
-                    row = conn.execute(
-                        select(schema.Meta.value).where(schema.Meta.key == "schema_version")
-                    ).scalar_one_or_none()
-                    found = int(row) if row is not None else 0
-                    if schema.ADDITIVE_SINCE <= found < SCHEMA_VERSION and not read_only:
-                        # Those versions lack only tables added since: create them (existing
-                        # tables are left alone) and record the new version, in one transaction.
-                        schema.Base.metadata.create_all(conn, checkfirst=True)
-                        _add_columns(conn, self._engine)
-                        if found < schema.LOSS_CHANGE_SINCE:
-                            _fill_loss_changes(conn)
-                        conn.execute(
-                            update(schema.Meta.__table__)
-                            .where(schema.Meta.key == "schema_version")
-                            .values(value=str(SCHEMA_VERSION))
-                        )
-                        return
+                    found = self._check_or_create(conn, create, read_only)
+                if found == SCHEMA_VERSION and self.is_sqlite and not read_only:
+                    self._use_wal()
             except DBAPIError as exc:
                 if _read_only(exc):
                     raise self._read_only_error(exc) from None
+                if _busy(exc):  # another process's lock, held past the bound: the environment's fault
+                    cause = failure_cause(exc)
+                    raise StorageUnavailableError(
+                        f"the database {self.display_url} failed: {cause} (another process held its lock "
+                        f"for more than {BUSY_TIMEOUT_S} s)",
+                        cause,
+                    ) from None
                 raise StorageError(f"cannot use the database {self.display_url}: {_one_line(exc)}") from None
         if found != SCHEMA_VERSION:
             newer = "a newer" if found > SCHEMA_VERSION else "an older"
@@ -500,6 +497,56 @@ class Storage:
                 f"archsearch; this one reads version {SCHEMA_VERSION}{advice}"
             )
 
+    def _check_or_create(self, conn: Any, create: bool, read_only: bool) -> int:
+        """The database's archsearch schema version, inside `conn`'s transaction: the tables made
+        (`create`) or brought up to this code's version (a writer, from an additive version),
+        and then this code's version.
+
+        Raises:
+            StorageError: no archsearch database there (without `create`), or a foreign table
+                of archsearch's name.
+        """
+        tables = set(self._engine.dialect.get_table_names(conn))
+        if schema.Meta.__tablename__ not in tables:
+            if not create:
+                raise StorageError(f"{self.display_url} holds no archsearch database")
+            schema.Base.metadata.create_all(conn)
+            conn.execute(
+                schema.Meta.__table__.insert().values(key="schema_version", value=str(SCHEMA_VERSION))
+            )
+            return SCHEMA_VERSION
+        row = conn.execute(
+            select(schema.Meta.value).where(schema.Meta.key == "schema_version")
+        ).scalar_one_or_none()
+        try:
+            found = int(row) if row is not None else 0
+        except (TypeError, ValueError):
+            raise StorageError(
+                f"{self.display_url} holds no archsearch database: its {schema.Meta.__tablename__} table "
+                f"gives the schema version {quoted(str(row))}, not a number"
+            ) from None
+        if schema.ADDITIVE_SINCE <= found < SCHEMA_VERSION and not read_only:
+            # Those versions lack only tables added since: create them (existing tables are left
+            # alone) and record the new version, in one transaction.
+            schema.Base.metadata.create_all(conn, checkfirst=True)
+            _add_columns(conn, self._engine)
+            if found < schema.LOSS_CHANGE_SINCE:
+                _fill_loss_changes(conn)
+            conn.execute(
+                update(schema.Meta.__table__)
+                .where(schema.Meta.key == "schema_version")
+                .values(value=str(SCHEMA_VERSION))
+            )
+            return SCHEMA_VERSION
+        return found
+
+    def _use_wal(self) -> None:
+        """Put an archsearch SQLite database in WAL mode (persistent in the file), once it is known
+        to be one: switching on connect rewrote the header of any file given as --storage, a
+        foreign one that is then refused included. Outside a transaction, as SQLite requires."""
+        with self._engine.connect() as conn:
+            conn.connection.driver_connection.execute("PRAGMA journal_mode = WAL")  # type: ignore[union-attr]
+
     @contextlib.contextmanager
     def _init_lock(self) -> Iterator[None]:
         """Serialise table creation between processes on the same database."""
@@ -507,7 +554,8 @@ class Storage:
             # A lock file beside nothing: opening and closing the database file itself would drop
             # this process's POSIX locks on it, SQLite's included, and let another process delete
             # the live WAL. WAL needs a local disk, so a lock in the local temp folder suffices.
-            path = _sqlite_path(self._url).resolve()
+            # realpath, not Path.resolve: a symlink loop raises there (SQLite then says it cannot open it).
+            path = Path(os.path.realpath(_sqlite_path(self._url)))
             digest = hashlib.sha256(str(path).encode()).hexdigest()[:16]
             with open(Path(tempfile.gettempdir()) / f"archsearch-{digest}.lock", "ab") as handle:
                 fcntl.flock(handle, fcntl.LOCK_EX)

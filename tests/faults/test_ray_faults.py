@@ -236,3 +236,43 @@ def test_a_session_of_another_process_is_not_blamed(tmp_path):
         "Check failed: /dev/shm has 60 MB, the object store needs 70 MB",
         logs / "raylet.out",
     )
+
+
+FAILED_START = """
+import atexit, sys, threading
+import ray
+from archsearch.search import driver
+from archsearch.search.driver import RayStartError, SearchOptions, run_search
+from archsearch.storage import Storage
+from tests.specs import tiny_spec
+
+def stuck(*args, **kwargs):  # as Ray's exit hook waited after a start that failed for want of memory
+    threading.Event().wait()
+
+def fails(*args, **kwargs):
+    raise Exception("Check failed: allocation.has_value() PlasmaAllocator initialization failed")
+
+atexit.unregister(ray.shutdown)
+ray.shutdown = stuck
+atexit.register(stuck, True)  # in the place of Ray's own hook
+ray.is_initialized = lambda: False
+driver.start_local_ray = fails
+with Storage.open(sys.argv[1]) as db:
+    try:
+        run_search(tiny_spec(), db, SearchOptions(study="s", trials=1))
+    except RayStartError as exc:
+        print(exc, flush=True)
+"""
+
+
+def test_a_failed_local_start_ends_the_process_without_ray_s_exit_hook(tmp_path):
+    """Ray's `atexit` hook (`ray.shutdown`) waited without end after a local start that failed under
+    a memory limit, the error line already printed; the reaper has stopped what Ray started, so the
+    hook is dropped. Run in a child process, bounded: a regression fails instead of hanging."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "RAY_TMPDIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", FAILED_START, f"sqlite:///{tmp_path / 't.db'}"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("cannot start a local Ray: Exception: Check failed"), done.stdout

@@ -1,0 +1,87 @@
+"""Input files that are not plain files, outputs onto a disk that fills, and a memory limit: each ends
+in one line with the right exit code (2 for the user's input, 1 for the environment), no wait
+without end, and nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from archsearch.cli import app
+from archsearch.storage import Storage
+from tests.faults.test_inputs import _one_line
+from tests.faults.test_real_storage_failures import _fill, small_disk  # noqa: F401 (a fixture)
+from tests.specs import TINY_TOML
+from tests.storage.test_query import fill_study
+
+
+# --- a FIFO where a file is read ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("command", "what"), [(["space", "check"], "search spec"), (["config", "check"], "config file")],
+    ids=["space", "config"],
+)  # fmt: skip
+def test_a_fifo_given_as_an_input_file_is_refused_at_once(tmp_path, command, what):
+    """Opening a FIFO to read waits for a writer that never comes: run in a child process, bounded,
+    so a regression fails the test instead of hanging it."""
+    fifo = tmp_path / "input.toml"
+    os.mkfifo(fifo)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run(
+        [sys.executable, "-m", "archsearch", *command, str(fifo)], capture_output=True, text=True, timeout=60,
+        env=env, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == f"error: cannot read {what} {fifo}: not a regular file"
+
+
+def test_a_folder_given_as_the_space_still_says_so(tmp_path):
+    folder = tmp_path / "space.toml"
+    folder.mkdir()
+    result = CliRunner().invoke(app, ["space", "check", str(folder)])
+    _one_line(result, 2, "Is a directory")
+
+
+# --- outputs onto a full disk -------------------------------------------------------------------------
+@pytest.fixture
+def study_db(tmp_path) -> str:
+    url = f"sqlite:///{tmp_path / 'trials.db'}"
+    with Storage.open(url) as db:
+        fill_study(db)
+    return url
+
+
+OUTPUTS = {  # command, and the output's name
+    "report": (["report", "--study", "s", "-o", "{out}"], "report.html"),
+    "export": (["export", "--study", "s", "--trial", "0", "--format", "json", "-o", "{out}"], "export"),
+    "trials-csv": (["trials", "--study", "s", "--format", "csv", "-o", "{out}"], "trials.csv"),
+    "pareto-plot": (["pareto", "--study", "s", "--plot", "{out}"], "front.html"),
+}
+
+
+@pytest.mark.parametrize(("command", "name"), OUTPUTS.values(), ids=OUTPUTS.keys())
+def test_an_output_onto_a_full_disk_is_one_line_naming_it_exit_1(study_db, small_disk, command, name):  # noqa: F811
+    _fill(small_disk)
+    out = small_disk / name
+    result = CliRunner().invoke(app, [*(a.format(out=out) for a in command), "--storage", study_db])
+    assert _one_line(result, 1) == f"error: cannot use {out}: No space left on device"
+    assert [p.name for p in small_disk.iterdir()] == ["filler"]  # no hidden scratch file or folder
+
+
+# --- a memory limit -----------------------------------------------------------------------------------
+def test_running_out_of_memory_outside_a_trial_is_one_line_exit_1(tmp_path, monkeypatch):
+    """A `ulimit -v` hit while a command imports torch or builds a shape raises MemoryError there."""
+    import archsearch.search.spec as spec_module
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(spec_module, "parse_spec", no_memory)
+    space = tmp_path / "space.toml"
+    space.write_text(TINY_TOML)
+    result = CliRunner().invoke(app, ["space", "check", str(space)])
+    _one_line(result, 1, "out of memory", "ulimit -v")
