@@ -6,8 +6,9 @@ Design (BRIEF.md section 8 measured how this stack fails):
   transaction here, and in Optuna's engine on the same file, takes the lock when it begins.
 - PostgreSQL engines get `pool_pre_ping` (Optuna sets it only for MySQL) and a small pool.
 - Every wait on the database is bounded: SQLite's busy timeout; on PostgreSQL the connect
-  timeout, a lock timeout as long as SQLite's, and TCP keepalives and a user timeout for a server
-  that stops answering mid-statement.
+  timeout, a lock timeout as long as SQLite's, TCP keepalives and a user timeout for a network
+  that goes away mid-statement, and a client-side bound on each statement and commit for a server
+  that is there but never answers (`watchdog`).
 - A storage opened to read (`Storage.open(read_only=True)`, every command that only reads) never
   changes the database: it keeps the file's journal mode, creates and upgrades nothing, refuses
   writes (SQLite's `query_only`, PostgreSQL's read-only transactions), and never checkpoints a
@@ -342,13 +343,26 @@ def _engine_kwargs(url: URL, reader: bool = False) -> dict[str, Any]:
             settings += " -c default_transaction_read_only=on"
         kwargs["connect_args"] = {
             "connect_timeout": CONNECT_TIMEOUT_S,  # libpq's own bound: a silent host would wait for TCP's
-            # A server that stops answering mid-statement (frozen, or the network gone) is noticed
-            # within about a minute, not after the kernel's two hours of TCP keepalive.
+            # A network gone mid-statement is noticed within about a minute, not after the kernel's
+            # two hours of TCP keepalive; a server that is there and never answers, by `watchdog`.
             "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3,
             "tcp_user_timeout": TCP_USER_TIMEOUT_S * 1000,
             "options": settings,
         }  # fmt: skip
+        if url.get_driver_name() == "psycopg":  # a server that is there and never answers (`watchdog`)
+            from archsearch.storage.watchdog import BoundedCursor
+
+            kwargs["connect_args"]["cursor_factory"] = BoundedCursor
     return kwargs
+
+
+def _watched(engine: Any) -> Any:
+    """`engine`, its commits and rollbacks bounded too on psycopg (`watchdog.watch_engine`)."""
+    if engine.url.get_backend_name() == "postgresql" and engine.url.get_driver_name() == "psycopg":
+        from archsearch.storage.watchdog import watch_engine
+
+        watch_engine(engine)
+    return engine
 
 
 def _wal_left(path: Path) -> bool:
@@ -450,7 +464,7 @@ class Storage:
             if not create and not path.is_file():
                 raise StorageError(f"no database at {path}")
         try:
-            engine = create_engine(parsed, **_engine_kwargs(parsed, reader=read_only))
+            engine = _watched(create_engine(parsed, **_engine_kwargs(parsed, reader=read_only)))
         except (NoSuchModuleError, ImportError) as exc:
             raise StorageError(f"no driver for {_masked(parsed)}: {_one_line(exc)}") from None
         if sqlite:
@@ -690,6 +704,7 @@ class Storage:
             if self.is_sqlite:
                 _use_immediate_transactions(storage.engine)
                 storage.engine.dispose()  # connections opened before the listeners are dropped
+            _watched(storage.engine)
             self._optuna = storage
         return self._optuna
 

@@ -204,11 +204,13 @@ def test_a_failed_local_start_names_the_cause_the_raylet_logged(tmp_path, monkey
     import ray
 
     logs = tmp_path / "ray" / f"session_2026-11-25_03-00-00_000001_{os.getpid()}" / "logs"
-    logs.mkdir(parents=True)
-    (logs / "raylet.out").write_text(RAYLET_LOG)
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
 
     def times_out(*args, **kwargs):  # what Ray raises when its raylet does not register
+        # The session's logs are written while Ray starts, as Ray writes them: made before the
+        # start, on a loaded machine, they were older than it and rightly not blamed.
+        logs.mkdir(parents=True)
+        (logs / "raylet.out").write_text(RAYLET_LOG)
         raise Exception(
             "The current node timed out during startup. This could happen because some of the raylet "
             "failed to startup or the GCS has become overloaded."

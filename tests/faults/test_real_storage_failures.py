@@ -13,9 +13,11 @@ import functools
 import os
 import re
 import shlex
+import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -138,6 +140,34 @@ def test_a_postgresql_server_stopped_mid_search_ends_in_one_line_and_a_resume_fi
         assert "\n" not in message and f"left running until the lease expires ({LEASE_S} s)" in message
         cluster.start()
         _resume(cluster.url, lease_s=LEASE_S)  # exactly N, nothing running in either table
+
+
+def test_a_postgresql_server_that_is_there_and_never_answers_is_bounded(monkeypatch):
+    """Every server process stopped (SIGSTOP, as a frozen VM): its kernel still acknowledges TCP, so
+    keepalives never fire, and a command waited without end; the statement's bound ends it."""
+    from archsearch.storage import StorageError
+    from tests.processes import descendants
+
+    monkeypatch.setenv("ARCHSEARCH_DB_STATEMENT_S", "2")
+    with throwaway_cluster() as cluster, Storage.open(cluster.url) as db:
+        db.study_names()  # a pooled connection, answered
+        postmaster = int((cluster.root / "data" / "postmaster.pid").read_text().split()[0])
+        frozen = {postmaster, *descendants(postmaster)}
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            with pytest.raises(StorageError) as info:
+                db.study_names()
+            took = time.monotonic() - start
+        finally:
+            for pid in frozen:
+                os.kill(pid, signal.SIGCONT)
+        assert took < 60, took  # 2 s for the statement, libpq's 15 s connect bound for a new one
+        message = str(info.value)
+        assert "\n" not in message, message
+        assert "did not answer within 2 s" in message or "timeout" in message, message
+        assert db.study_names() == []  # the server resumed: a new connection answers
 
 
 PG_HOLDER = """
