@@ -382,7 +382,7 @@ def run_ladder(
     start = time.monotonic()
     failed: list[str] = []
     trained = 0
-    stop = _Stop()
+    stop = _Stop("the ladder")
 
     def done(index: int, result: dict[str, Any] | None, reason: str | None) -> None:
         nonlocal trained, skipped

@@ -250,15 +250,16 @@ class _Running:
 
 
 class _Stop:
-    """Records the first SIGINT / SIGTERM; the loop polls it."""
+    """Records the first SIGINT / SIGTERM; the loop polls it. `work` names what stops."""
 
-    def __init__(self) -> None:
+    def __init__(self, work: str = "the search") -> None:
         self.signum: int | None = None
+        self.work = work
 
     def __call__(self, signum: int, _frame: Any) -> None:
         if self.signum is not None:  # a second signal: stop waiting for the clean-up
             raise KeyboardInterrupt
-        log.warning("received %s: stopping the search (again to force)", signal.Signals(signum).name)
+        log.warning("received %s: stopping %s (again to force)", signal.Signals(signum).name, self.work)
         self.signum = signum
 
 

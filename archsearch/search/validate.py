@@ -439,7 +439,7 @@ def run_validate(
     start = time.monotonic()
     failed: list[str] = []
     trained = 0
-    stop = _Stop()
+    stop = _Stop("validate")
 
     def done(index: int, result: dict[str, Any] | None, reason: str | None) -> None:
         nonlocal trained

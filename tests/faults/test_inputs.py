@@ -295,3 +295,25 @@ def test_trials_output_into_a_read_only_folder_is_refused_before_the_query(study
         args = ["trials", "--study", "s", "--format", "csv", "-o", str(folder / "t.csv")]
         result = CliRunner().invoke(app, [*args, "--storage", study_url])
     _one_line(result, 2, f"the folder {folder} is not writable")
+
+
+def _catches_sigterm(pid: int) -> bool:
+    """Whether process `pid` has a SIGTERM handler installed (its /proc status's SigCgt mask)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next(line for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_while_the_command_line_loads_is_one_line(tmp_path, signum, code):
+    """From the moment the entry's handlers are in place (2 ms into the import; waited for by
+    state), a signal ends in one line: before, one during the imports was a traceback (SIGINT)
+    or a silent exit 143 (SIGTERM)."""
+    proc = start_archsearch("space", "check", str(_space(tmp_path)), cwd=tmp_path)
+    wait_for(lambda: _catches_sigterm(proc.pid) or proc.poll() is not None, 60, "the handlers", every=0.001)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert (proc.returncode, err) == (code, f"error: interrupted by {signal.Signals(signum).name}\n")

@@ -309,7 +309,7 @@ def test_the_table_states_the_measures(validated):
 
 
 def test_an_interrupted_validation_keeps_its_runs_and_a_rerun_trains_the_rest(
-    tmp_path, validated, ray_session
+    tmp_path, validated, ray_session, caplog
 ):
     url = _study(f"sqlite:///{tmp_path / 't.db'}")
     seen = []
@@ -322,6 +322,7 @@ def test_an_interrupted_validation_keeps_its_runs_and_a_rerun_trains_the_rest(
     with Storage.open(url) as db:
         summary = run_validate(db, ValidateOptions("tiny", trials=4, multiplier=2), on_update=interrupt)
         assert summary.signal == signal.SIGINT and summary.report is None and summary.trained == 1
+        assert "received SIGINT: stopping validate (again to force)" in caplog.text
         assert seen[0] == 0  # displays hear of the start, before any run ends
         [kept] = db.long_runs("tiny")
         assert db.validations("tiny") == []
