@@ -326,6 +326,8 @@ def load_dataset(
         p = Path(path).expanduser()
         if not p.exists():
             raise DataError(f"data path not found: {p}")
+        if not (p.is_dir() or p.is_file()):  # a FIFO or a device: a read could wait or never end
+            raise DataError(f"data path {p} is neither a file nor a folder")
         if p.is_dir() and ((p / "train.bin").exists() or (p / "val.bin").exists()):
             dataset = _split_token_files(p, _check_token_vocab(vocab_size, dtype, p), dtype)
         elif p.is_dir():

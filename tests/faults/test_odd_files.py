@@ -85,3 +85,14 @@ def test_running_out_of_memory_outside_a_trial_is_one_line_exit_1(tmp_path, monk
     space.write_text(TINY_TOML)
     result = CliRunner().invoke(app, ["space", "check", str(space)])
     _one_line(result, 1, "out of memory", "ulimit -v")
+
+
+def test_a_fifo_given_as_the_data_is_refused_for_what_it_is(tmp_path):
+    """It was reported as "data file is empty" (its size is 0), which sent the user looking for
+    a missing file's contents."""
+    from archsearch.evaluators.data import DataError, load_dataset
+
+    fifo = tmp_path / "corpus.txt"
+    os.mkfifo(fifo)
+    with pytest.raises(DataError, match=f"^data path {fifo} is neither a file nor a folder$"):
+        load_dataset(str(fifo), vocab_size=256)
