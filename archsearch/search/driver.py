@@ -871,8 +871,7 @@ class _Driver:
         if record is not None and record.status == PRUNED:
             self._settle_optuna(number, state.PRUNED, record.reason)
         elif record is not None and record.status in SKIPPED_CONSTRAINT:
-            with contextlib.suppress(ValueError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
-                self._tell_skipped(self._trial_id(number), record.status, record.reason or record.status)
+            self._tell_skipped(self._trial_id(number), record.status, record.reason or record.status)
         else:
             self._settle_optuna(number, state.FAIL, record.reason if record else "never recorded")
 
@@ -1134,13 +1133,21 @@ class _Driver:
         )
 
     def _tell_skipped(self, trial_id: int, status: str, reason: str) -> None:
-        """Tell Optuna of a sample that trained nothing (`SKIPPED_CONSTRAINT`)."""
+        """Tell Optuna of a sample that trained nothing (`SKIPPED_CONSTRAINT`).
+
+        Its row is finished first (`end_trial`), so another driver's start-up sweep may tell Optuna
+        the same from the database in between (`_tell_recorded`): a trial already finished is left
+        as that driver told it, as `_settle_optuna` leaves one.
+        """
         import optuna
 
         ostorage = self.study._storage
-        ostorage.set_trial_user_attr(trial_id, REASON_ATTR, reason)
-        ostorage.set_trial_system_attr(trial_id, f"constraints:{SKIPPED_CONSTRAINT[status]}", 1.0)
-        self.study.tell(ostorage.get_trial_number_from_id(trial_id), state=optuna.trial.TrialState.PRUNED)
+        try:
+            ostorage.set_trial_user_attr(trial_id, REASON_ATTR, reason)
+            ostorage.set_trial_system_attr(trial_id, f"constraints:{SKIPPED_CONSTRAINT[status]}", 1.0)
+            self.study.tell(ostorage.get_trial_number_from_id(trial_id), state=optuna.trial.TrialState.PRUNED)
+        except (ValueError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+            pass  # already finished by another driver
 
     @staticmethod
     def _describe(trial: optuna.trial.Trial, cfg: ArchConfig, outcome: TrialOutcome) -> None:

@@ -279,6 +279,27 @@ def test_a_shape_running_in_another_slot_is_not_trained_twice(db, monkeypatch):
     assert records[1].status == "duplicate" and records[1].reason.startswith("same shape as trial 0")
 
 
+def test_a_duplicate_another_driver_told_optuna_first_is_left_as_it_told_it(db, monkeypatch):
+    # Between this driver finishing a duplicate's row and telling Optuna, another driver's
+    # start-up sweep may tell Optuna the same from the database (seen under load: two drivers on
+    # one study, and one ended in UpdateFinishedTrialError). This driver goes on.
+    monkeypatch.setattr(driver_module, "MAX_REJECTIONS", 3)
+    spec = tiny_spec(model="vocab_size = 256\nseq_len = 32\nd_model = [64]\naspect_ratio = 32\nhead_dim = 32")
+    end_trial = db.end_trial
+
+    def end_then_a_peer_sweeps(trial_id, status, reason):
+        end_trial(trial_id, status, reason)
+        if status == "duplicate":  # what the peer's `_tell_recorded` tells of a finished duplicate row
+            (number,) = [r.number for r in db.trials("s") if r.id == trial_id]
+            optuna.load_study(study_name="s", storage=db.url).tell(number, state=optuna.trial.TrialState.PRUNED)
+
+    monkeypatch.setattr(db, "end_trial", end_then_a_peer_sweeps)
+    with pytest.raises(SearchError, match="space may be exhausted"):
+        run_search(spec, db, SearchOptions(study="s", trials=3, sampler="random"), evaluate_fn=instant)
+    assert db.counts("s") == {"complete": 1, "duplicate": 3}
+    assert _optuna_states(db, "s") == ["COMPLETE"] + ["PRUNED"] * 3
+
+
 def test_a_resume_waits_for_a_dead_drivers_lease_and_ends_with_nothing_running(db, caplog, monkeypatch):
     # A driver killed mid-trial, its lease still running when the resume starts: the resume used
     # to stop with that row still running, one trial short. Now it waits for the lease, then
