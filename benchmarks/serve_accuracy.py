@@ -14,7 +14,10 @@ calls dispatch charged the seconds per op of a fixed reference shape (measured a
 shape with `--op-time-per-shape`, the default: the host's speed drifts with the load of a shared
 machine). Nothing is fitted to the shapes measured here. Prints each shape's measured and
 modelled seconds and the relative error, then the median and worst |error| of decode and of
-prefill (the issue's targets: median <= 15%, worst <= 30%).
+prefill (the issue's targets: median <= 15%, worst <= 30%). Under each row, where the decode
+step's time goes: measured (its ops' shares of the step under `torch.profiler`, scaled to the
+measured time: `measure_serve(parts=True)`) against modelled (the GEMMs' rooflines, attention,
+and the memory-bound ops with the launches), so an error can be traced to its part.
 """
 
 from __future__ import annotations
@@ -95,13 +98,18 @@ def main() -> None:
         cfg = shape(name)
         for context in contexts:
             now = local.with_op_time_now("cpu") if args.op_time_per_shape else local
-            measured = measure_serve(cfg, "cpu", args.batch, context, "fp32", min_run_time)
+            measured = measure_serve(cfg, "cpu", args.batch, context, "fp32", min_run_time, parts=True)
             prefill, decode = now.predict(cfg, measured)
+            modelled_parts = {
+                "gemm": decode.gemm_s, "attention": decode.attention_s,
+                "other": decode.other_memory_s + decode.launch_s,
+            }  # fmt: skip
             row = {
                 "shape": name, "context": context, "config": cfg.to_dict(),
                 "decode_measured_s": measured.decode_time_s, "decode_modelled_s": decode.time_s,
                 "prefill_measured_s": measured.prefill_time_s, "prefill_modelled_s": prefill.time_s,
                 "decode_ops": measured.decode_ops, "prefill_ops": measured.prefill_ops, "op_s": now.op_s,
+                "decode_parts_measured_s": measured.decode_parts, "decode_parts_modelled_s": modelled_parts,
             }  # fmt: skip
             row["decode_error"] = decode.time_s / measured.decode_time_s - 1
             row["prefill_error"] = prefill.time_s / measured.prefill_time_s - 1
@@ -111,6 +119,13 @@ def main() -> None:
                 f"{decode.time_s * 1e3:>7.3f}ms {row['decode_error']:>+7.1%}  "
                 f"{measured.prefill_time_s * 1e3:>10.3f}ms "
                 f"{prefill.time_s * 1e3:>7.3f}ms {row['prefill_error']:>+7.1%}"
+            )
+            print(
+                f"{'':<19}decode parts, measured / modelled: "
+                + ", ".join(
+                    f"{kind} {measured.decode_parts[kind] * 1e3:.3f} / {modelled_parts[kind] * 1e3:.3f} ms"
+                    for kind in ("gemm", "attention", "other")
+                )
             )
     summary = {}
     for phase in ("decode", "prefill"):

@@ -57,6 +57,11 @@ class MeasuredServe:
             serving engines run it: each kernel's launch costs the graph's, not the host's);
             None where not asked for or not on CUDA.
         graph_error: why the step could not be captured, where it could not.
+        decode_parts: where asked for, on a CPU, `decode_time_s` split by the ops' share of the
+            step's self time under `torch.profiler`: "gemm" (mm, addmm, bmm), "attention"
+            (scaled dot-product attention) and "other" (everything else: the eager ops' dispatch,
+            norms, activations, the cache write). The profiler's own cost falls on each op alike,
+            so small ops' shares are somewhat inflated.
     """
 
     device: dict[str, Any]
@@ -69,6 +74,7 @@ class MeasuredServe:
     decode_ops: int
     decode_graph_time_s: float | None = None
     graph_error: str | None = None
+    decode_parts: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -79,6 +85,30 @@ def _model(cfg: ArchConfig, context: int, info: DeviceInfo, torch_dtype: torch.d
     torch.manual_seed(seed)
     room = dataclasses.replace(cfg, seq_len=max(cfg.seq_len, context + 1))
     return ProxyLM(room).to(device=info.torch_device, dtype=torch_dtype).eval()
+
+
+GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm"})
+PROFILED_CALLS = 20  # decode steps profiled for `decode_parts`
+
+
+def _parts(fn: Any, seconds: float) -> dict[str, float]:
+    """`seconds` split by each op class's share of `fn`'s self CPU time under the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(PROFILED_CALLS):
+            fn()
+    totals = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
+    for event in prof.key_averages():
+        if event.key in GEMM_OPS:
+            kind = "gemm"
+        elif "scaled_dot_product" in event.key:
+            kind = "attention"
+        else:
+            kind = "other"
+        totals[kind] += event.self_cpu_time_total
+    whole = sum(totals.values()) or 1.0
+    return {kind: seconds * t / whole for kind, t in totals.items()}
 
 
 def _count_ops(fn: Any) -> int:
@@ -98,6 +128,7 @@ def measure_serve(
     min_run_time: float = DEFAULT_MIN_RUN_TIME,
     seed: int = 0,
     cuda_graph: bool = False,
+    parts: bool = False,
 ) -> MeasuredServe:
     """Time prefill and one decode step of `cfg` on `device` (see the module docstring).
 
@@ -106,6 +137,8 @@ def measure_serve(
             (`profiler.resolve_precision`).
         cuda_graph: on CUDA, also time the decode step replayed from a CUDA graph
             (`decode_graph_time_s`); ignored elsewhere.
+        parts: on a CPU, also split the decode step's time by op class (`decode_parts`);
+            ignored elsewhere.
 
     Raises:
         DeviceError: no such device here.
@@ -142,10 +175,11 @@ def measure_serve(
             graph_s = _median_seconds(_captured(decode, info), info, min_run_time)
         except RuntimeError as exc:  # an op the capture refuses: the eager times still stand
             graph_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    decode_parts = _parts(decode, decode_s) if parts and info.type == "cpu" else None
     return MeasuredServe(
         device=info.to_dict(), dtype=precision, batch=batch, context=context, prefill_time_s=prefill_s,
         decode_time_s=decode_s, prefill_ops=_count_ops(prefill), decode_ops=_count_ops(decode),
-        decode_graph_time_s=graph_s, graph_error=graph_error,
+        decode_graph_time_s=graph_s, graph_error=graph_error, decode_parts=decode_parts,
     )  # fmt: skip
 
 

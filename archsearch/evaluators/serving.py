@@ -99,6 +99,7 @@ class ServeTime:
         weights_read_s, cache_read_s: those bytes at the achieved bandwidth.
         compute_s: the GEMMs' and attention's FLOPs at the achieved FLOP/s (the rooflines in
             `time_s` add the tile and wave losses, and small batches' padding to whole tiles).
+        gemm_s, attention_s: the parts of `time_s` that are the GEMMs' rooflines and attention's.
         launch_s: `kernels` launches at `kernel_s` each.
         time_s: the kernels' rooflines, `max(compute, memory)` each, plus the launches.
         floor_s: the bytes that must be read over the peak bandwidth, or the FLOPs at peak,
@@ -119,6 +120,8 @@ class ServeTime:
     weights_read_s: float
     cache_read_s: float
     compute_s: float
+    gemm_s: float
+    attention_s: float
     other_memory_s: float  # activations, norms, the cache write: bytes at the achieved bandwidth
     kernels: int
     kernel_s: float
@@ -228,7 +231,8 @@ def _serve_time(
         phase=phase, device=device.name, weight_dtype=weight_dtype, cache_dtype=cache_dtype, batch=B,
         tokens=T, context=S, weight_bytes_read=weight_bytes, cache_bytes_read=cache_read,
         cache_bytes_written=cache_written, flops=flops, weights_read_s=weight_bytes / model.bandwidth,
-        cache_read_s=cache_read / model.bandwidth, compute_s=compute, other_memory_s=other_s,
+        cache_read_s=cache_read / model.bandwidth, compute_s=compute, gemm_s=roofline,
+        attention_s=attention, other_memory_s=other_s,
         kernels=n_kernels, kernel_s=each, launch_s=launch, time_s=time_s, floor_s=floor,
     )  # fmt: skip
 

@@ -43,6 +43,8 @@ def test_llama2_7b_decode_on_an_h100_is_within_1_6x_of_the_bandwidth_floor():
     parts = step.weights_read_s + step.cache_read_s + step.other_memory_s + step.launch_s
     assert step.time_s >= parts * (1 - 1e-9)
     assert step.compute_s < 0.01 * step.time_s
+    kernels = step.gemm_s + step.attention_s + step.other_memory_s + step.launch_s
+    assert step.time_s == pytest.approx(kernels) and step.gemm_s > step.attention_s > 0
 
 
 @pytest.mark.parametrize("device", ["h100-sxm", "a100-80gb", "l4"])

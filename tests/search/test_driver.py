@@ -291,7 +291,8 @@ def test_a_duplicate_another_driver_told_optuna_first_is_left_as_it_told_it(db, 
         end_trial(trial_id, status, reason)
         if status == "duplicate":  # what the peer's `_tell_recorded` tells of a finished duplicate row
             (number,) = [r.number for r in db.trials("s") if r.id == trial_id]
-            optuna.load_study(study_name="s", storage=db.url).tell(number, state=optuna.trial.TrialState.PRUNED)
+            peer = optuna.load_study(study_name="s", storage=db.url)
+            peer.tell(number, state=optuna.trial.TrialState.PRUNED)
 
     monkeypatch.setattr(db, "end_trial", end_then_a_peer_sweeps)
     with pytest.raises(SearchError, match="space may be exhausted"):
