@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from archsearch.errors import ArchsearchError, EnvironmentFailure, Terminated
+from archsearch.errors import ArchsearchError, EnvironmentFailure, Terminated, quoted
 from archsearch.search.pareto import StudyFront, pareto_mask, study_front
 from archsearch.search.pruning import DEFAULT_REDUCTION_FACTOR, MultiObjectiveHalving
 from archsearch.search.raystart import (
@@ -159,8 +159,12 @@ class SearchOptions:
     replay: str | None = None  # a study of the same space whose complete shapes run first
 
     def __post_init__(self) -> None:
-        if not self.study or len(self.study) > 512:
-            raise SearchError("--study must be a name of 1 to 512 characters")
+        # Printable: a line break in the name split the one error line and the command that
+        # continues the search (quoted across two lines) in two.
+        if not self.study or len(self.study) > 512 or not self.study.isprintable():
+            raise SearchError(
+                f"--study must be a name of 1 to 512 printable characters, got {quoted(self.study)}"
+            )
         for name in ("trials", "workers"):
             if getattr(self, name) < 1:
                 raise SearchError(f"--{name} must be at least 1, got {getattr(self, name)}")

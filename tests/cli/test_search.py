@@ -232,7 +232,9 @@ def test_bad_values_in_a_space_file_are_refused_when_read(tmp_path, monkeypatch,
         (["--gpus-per-trial", "nan"], r"--gpus-per-trial must be 0 or a finite number >= 0.0001, got nan"),
         (["--seed", "-1"], r"--seed must be in 0\.\.4294967295 \(Optuna's seed range\), got -1"),
         (["--seed", "99999999999"], r"--seed must be in 0\.\.4294967295 .*, got 99999999999"),
-        (["--study", ""], r"--study must be a name of 1 to 512 characters"),
+        (["--study", ""], r"--study must be a name of 1 to 512 printable characters, got ''"),
+        # a line break split the error line and the command that continues it in two (issue 26, probe 3)
+        (["--study", "a\nb"], r"--study must be a name of 1 to 512 printable characters, got 'a\\nb'$"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
 )
