@@ -727,6 +727,8 @@ class _Driver:
         """
         name = self.options.study
         self.storage.optuna_storage()
+        if self.options.replay is not None:
+            self._check_replay(self.options.replay)
         record = self.storage.study(name)
         found = self.storage.optuna_objectives(name)
         if record is None:
@@ -816,6 +818,15 @@ class _Driver:
         shape for shape. A shape this study already holds (a resumed replay) is not queued again."""
         import optuna
 
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # skip_if_exists
+            for trial in self.storage.trials(source, status=COMPLETE):
+                origin = {"replayed_from": f"{source}#{trial.number}"}
+                self.study.enqueue_trial(trial.params, user_attrs=origin, skip_if_exists=True)
+
+    def _check_replay(self, source: str) -> None:
+        """Refuse a --replay study that is missing, this one, or of another space: before Ray starts
+        (`check_study`), not after it (seconds of start-up spent on a typo)."""
         record = self.storage.study(source, counts=False)
         if record is None:
             raise SearchError(f"--replay: no study {source!r} in this database")
@@ -826,11 +837,6 @@ class _Driver:
                 f"--replay: study {source!r} searched another space (its [model], [rules] or [budget] "
                 "differ), so its shapes are not points of this one"
             )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # skip_if_exists
-            for trial in self.storage.trials(source, status=COMPLETE):
-                origin = {"replayed_from": f"{source}#{trial.number}"}
-                self.study.enqueue_trial(trial.params, user_attrs=origin, skip_if_exists=True)
 
     def sweep(self) -> None:
         """Settle what a dead driver left: expired leases and Optuna trials left RUNNING."""

@@ -235,6 +235,8 @@ def test_bad_values_in_a_space_file_are_refused_when_read(tmp_path, monkeypatch,
         (["--study", ""], r"--study must be a name of 1 to 512 printable characters, got ''"),
         # a line break split the error line and the command that continues it in two (issue 26, probe 3)
         (["--study", "a\nb"], r"--study must be a name of 1 to 512 printable characters, got 'a\\nb'$"),
+        # checked before Ray starts, as the other flags are (was after a local Ray's start-up)
+        (["--replay", "nosuch"], r"^error: --replay: no study 'nosuch' in this database$"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
 )
@@ -242,6 +244,11 @@ def test_bad_flags_exit_2_with_one_line_before_any_study_is_written(tmp_path, mo
     monkeypatch.chdir(tmp_path)
     url = f"sqlite:///{tmp_path / 't.db'}"
     Storage.open(url).close()  # an existing database: the refusal must leave it without a study
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray started before the flags were checked")
+
+    monkeypatch.setattr("archsearch.search.driver._RayPool", no_ray)
     args = ["search", "--space", str(_space(tmp_path)), "--storage", url, *flags]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2, result.output
