@@ -9,6 +9,7 @@ exit code 1 (so does running out of memory); Ctrl-C one line and 130. A bug keep
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,7 +17,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from archsearch.errors import ArchsearchError, ConfigError, Terminated, error_line
+from archsearch.errors import ArchsearchError, ConfigError, Terminated, error_line, quoted
 from archsearch.space import ArchConfig, load_config, preset
 from archsearch.units import format_si
 
@@ -155,11 +156,15 @@ def threads_text(used: int | None, asked: int | None) -> str:
 
 
 def floats(text: str, option: str) -> tuple[float, ...]:
-    """ "3.0,1e9" -> (3.0, 1e9), or a one-line error naming `option`."""
+    """ "3.0,1e9" -> (3.0, 1e9), or a one-line error naming `option`: finite numbers only (float()
+    reads "nan" and "inf", and a NaN reference point gave a hypervolume of 0 and exit 0)."""
     try:
-        return tuple(float(x) for x in text.split(","))
+        values = tuple(float(x) for x in text.split(","))
     except ValueError:
-        raise ConfigError(f"{option} takes numbers separated by commas, got {text!r}") from None
+        values = ()
+    if not values or not all(math.isfinite(v) for v in values):
+        raise ConfigError(f"{option} takes finite numbers separated by commas, got {quoted(text)}")
+    return values
 
 
 def long_cell(entry: tuple[float, float, int] | None) -> str:
