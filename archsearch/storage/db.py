@@ -301,6 +301,25 @@ def _sqlite_path(url: URL) -> Path:
     return Path(url.database)
 
 
+def database_files(url: str | None) -> dict[Path, str]:
+    """The files of the SQLite database at `url` (see `storage_url`), the database and its WAL,
+    index and journal beside it, each with what to call it; none for a server's database. A
+    command's outputs are checked against them (`fileio.check_writable`).
+
+    Raises:
+        StorageError: a malformed URL, an in-memory database or a SQLite URL with options.
+    """
+    parsed = _parse_url(storage_url(url))
+    if parsed.get_backend_name() != "sqlite":
+        return {}
+    path = _sqlite_path(parsed)
+    what = f"the database {_masked(parsed)}"
+    return {
+        path: what,
+        **{path.with_name(path.name + s): f"a file of {what}" for s in ("-wal", "-shm", "-journal")},
+    }
+
+
 def _use_immediate_transactions(engine: Engine, reader: bool = False) -> None:
     """SQLite: WAL, a busy timeout, and `BEGIN IMMEDIATE` for every transaction of `engine`; for
     a `reader`, the file's own journal mode (switching it to WAL rewrites the file's header),
