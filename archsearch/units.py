@@ -6,6 +6,8 @@ formatters (tables, messages), so a suffix accepted in one place is accepted in 
 
 from __future__ import annotations
 
+import math
+import os
 import re
 from decimal import Decimal, DecimalException
 
@@ -126,3 +128,22 @@ def parse_bytes(text: str | int, what: str = "memory") -> int:
             f"{what} {text!r} must be a number of bytes >= 0, optionally with one of {units}"
         )
     return int(value)
+
+
+def env_seconds(name: str, default: float, most: float = 86_400.0) -> float:
+    """A bound in seconds from the environment variable `name`, else `default` (unset or empty):
+    a number in (0, `most`), so a wait it bounds stays bounded (`inf` would lift the bound).
+
+    Raises:
+        ArchsearchError: another value, named (a typo is not silently the default).
+    """
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < most:
+        raise ArchsearchError(f"${name} must be a number of seconds in (0, {most:g}), got {quoted(text)}")
+    return value

@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from archsearch.cli import app
+from archsearch.errors import ArchsearchError
 from archsearch.storage import Storage
 from tests.faults.test_inputs import _one_line
 from tests.specs import tiny_toml
@@ -99,3 +100,42 @@ def test_a_serve_memory_past_the_bound_is_refused_by_space_check(tmp_path, memor
         f"error: {space}: [serve].memory: memory {shown} is too large: the database stores at most "
         "2**63 - 1 (9.2e18) (bytes)"
     )
+
+
+# --- bounds from the environment -----------------------------------------------------------------------
+@pytest.mark.parametrize("value", ["inf", "1e400", "abc", "nan", "0", "-1"])
+def test_a_statement_bound_that_is_not_a_number_of_seconds_is_refused_when_the_database_opens(
+    monkeypatch, value
+):
+    """`$ARCHSEARCH_DB_STATEMENT_S=inf` (or 1e400) lifted the bound on every PostgreSQL statement, and
+    a typo was the default, both silently; `$ARCHSEARCH_RAY_START_S` was refused in one line."""
+    from archsearch.storage import StorageError
+    from tests.postgres import postgres_database
+
+    with postgres_database() as url:
+        monkeypatch.setenv("ARCHSEARCH_DB_STATEMENT_S", value)
+        with pytest.raises(ArchsearchError) as info:
+            Storage.open(url).close()
+        assert not isinstance(info.value, StorageError)  # the setting's fault, not the database's
+        assert str(info.value) == (
+            f"$ARCHSEARCH_DB_STATEMENT_S must be a number of seconds in (0, 86400), got '{value}'"
+        )
+        monkeypatch.setenv("ARCHSEARCH_DB_STATEMENT_S", "5")
+        Storage.open(url).close()
+
+
+@pytest.mark.parametrize("name", ["ARCHSEARCH_DB_STATEMENT_S", "ARCHSEARCH_RAY_START_S"])
+def test_both_bounds_from_the_environment_read_alike(monkeypatch, name):
+    from archsearch.search.raystart import start_bound
+    from archsearch.storage.watchdog import statement_bound_s
+
+    read = statement_bound_s if name == "ARCHSEARCH_DB_STATEMENT_S" else start_bound
+    monkeypatch.setenv(name, " 7.5 ")
+    assert read() == 7.5
+    monkeypatch.setenv(name, "")
+    assert read() == 120.0
+    monkeypatch.setenv(name, "inf")
+    with pytest.raises(
+        ArchsearchError, match=rf"^\${name} must be a number of seconds in \(0, 86400\), got 'inf'$"
+    ):
+        read()
