@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,12 +27,26 @@ EXIT_ENVIRONMENT = 1  # a failure of what the command depends on (`errors.Enviro
 EXIT_SIGINT = 130  # 128 + SIGINT, as shells report a process Ctrl-C stopped
 EXIT_SIGTERM = 143  # 128 + SIGTERM
 OUT_OF_MEMORY = (
-    "out of memory: this process hit its memory limit (ulimit -v, a container's); "
-    "raise it or use a smaller shape"
+    "out of memory: this process hit its memory limit (the machine's or GPU's, ulimit -v, a "
+    "container's); raise it or use a smaller shape, batch or context"
 )
 # Click's usage error class, from the Click that Typer runs: recent Typers vendor a copy whose
 # classes are not `click`'s. The public typer.BadParameter derives from it in both cases.
 _USAGE_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+def _allocation_failure(exc: BaseException) -> bool:
+    """Python's MemoryError, or torch's allocation failure, a RuntimeError (the CPU allocator's
+    "can't allocate memory", CUDA's OutOfMemoryError): `profile --serve --context 100000000` on the
+    CPU under `ulimit -v` ended in torch's traceback. Only torch raises those, so only once it is
+    loaded is `evaluators.device` (which imports it) asked."""
+    if isinstance(exc, MemoryError):
+        return True
+    if "torch" not in sys.modules:
+        return False
+    from archsearch.evaluators.device import is_memory_error
+
+    return is_memory_error(exc)
 
 
 def os_error_text(exc: OSError) -> str:
@@ -75,7 +90,9 @@ class _Group(TyperGroup):
         except OSError as exc:  # an output path that cannot be written, a full disk
             typer.echo(error_line(os_error_text(exc)), err=True)
             raise typer.Exit(EXIT_ENVIRONMENT) from None
-        except MemoryError:  # a memory limit (`ulimit -v`, a cgroup) hit outside a trial, even on import
+        except (MemoryError, RuntimeError) as exc:  # a memory limit hit outside a trial, even on import
+            if not _allocation_failure(exc):
+                raise
             typer.echo(error_line(OUT_OF_MEMORY), err=True)  # the frames that held the memory are gone
             raise typer.Exit(EXIT_ENVIRONMENT) from None
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (`errors.Terminated`) before a search runs
