@@ -97,6 +97,11 @@ BAD_VALUES = [
          r"\[objectives\].extrapolate: must be a finite number >= 0, got -1.0$"),
     _bad("seed-too-large", "search", "trials = 3\nprune = false\nseed = 4294967296",
          r"\[search\].seed: must be in 0\.\.4294967295"),
+    # made before the first step: 1e9 of either exhausted the host's memory (issue 26, probe 3)
+    _bad("evals-1e9", "proxy", "tokens = 2048\nbatch_size = 4\nevals = 1e9\neval_batches = 1",
+         r"\[proxy\]: evals must be at most 10,000, got 1000000000$"),
+    _bad("eval-batches-1e9", "proxy", "tokens = 2048\nbatch_size = 4\nevals = 4\neval_batches = 1e9",
+         r"\[proxy\]: eval_batches must be at most 10,000, got 1000000000$"),
 ]  # fmt: skip
 
 
