@@ -7,6 +7,7 @@ import os
 import shutil
 import stat
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 
@@ -45,16 +46,23 @@ def named(exc: OSError, path: str | Path) -> OSError:
     return type(exc)(exc.errno, exc.strerror or str(exc), str(path)) if exc.errno else exc
 
 
-def check_writable(path: str | Path, *, folder: bool = False) -> None:
+def check_writable(
+    path: str | Path, *, folder: bool = False, inputs: Mapping[Path, str] | None = None
+) -> None:
     """Refuse, before any work is spent, an output path that cannot be written: a file that is an
-    existing folder, a path below a regular file, or one whose nearest existing folder this
-    process may not write (the folders below it are made when written).
+    existing folder, a path below a regular file, one whose nearest existing folder this process
+    may not write (the folders below it are made when written), or one of the command's `inputs`
+    (a file, and what to call it: `trials --format csv -o trials.db` replaced the database it read
+    with the CSV).
 
     Raises:
         ArchsearchError: one line naming the path and why.
     """
     from archsearch.errors import ArchsearchError
 
+    for other, what in (inputs or {}).items():
+        if _same_file(path, other):
+            raise ArchsearchError(f"cannot write {path}: it is {what}, which this command reads")
     path = Path(path).absolute()
     if not folder and path.is_dir():
         raise ArchsearchError(f"cannot write {path}: it is a folder")
@@ -65,6 +73,15 @@ def check_writable(path: str | Path, *, folder: bool = False) -> None:
         raise ArchsearchError(f"cannot write {path}: {parent} is a file, not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):  # an immutable folder refuses root too
         raise ArchsearchError(f"cannot write {path}: the folder {parent} is not writable here")
+
+
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether paths `a` and `b` name one file: the same inode where both exist (hard links, other
+    spellings), else the same path once symlinks are resolved."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def write_tree(output: str | Path, tree: dict[str, bytes]) -> None:

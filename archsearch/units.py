@@ -6,10 +6,12 @@ formatters (tables, messages), so a suffix accepted in one place is accepted in 
 
 from __future__ import annotations
 
+import math
+import os
 import re
 from decimal import Decimal, DecimalException
 
-from archsearch.errors import ArchsearchError
+from archsearch.errors import ArchsearchError, quoted
 
 # Suffix -> factor, for numbers a user writes. Exact integers, so `1.1M` is 1100000 exactly.
 SI_SUFFIXES: dict[str, int] = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
@@ -17,6 +19,10 @@ SI_SUFFIXES: dict[str, int] = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, 
 # (parameters) only. It is not in SI_SUFFIXES because elsewhere B is a unit, bytes (`si(n, "B")`
 # prints "1.5GB"), and a filter or FLOPs limit reading "2B" as 2e9 would be a trap.
 COUNT_ALIASES: dict[str, str] = {"B": "G"}
+# The largest count or byte size a user may write: the database's signed 64-bit BIGINT, so a
+# parsed size can be stored, and within a float's range, so the arithmetic on it cannot overflow
+# (`--scale-to 1e400` and `--memory 1e400GB` ended in OverflowError tracebacks).
+MAX_WHOLE = 2**63 - 1
 # What formatting uses, largest first; small quantities (seconds) get milli and micro too.
 _FORMAT_PREFIXES = (
     *((float(f), s) for s, f in sorted(SI_SUFFIXES.items(), key=lambda kv: -kv[1])),
@@ -50,6 +56,16 @@ def format_si(value: float, unit: str = "", digits: int = 4) -> str:
     return f"{value:.{digits}g}{unit}"
 
 
+_MAX_TEXT = "the database stores at most 2**63 - 1 (9.2e18)"
+
+
+def _short(text: str | int) -> str:
+    """A parsed value as messages quote it: a huge integer by its number of digits."""
+    if isinstance(text, int):
+        return f"a {len(str(text))}-digit number" if text > MAX_WHOLE else str(text)
+    return quoted(text)
+
+
 _COUNT = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]?)\s*")
 
 
@@ -69,6 +85,8 @@ def parse_count(text: str, what: str = "count") -> int:
             value = si_value(match.group(1), suffix).to_integral_value()
         except DecimalException:
             value = None
+    if value is not None and value.is_finite() and value > MAX_WHOLE:
+        raise ArchsearchError(f"{what} {_short(text)} is too large: {_MAX_TEXT}")
     if value is None or not value.is_finite() or value <= 0:
         suffixes = ", ".join([*SI_SUFFIXES, *(f"{a} (= {s})" for a, s in COUNT_ALIASES.items())])
         raise ArchsearchError(
@@ -102,9 +120,30 @@ def parse_bytes(text: str | int, what: str = "memory") -> int:
                 value = (Decimal(match.group(1)) * BYTE_UNITS[match.group(2)]).to_integral_value()
             except DecimalException:
                 value = None
+    if value is not None and value.is_finite() and value > MAX_WHOLE:
+        raise ArchsearchError(f"{what} {_short(text)} is too large: {_MAX_TEXT} (bytes)")
     if value is None or not value.is_finite() or value < 0:
         units = ", ".join(u for u in BYTE_UNITS if u)
         raise ArchsearchError(
             f"{what} {text!r} must be a number of bytes >= 0, optionally with one of {units}"
         )
     return int(value)
+
+
+def env_seconds(name: str, default: float, most: float = 86_400.0) -> float:
+    """A bound in seconds from the environment variable `name`, else `default` (unset or empty):
+    a number in (0, `most`), so a wait it bounds stays bounded (`inf` would lift the bound).
+
+    Raises:
+        ArchsearchError: another value, named (a typo is not silently the default).
+    """
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < most:
+        raise ArchsearchError(f"${name} must be a number of seconds in (0, {most:g}), got {quoted(text)}")
+    return value

@@ -9,6 +9,8 @@ exit code 1 (so does running out of memory); Ctrl-C one line and 130. A bug keep
 from __future__ import annotations
 
 import json
+import math
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,7 +18,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from archsearch.errors import ArchsearchError, ConfigError, Terminated, error_line
+from archsearch.errors import ArchsearchError, ConfigError, Terminated, error_line, quoted
 from archsearch.space import ArchConfig, load_config, preset
 from archsearch.units import format_si
 
@@ -25,12 +27,26 @@ EXIT_ENVIRONMENT = 1  # a failure of what the command depends on (`errors.Enviro
 EXIT_SIGINT = 130  # 128 + SIGINT, as shells report a process Ctrl-C stopped
 EXIT_SIGTERM = 143  # 128 + SIGTERM
 OUT_OF_MEMORY = (
-    "out of memory: this process hit its memory limit (ulimit -v, a container's); "
-    "raise it or use a smaller shape"
+    "out of memory: this process hit its memory limit (the machine's or GPU's, ulimit -v, a "
+    "container's); raise it or use a smaller shape, batch or context"
 )
 # Click's usage error class, from the Click that Typer runs: recent Typers vendor a copy whose
 # classes are not `click`'s. The public typer.BadParameter derives from it in both cases.
 _USAGE_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+def _allocation_failure(exc: BaseException) -> bool:
+    """Python's MemoryError, or torch's allocation failure, a RuntimeError (the CPU allocator's
+    "can't allocate memory", CUDA's OutOfMemoryError): `profile --serve --context 100000000` on the
+    CPU under `ulimit -v` ended in torch's traceback. Only torch raises those, so only once it is
+    loaded is `evaluators.device` (which imports it) asked."""
+    if isinstance(exc, MemoryError):
+        return True
+    if "torch" not in sys.modules:
+        return False
+    from archsearch.evaluators.device import is_memory_error
+
+    return is_memory_error(exc)
 
 
 def os_error_text(exc: OSError) -> str:
@@ -74,7 +90,9 @@ class _Group(TyperGroup):
         except OSError as exc:  # an output path that cannot be written, a full disk
             typer.echo(error_line(os_error_text(exc)), err=True)
             raise typer.Exit(EXIT_ENVIRONMENT) from None
-        except MemoryError:  # a memory limit (`ulimit -v`, a cgroup) hit outside a trial, even on import
+        except (MemoryError, RuntimeError) as exc:  # a memory limit hit outside a trial, even on import
+            if not _allocation_failure(exc):
+                raise
             typer.echo(error_line(OUT_OF_MEMORY), err=True)  # the frames that held the memory are gone
             raise typer.Exit(EXIT_ENVIRONMENT) from None
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (`errors.Terminated`) before a search runs
@@ -155,11 +173,15 @@ def threads_text(used: int | None, asked: int | None) -> str:
 
 
 def floats(text: str, option: str) -> tuple[float, ...]:
-    """ "3.0,1e9" -> (3.0, 1e9), or a one-line error naming `option`."""
+    """ "3.0,1e9" -> (3.0, 1e9), or a one-line error naming `option`: finite numbers only (float()
+    reads "nan" and "inf", and a NaN reference point gave a hypervolume of 0 and exit 0)."""
     try:
-        return tuple(float(x) for x in text.split(","))
+        values = tuple(float(x) for x in text.split(","))
     except ValueError:
-        raise ConfigError(f"{option} takes numbers separated by commas, got {text!r}") from None
+        values = ()
+    if not values or not all(math.isfinite(v) for v in values):
+        raise ConfigError(f"{option} takes finite numbers separated by commas, got {quoted(text)}")
+    return values
 
 
 def long_cell(entry: tuple[float, float, int] | None) -> str:

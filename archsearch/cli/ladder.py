@@ -54,12 +54,15 @@ def ladder(
     as they finish: a rerun (or one after Ctrl-C, exit 130) trains only what is missing. Then
     `export --scale-to` prints the predicted loss and `pareto --at-size` ranks the laddered designs.
     """
+    from archsearch.fileio import check_writable
     from archsearch.results.ladder import LadderOptions, run_ladder
-    from archsearch.storage import Storage
+    from archsearch.storage import Storage, database_files
     from archsearch.units import parse_count
 
     if plot is not None and plot.suffix.lower() != ".png":
         raise ConfigError(f"cannot plot ladders to {plot.name!r}: use a .png file")
+    if plot is not None:  # before any rung trains: a plot below a file failed after the training
+        check_writable(plot, inputs=database_files(storage))
 
     options = LadderOptions(
         study=study, numbers=tuple(trial or ()), knee=knee, front=front, rungs=rungs,

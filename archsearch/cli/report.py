@@ -35,9 +35,11 @@ def report(
     """One self-contained HTML report of studies: front, trials, knee and its exports, validation,
     step breakdown, settings, devices and versions. Opens with no network (plotly is embedded).
     """
+    from archsearch.fileio import check_writable
     from archsearch.results.report import write_report
-    from archsearch.storage import Storage
+    from archsearch.storage import Storage, database_files
 
+    check_writable(output, inputs=database_files(storage))  # before the studies are read
     with Storage.open(storage, read_only=True) as db:
         path = write_report(db, study, output, loss=loss, max_rows=max_rows)
     typer.echo(f"wrote {path}", err=True)

@@ -73,12 +73,12 @@ def pareto(
         return
     from archsearch.search.pareto import study_fronts
     from archsearch.space.objectives import parse_objectives
-    from archsearch.storage import Storage
+    from archsearch.storage import Storage, database_files
 
     names = parse_objectives(objectives) if objectives else None
     ref = floats(reference, "--reference") if reference else None
     if plot is not None:
-        check_writable(plot)  # before the fronts are ranked and drawn
+        check_writable(plot, inputs=database_files(storage))  # before the fronts are ranked and drawn
     with Storage.open(storage, read_only=True) as db:
         fronts = study_fronts(db, study, names, ref, loss)
         long = {s: db.long_run_losses(s) for s in study}
@@ -200,7 +200,7 @@ def trials(
     The filter language and the columns are in docs/guide/results.md ("archsearch trials") and
     `archsearch.storage.query`; user text is parsed, never evaluated.
     """
-    from archsearch.storage import Storage
+    from archsearch.storage import Storage, database_files
     from archsearch.storage.query import FORMATS, QueryError, trials_table
 
     if fmt != "table" and fmt not in FORMATS:
@@ -210,7 +210,7 @@ def trials(
     if fmt != "table" and FORMATS[fmt].binary and output is None:
         raise QueryError(f"--format {fmt} is binary: give --output FILE")
     if output is not None:
-        check_writable(output)  # before the query runs
+        check_writable(output, inputs=database_files(storage))  # before the query runs
     # A table without --limit fetches one row more than it shows, to know whether more match.
     fetch = TABLE_ROWS + 1 if fmt == "table" and limit is None else limit
     with Storage.open(storage, read_only=True) as db:

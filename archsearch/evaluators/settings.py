@@ -62,6 +62,11 @@ PRECISIONS = ("auto", "bf16", "fp32")
 # What `device.resolve_device` can run; checked here so a space file's `device = "tpu"` is refused
 # when it is read, not once per trial when the trial starts.
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
+# The evaluation points and the held-out batches are made before the first step: `evals = 1e9` grew
+# the schedule until Ray's memory monitor killed the worker (22 GB of 23.5 GB) and retried it, and
+# `eval_batches = 1e9` asked for 29.8 GiB, both after `space check` had passed them. Proxies use
+# 4 evaluations of 1 to 8 batches; 10,000 of either is past any use.
+MAX_EVALS = 10_000
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,9 @@ class TrainSettings:
         for name in ("batch_size", "eval_batches", "evals", "base_width"):
             if getattr(self, name) <= 0:
                 raise TrainError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("eval_batches", "evals"):
+            if getattr(self, name) > MAX_EVALS:
+                raise TrainError(f"{name} must be at most {MAX_EVALS:,}, got {getattr(self, name)}")
         if not 0 <= self.warmup < 1:
             raise TrainError(f"warmup must be a fraction in [0, 1), got {self.warmup}")
         check_threads(self.threads)

@@ -41,7 +41,7 @@ from archsearch.results.ladder_fit import LadderFit, LadderFitError, Prediction,
 from archsearch.space.costs import flop_counts, param_counts
 from archsearch.space.scale import aspect_range, scaled_candidates
 from archsearch.trial import COMPLETE
-from archsearch.units import format_si
+from archsearch.units import MAX_WHOLE, format_si
 
 if TYPE_CHECKING:
     from archsearch.space.config import ArchConfig
@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_RUNGS = 4
 SPACING = 2.0  # "about 2x apart": four rungs span 8x, the top one 4x from the size predicted
+# The most rungs SPACING apart between one parameter and the most the database stores: 64.
+MAX_RUNGS = math.floor(math.log(MAX_WHOLE, SPACING)) + 1
 DEFAULT_TOKENS_PER_PARAM = 20.0  # Chinchilla's compute-optimal ratio (Hoffmann et al. 2022)
 TOLERANCE = 0.25  # a rung within 25% of its target: 2x apart, neighbours never overlap
 ASPECT_SLACK = 2.0  # the published aspect window, widened 2x each way for tiny shapes (rung_shape)
@@ -102,6 +104,11 @@ class LadderOptions:
             raise LadderError(
                 f"a ladder of {self.rungs} rung{'s' * (self.rungs != 1)} fits no trend: give --rungs 2 "
                 "or more"
+            )
+        if self.rungs > MAX_RUNGS:  # `SPACING ** k` overflowed at --rungs 1000000
+            raise LadderError(
+                f"--rungs must be at most {MAX_RUNGS} (rungs {SPACING:g}x apart from one parameter up to "
+                f"the most the database stores, 2**63 - 1), got {self.rungs}"
             )
         t = self.tokens_per_param
         if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
@@ -157,8 +164,9 @@ class LadderSummary:
 # Rungs
 # ------------------------------------------------------------------------------------------------
 def rung_targets(top: int, rungs: int, spacing: float = SPACING) -> tuple[int, ...]:
-    """The rungs' target sizes, smallest first: `top / spacing^k` for k = rungs-1 .. 0."""
-    return tuple(round(top / spacing**k) for k in range(rungs - 1, -1, -1))
+    """The rungs' target sizes, smallest first: `top / spacing^k` for k = rungs-1 .. 0, at least one
+    parameter (`rung_shape` then says no shape is that small, not that a target of 0 is invalid)."""
+    return tuple(max(1, round(top / spacing**k)) for k in range(rungs - 1, -1, -1))
 
 
 def rung_shape(cfg: ArchConfig, target: int, params_max: int | None = None) -> ArchConfig:

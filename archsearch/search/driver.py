@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from archsearch.errors import ArchsearchError, EnvironmentFailure, Terminated
+from archsearch.errors import ArchsearchError, EnvironmentFailure, Terminated, quoted
 from archsearch.search.pareto import StudyFront, pareto_mask, study_front
 from archsearch.search.pruning import DEFAULT_REDUCTION_FACTOR, MultiObjectiveHalving
 from archsearch.search.raystart import (
@@ -159,8 +159,12 @@ class SearchOptions:
     replay: str | None = None  # a study of the same space whose complete shapes run first
 
     def __post_init__(self) -> None:
-        if not self.study or len(self.study) > 512:
-            raise SearchError("--study must be a name of 1 to 512 characters")
+        # Printable: a line break in the name split the one error line and the command that
+        # continues the search (quoted across two lines) in two.
+        if not self.study or len(self.study) > 512 or not self.study.isprintable():
+            raise SearchError(
+                f"--study must be a name of 1 to 512 printable characters, got {quoted(self.study)}"
+            )
         for name in ("trials", "workers"):
             if getattr(self, name) < 1:
                 raise SearchError(f"--{name} must be at least 1, got {getattr(self, name)}")
@@ -723,6 +727,8 @@ class _Driver:
         """
         name = self.options.study
         self.storage.optuna_storage()
+        if self.options.replay is not None:
+            self._check_replay(self.options.replay)
         record = self.storage.study(name)
         found = self.storage.optuna_objectives(name)
         if record is None:
@@ -812,6 +818,15 @@ class _Driver:
         shape for shape. A shape this study already holds (a resumed replay) is not queued again."""
         import optuna
 
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # skip_if_exists
+            for trial in self.storage.trials(source, status=COMPLETE):
+                origin = {"replayed_from": f"{source}#{trial.number}"}
+                self.study.enqueue_trial(trial.params, user_attrs=origin, skip_if_exists=True)
+
+    def _check_replay(self, source: str) -> None:
+        """Refuse a --replay study that is missing, this one, or of another space: before Ray starts
+        (`check_study`), not after it (seconds of start-up spent on a typo)."""
         record = self.storage.study(source, counts=False)
         if record is None:
             raise SearchError(f"--replay: no study {source!r} in this database")
@@ -822,11 +837,6 @@ class _Driver:
                 f"--replay: study {source!r} searched another space (its [model], [rules] or [budget] "
                 "differ), so its shapes are not points of this one"
             )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # skip_if_exists
-            for trial in self.storage.trials(source, status=COMPLETE):
-                origin = {"replayed_from": f"{source}#{trial.number}"}
-                self.study.enqueue_trial(trial.params, user_attrs=origin, skip_if_exists=True)
 
     def sweep(self) -> None:
         """Settle what a dead driver left: expired leases and Optuna trials left RUNNING."""

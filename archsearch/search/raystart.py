@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from archsearch.errors import ConfigError
+from archsearch.units import env_seconds
 
 RAY_START_ENV = "ARCHSEARCH_RAY_START_S"
 # Ray's own waits add up to about a minute on a loaded machine; twice that, so the bound only ends
@@ -45,16 +45,7 @@ class RayStartTimeout(BaseException):
 
 def start_bound() -> float:
     """The bound in seconds: `$ARCHSEARCH_RAY_START_S`, else `RAY_START_S`."""
-    text = os.environ.get(RAY_START_ENV, "").strip()
-    if not text:
-        return RAY_START_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value < 86_400:
-        raise ConfigError(f"${RAY_START_ENV} must be a number of seconds in (0, 86400), got {text!r}")
-    return value
+    return env_seconds(RAY_START_ENV, RAY_START_S)
 
 
 # Ray's own waits inside one C++ call, which no Python signal handler interrupts: a GCS connection

@@ -60,6 +60,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MIN_TRIALS = 4  # rank correlations over fewer shapes say nothing
+# Each seed is one more long run of every chosen trial: a noise floor needs a few. The plan holds
+# every run before Ray starts, so --seeds 1000000000 spent minutes and gigabytes building it.
+MAX_SEEDS = 100
 DEFAULT_TRIALS = 12
 DEFAULT_MULTIPLIER = 10.0
 LONG_SCHEDULE = dict(schedule="cosine", min_lr=0.1)  # the long run always trains like users do
@@ -100,8 +103,8 @@ class ValidateOptions:
             raise ValidateError(
                 f"--multiplier must be > 1 (a longer run than the proxy), got {self.multiplier:g}"
             )
-        if self.seeds < 1:
-            raise ValidateError(f"--seeds must be at least 1, got {self.seeds}")
+        if not 1 <= self.seeds <= MAX_SEEDS:
+            raise ValidateError(f"--seeds must be in 1..{MAX_SEEDS}, got {self.seeds}")
         if self.workers < 1:
             raise ValidateError(f"--workers must be at least 1, got {self.workers}")
         if not self.numbers and self.trials < MIN_TRIALS:

@@ -38,7 +38,7 @@ from archsearch.space.knobs import (
     config_from_knobs,
 )
 from archsearch.space.serve import ServeScenario
-from archsearch.units import format_si
+from archsearch.units import MAX_WHOLE, format_si
 
 
 class SpaceError(ConfigError):
@@ -141,7 +141,7 @@ for _knob in (
     KNOBS.register(_knob.name, _knob)
 REQUIRED = tuple(k.name for _, k in KNOBS.items() if k.default is None)
 CONDITION = "|"  # joins a knob's name and the values it was narrowed to (`Domain.suggest_among`)
-MAX_PARAMS = 2**63 - 1  # the trial database's BIGINT (storage.schema.Trial.params_total)
+MAX_PARAMS = MAX_WHOLE  # the trial database's BIGINT (storage.schema.Trial.params_total)
 MAX_ENUMERATE = 100_000  # spaces up to this many points are enumerated (feasibility, sampling)
 SINGLE_VALUED = ("vocab_size", "seq_len")  # the data fixes them; searching them compares apples to pears
 # ArchConfig fields the space derives, with the knob that sets each (for a helpful error).

@@ -293,7 +293,31 @@ def _parse_url(url: str) -> URL:
 def _sqlite_path(url: URL) -> Path:
     if not url.database or url.database == ":memory:":
         raise StorageError("an in-memory SQLite database cannot hold a search; give a file path")
+    if url.query:
+        # archsearch opens the file its own way (`_engine_kwargs`); the options were honoured by
+        # some connections and not others: `?mode=ro&uri=true` sent a search's trials to a new
+        # file named `trials.db?mode=ro`, the database named left untouched.
+        raise StorageError(f"{_masked(url)}: a SQLite URL takes no options; give sqlite:///PATH")
     return Path(url.database)
+
+
+def database_files(url: str | None) -> dict[Path, str]:
+    """The files of the SQLite database at `url` (see `storage_url`), the database and its WAL,
+    index and journal beside it, each with what to call it; none for a server's database. A
+    command's outputs are checked against them (`fileio.check_writable`).
+
+    Raises:
+        StorageError: a malformed URL, an in-memory database or a SQLite URL with options.
+    """
+    parsed = _parse_url(storage_url(url))
+    if parsed.get_backend_name() != "sqlite":
+        return {}
+    path = _sqlite_path(parsed)
+    what = f"the database {_masked(parsed)}"
+    return {
+        path: what,
+        **{path.with_name(path.name + s): f"a file of {what}" for s in ("-wal", "-shm", "-journal")},
+    }
 
 
 def _use_immediate_transactions(engine: Engine, reader: bool = False) -> None:
@@ -399,6 +423,11 @@ _PG_READ_ONLY = {"25006"}
 # Another process's lock held past the bound: SQLite's BUSY (the busy timeout ran out), and
 # PostgreSQL's lock_not_available (the lock_timeout set in `_engine_kwargs`).
 _SQLITE_BUSY = 5
+# A file SQLite finds damaged (CORRUPT: a truncated or overwritten file), and the environment
+# failing under it (IOERR: an I/O error, a file-size limit; FULL: a full disk): exit 1, as for the
+# same faults mid-search. NOTADB (a file that is not a database at all) stays the input's fault.
+_SQLITE_CORRUPT = 11
+_SQLITE_ENVIRONMENT = {10, 13}  # SQLITE_IOERR, SQLITE_FULL
 _PG_LOCK_NOT_AVAILABLE = "55P03"
 
 
@@ -493,6 +522,14 @@ class Storage:
                         f"the database {self.display_url} failed: {cause} (another process held its lock "
                         f"for more than {BUSY_TIMEOUT_S} s)",
                         cause,
+                    ) from None
+                code = (getattr(exc.orig, "sqlite_errorcode", None) or 0) & 0xFF
+                if code == _SQLITE_CORRUPT:  # as `check_intact` finds it: the file's fault, not the input's
+                    raise self._damaged(_one_line(exc)) from None
+                if code in _SQLITE_ENVIRONMENT:  # an I/O error, a full disk, a file-size limit
+                    cause = failure_cause(exc)
+                    raise StorageUnavailableError(
+                        f"the database {self.display_url} failed: {cause}", cause
                     ) from None
                 raise StorageError(f"cannot use the database {self.display_url}: {_one_line(exc)}") from None
         if found != SCHEMA_VERSION:
@@ -641,10 +678,13 @@ class Storage:
         except DBAPIError as exc:  # so damaged that the check itself fails
             found = _one_line(exc)
         if found != "ok":
-            raise DamagedStorageError(
-                f"the database {self.display_url} is damaged (SQLite's quick_check: {found}): restore it "
-                "from a copy, or give another --storage"
-            )
+            raise self._damaged(f"SQLite's quick_check: {found}")
+
+    def _damaged(self, why: str) -> DamagedStorageError:
+        return DamagedStorageError(
+            f"the database {self.display_url} is damaged ({why}): restore it from a copy, or give another "
+            "--storage"
+        )
 
     def _read_only_error(self, exc: DBAPIError) -> ReadOnlyStorageError:
         if getattr(exc.orig, "sqlite_errorcode", None) == _SQLITE_READONLY_DIRECTORY:

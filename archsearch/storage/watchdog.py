@@ -26,17 +26,20 @@ from typing import Any
 
 import psycopg
 
+from archsearch.units import env_seconds
+
 BOUND_ENV = "ARCHSEARCH_DB_STATEMENT_S"
 DEFAULT_BOUND_S = 120.0
 
 
 def statement_bound_s() -> float:
-    """Seconds a statement may wait for the server: `$ARCHSEARCH_DB_STATEMENT_S`, else 120."""
-    try:
-        value = float(os.environ.get(BOUND_ENV, DEFAULT_BOUND_S))
-    except ValueError:
-        return DEFAULT_BOUND_S
-    return value if value > 0 else DEFAULT_BOUND_S
+    """Seconds a statement may wait for the server: `$ARCHSEARCH_DB_STATEMENT_S`, else 120.
+
+    Raises:
+        ArchsearchError: a value that is not a number of seconds in (0, 86400): `inf` lifted the
+            bound and a typo was the default, both silently (checked when an engine is watched).
+    """
+    return env_seconds(BOUND_ENV, DEFAULT_BOUND_S)
 
 
 class _Watchdog:
@@ -124,6 +127,8 @@ def watch_engine(engine: Any) -> None:
     armed before the driver's commit, disarmed when the connection goes back to the pool or
     runs its next statement."""
     from sqlalchemy import event
+
+    statement_bound_s()  # a bad $ARCHSEARCH_DB_STATEMENT_S is refused here, when the database opens
 
     def arm(conn: Any) -> None:
         dbapi = conn.connection.dbapi_connection

@@ -97,6 +97,11 @@ BAD_VALUES = [
          r"\[objectives\].extrapolate: must be a finite number >= 0, got -1.0$"),
     _bad("seed-too-large", "search", "trials = 3\nprune = false\nseed = 4294967296",
          r"\[search\].seed: must be in 0\.\.4294967295"),
+    # made before the first step: 1e9 of either exhausted the host's memory (issue 26, probe 3)
+    _bad("evals-1e9", "proxy", "tokens = 2048\nbatch_size = 4\nevals = 1e9\neval_batches = 1",
+         r"\[proxy\]: evals must be at most 10,000, got 1000000000$"),
+    _bad("eval-batches-1e9", "proxy", "tokens = 2048\nbatch_size = 4\nevals = 4\neval_batches = 1e9",
+         r"\[proxy\]: eval_batches must be at most 10,000, got 1000000000$"),
 ]  # fmt: skip
 
 
@@ -232,7 +237,11 @@ def test_bad_values_in_a_space_file_are_refused_when_read(tmp_path, monkeypatch,
         (["--gpus-per-trial", "nan"], r"--gpus-per-trial must be 0 or a finite number >= 0.0001, got nan"),
         (["--seed", "-1"], r"--seed must be in 0\.\.4294967295 \(Optuna's seed range\), got -1"),
         (["--seed", "99999999999"], r"--seed must be in 0\.\.4294967295 .*, got 99999999999"),
-        (["--study", ""], r"--study must be a name of 1 to 512 characters"),
+        (["--study", ""], r"--study must be a name of 1 to 512 printable characters, got ''"),
+        # a line break split the error line and the command that continues it in two (issue 26, probe 3)
+        (["--study", "a\nb"], r"--study must be a name of 1 to 512 printable characters, got 'a\\nb'$"),
+        # checked before Ray starts, as the other flags are (was after a local Ray's start-up)
+        (["--replay", "nosuch"], r"^error: --replay: no study 'nosuch' in this database$"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
 )
@@ -240,6 +249,11 @@ def test_bad_flags_exit_2_with_one_line_before_any_study_is_written(tmp_path, mo
     monkeypatch.chdir(tmp_path)
     url = f"sqlite:///{tmp_path / 't.db'}"
     Storage.open(url).close()  # an existing database: the refusal must leave it without a study
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray started before the flags were checked")
+
+    monkeypatch.setattr("archsearch.search.driver._RayPool", no_ray)
     args = ["search", "--space", str(_space(tmp_path)), "--storage", url, *flags]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2, result.output

@@ -98,3 +98,68 @@ def test_a_lock_held_past_the_bound_when_a_command_opens_the_database_is_exit_1(
         holder.wait(timeout=60)
     line = _one_line(result, 1, "database is locked")
     assert line.endswith("(another process held its lock for more than 1 s)"), line
+
+
+# --- the third probe of issue 26 ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "command", [["studies"], ["search", "--space", "{space}", "--study", "s", "--resume"]]
+)
+def test_a_sqlite_url_with_options_is_refused_and_writes_nowhere(tmp_path, command):
+    """`?mode=ro&uri=true` was honoured by some connections and not others: a search's trials went
+    to a new file named `trials.db?mode=ro`, the database named left as it was."""
+    from tests.specs import TINY_TOML
+
+    path = tmp_path / "trials.db"
+    with Storage.open(f"sqlite:///{path}") as db:
+        fill_study(db)
+    (tmp_path / "space.toml").write_text(TINY_TOML)
+    before = _digest(path)
+    url = f"sqlite:///{path}?mode=ro&uri=true"
+    args = [a.format(space=tmp_path / "space.toml") for a in command]
+    result = CliRunner().invoke(app, [*args, "--storage", url])
+    assert _one_line(result, 2) == f"error: {url}: a SQLite URL takes no options; give sqlite:///PATH"
+    assert _digest(path) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["space.toml", "trials.db"]
+
+
+@pytest.mark.parametrize("command", [["studies"], ["trials", "--study", "s"], ["validate", "--study", "s"]])
+def test_a_database_truncated_half_way_is_damaged_exit_1(tmp_path, command):
+    """It was 'cannot use the database ...: database disk image is malformed', exit 2 as for bad
+    input, where a damaged page found by the search's quick_check is exit 1 with the remedy."""
+    path = tmp_path / "trials.db"
+    with Storage.open(f"sqlite:///{path}") as db:
+        fill_study(db)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    before = _digest(path)
+    result = CliRunner().invoke(app, [*command, "--storage", f"sqlite:///{path}"])
+    assert _one_line(result, 1) == (
+        f"error: the database sqlite:///{path} is damaged (database disk image is malformed): restore it "
+        "from a copy, or give another --storage"
+    )
+    assert _digest(path) == before
+
+
+FILE_SIZE_LIMIT = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))  # `ulimit -f 1`: the -shm file cannot grow
+from archsearch.__main__ import main
+sys.argv = ["archsearch", "studies", "--storage", sys.argv[1]]
+main()
+"""
+
+
+def test_an_io_error_while_opening_the_database_is_exit_1(tmp_path):
+    """Under `ulimit -f 1` SQLite cannot size the WAL index: 'disk I/O error' was exit 2, as for bad
+    input; it is the environment's failure, exit 1, as the same error mid-search is."""
+    path = tmp_path / "trials.db"
+    with Storage.open(f"sqlite:///{path}") as db:
+        fill_study(db)
+    before = _digest(path)
+    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run(
+        [sys.executable, "-c", FILE_SIZE_LIMIT, f"sqlite:///{path}"], capture_output=True, text=True,
+        timeout=120, env=env,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == f"error: the database sqlite:///{path} failed: OperationalError: disk I/O error\n"
+    assert _digest(path) == before

@@ -170,6 +170,52 @@ def test_a_plot_onto_an_existing_directory_is_one_line(study_url, tmp_path):
     _no_staging_left(tmp_path)
 
 
+ONTO_THE_DATABASE = {  # the database's name, the command, the output
+    "trials-csv": ("trials.db", ["trials", "--study", "s", "--format", "csv", "-o", "{db}"]),
+    "trials-by-symlink": ("trials.db", ["trials", "--study", "s", "--format", "json", "-o", "{link}"]),
+    "trials-another-spelling": ("trials.db", ["trials", "--study", "s", "--format", "csv", "-o", "{other}"]),
+    "report": ("trials.html", ["report", "--study", "s", "-o", "{db}"]),
+    "pareto-plot": ("trials.html", ["pareto", "--study", "s", "--plot", "{db}"]),
+    "ladder-plot": ("trials.png", ["ladder", "--study", "s", "--trial", "0", "--plot", "{db}"]),
+}
+
+
+@pytest.mark.parametrize(("name", "args"), ONTO_THE_DATABASE.values(), ids=ONTO_THE_DATABASE.keys())
+def test_an_output_onto_the_database_read_is_refused_and_the_database_kept(tmp_path, name, args):
+    """`trials --format csv -o trials.db --storage sqlite:///trials.db` replaced the database with
+    the CSV (exit 0): every study in it lost. Issue 26, third probe."""
+    import hashlib
+
+    from tests.storage.test_query import fill_study
+
+    path = tmp_path / name
+    with Storage.open(f"sqlite:///{path}") as db:
+        fill_study(db)
+    (tmp_path / "link.csv").symlink_to(path)
+    (tmp_path / "sub").mkdir()
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    spelled = {"db": path, "link": tmp_path / "link.csv", "other": tmp_path / "sub" / ".." / name}
+    filled = [a.format(**spelled) for a in args]
+    result = CliRunner().invoke(app, [*filled, "--storage", f"sqlite:///{path}"])
+    output = filled[filled.index("-o") + 1] if "-o" in filled else filled[filled.index("--plot") + 1]
+    assert _one_line(result, 2) == (
+        f"error: cannot write {output}: it is the database sqlite:///{path}, which this command reads"
+    )
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["link.csv", name, "sub"])
+
+
+def test_a_ladder_plot_that_cannot_be_written_is_refused_before_any_rung_trains(study_url, tmp_path):
+    """It was refused after the rungs had trained (35 s here, hours at real sizes), as 'File exists'."""
+    (tmp_path / "file").write_text("x")
+    plot = tmp_path / "file" / "ladder.png"
+    args = ["ladder", "--study", "s", "--trial", "0", "--plot", str(plot), "--storage", study_url]
+    result = CliRunner().invoke(app, args)
+    assert _one_line(result, 2) == f"error: cannot write {plot}: {tmp_path / 'file'} is a file, not a folder"
+    with Storage.open(study_url, read_only=True) as db:
+        assert db.ladder_rungs("s") == []
+
+
 # --- the command that continues ------------------------------------------------------------------------
 def _cli_args(line: str) -> list[str]:
     """The archsearch arguments of the command quoted in backticks at the end of `line`."""

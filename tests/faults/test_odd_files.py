@@ -96,3 +96,32 @@ def test_a_fifo_given_as_the_data_is_refused_for_what_it_is(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(DataError, match=f"^data path {fifo} is neither a file nor a folder$"):
         load_dataset(str(fifo), vocab_size=256)
+
+
+@pytest.mark.parametrize(
+    ("error", "out_of_memory"),
+    [
+        (RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                      "memory: you tried to allocate 6400000064 bytes. Error code 12"), True),
+        (RuntimeError("a bug's own error"), False),
+    ],
+    ids=["torch-allocator", "another-runtime-error"],
+)  # fmt: skip
+def test_torch_running_out_of_memory_is_the_same_one_line(tmp_path, monkeypatch, error, out_of_memory):
+    """`profile --serve --device cpu --context 100000000` under `ulimit -v 6000000`: torch's CPU
+    allocator raises a RuntimeError, not MemoryError, and it ended in a traceback (issue 26, probe 3).
+    Any other RuntimeError is a bug and keeps its traceback."""
+    import archsearch.evaluators.serve_profiler as serve_profiler
+    from archsearch.space import preset
+
+    def measure_serve(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(serve_profiler, "measure_serve", measure_serve)
+    config = tmp_path / "cfg.json"
+    config.write_text(preset("gpt2-small").to_json())
+    result = CliRunner().invoke(app, ["profile", str(config), "--serve", "--device", "cpu"])
+    if out_of_memory:
+        _one_line(result, 1, "out of memory", "ulimit -v", "smaller shape, batch or context")
+    else:
+        assert result.exit_code == 1 and result.exception is error

@@ -97,10 +97,11 @@ def test_too_few_complete_trials_is_one_error_line(tmp_path):
         (("--multiplier", "0.5"), "--multiplier must be > 1"),
         (("--multiplier", "nan"), "--multiplier must be a finite number"),
         (("--multiplier", "inf"), "--multiplier must be a finite number"),
-        (("--seeds", "0"), "--seeds must be at least 1"),
+        (("--seeds", "0"), "--seeds must be in 1..100, got 0"),
+        (("--seeds", "101"), "--seeds must be in 1..100, got 101"),
         (("--size-beta", "-0.1"), "--size-beta must be a finite number >= 0"),
     ],
-    ids=["one", "below-one", "nan", "inf", "no-seeds", "negative-size-beta"],
+    ids=["one", "below-one", "nan", "inf", "no-seeds", "too-many-seeds", "negative-size-beta"],
 )
 def test_bad_options_exit_2_and_leave_the_database_unchanged(url, tmp_path, args, match):
     before = _files(tmp_path)

@@ -1,0 +1,141 @@
+"""Numbers out of range on the command line and in a space file, from the third probe of issue 26:
+sizes past what the database stores (`--scale-to 1e400` and `--memory 1e400GB` were OverflowError
+tracebacks; `[serve] memory = "1e400GB"` passed `space check`), a ladder of a million rungs (a
+traceback), a million seeds (minutes spent building the plan, then more), and a NaN reference
+point (a hypervolume of 0, exit 0). Each is refused in one line, exit 2, before anything is read
+or written; the database is left byte for byte as it was."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from archsearch.cli import app
+from archsearch.errors import ArchsearchError
+from archsearch.storage import Storage
+from tests.faults.test_inputs import _one_line
+from tests.specs import tiny_toml
+from tests.storage.test_query import fill_study
+
+
+@pytest.fixture
+def database(tmp_path) -> Path:
+    path = tmp_path / "trials.db"
+    with Storage.open(f"sqlite:///{path}") as db:
+        fill_study(db)
+    return path
+
+
+EXPORT = ["export", "--study", "s", "--trial", "0", "--format", "json", "-o", "{out}"]
+REFUSED = {  # the arguments, and the one line's start
+    "scale-to-1e400": (
+        [*EXPORT, "--scale-to", "1e400"],
+        "error: --scale-to '1e400' is too large: the database stores at most 2**63 - 1 (9.2e18)",
+    ),
+    "memory-1e400GB": (
+        [*EXPORT, "--scale-to", "10M", "--memory", "1e400GB"],
+        "error: --memory '1e400GB' is too large: the database stores at most 2**63 - 1 (9.2e18) (bytes)",
+    ),
+    "at-size-1e400": (
+        ["pareto", "--study", "s", "--at-size", "1e400"],
+        "error: --at-size '1e400' is too large: the database stores at most 2**63 - 1 (9.2e18)",
+    ),
+    "rungs-1000000": (
+        ["ladder", "--study", "s", "--trial", "0", "--rungs", "1000000"],
+        "error: --rungs must be at most 64 (rungs 2x apart from one parameter up to the most the database "
+        "stores, 2**63 - 1), got 1000000",
+    ),
+    "seeds-1e9": (
+        ["validate", "--study", "s", "--seeds", "1000000000"],
+        "error: --seeds must be in 1..100, got 1000000000",
+    ),
+    "reference-nan": (
+        ["pareto", "--study", "s", "--reference", "nan,nan"],
+        "error: --reference takes finite numbers separated by commas, got 'nan,nan'",
+    ),
+    "reference-inf": (
+        ["pareto", "--study", "s", "--reference", "3.0,inf"],
+        "error: --reference takes finite numbers separated by commas, got '3.0,inf'",
+    ),
+}
+
+
+@pytest.mark.parametrize(("args", "line"), REFUSED.values(), ids=REFUSED.keys())
+def test_a_number_out_of_range_is_one_line_and_changes_nothing(database, tmp_path, args, line):
+    before = hashlib.sha256(database.read_bytes()).hexdigest()
+    out = tmp_path / "out"
+    filled = [a.format(out=out) for a in args]
+    result = CliRunner().invoke(app, [*filled, "--storage", f"sqlite:///{database}"])
+    assert _one_line(result, 2) == line
+    assert hashlib.sha256(database.read_bytes()).hexdigest() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trials.db"]  # no output, no -wal left
+
+
+def test_a_rung_below_one_parameter_is_the_ladder_s_own_error():
+    """63 rungs under a small top: targets that rounded to 0 were refused as 'target_params must be
+    positive', an internal check's words; the smallest rung is now one parameter, which no shape has."""
+    from archsearch.results.ladder import LadderError, rung_shape, rung_targets
+    from archsearch.space.knobs import config_from_knobs
+
+    targets = rung_targets(2_000_000, 63)
+    assert targets[0] == 1 and targets[-1] == 2_000_000
+    cfg = config_from_knobs(d_model=64, n_layers=2, head_dim=32, vocab_size=256, seq_len=32)
+    with pytest.raises(
+        LadderError, match=r"has 1 parameters within 25%: choose another --top or fewer --rungs$"
+    ):
+        rung_shape(cfg, targets[0])
+
+
+@pytest.mark.parametrize(
+    ("memory", "shown"), [('"1e400GB"', "'1e400GB'"), ("99999999999999999999", "a 20-digit number")]
+)
+def test_a_serve_memory_past_the_bound_is_refused_by_space_check(tmp_path, memory, shown):
+    space = tmp_path / "space.toml"
+    space.write_text(tiny_toml(serve=f"batch = 1\nprompt_len = 16\ngen_len = 16\nmemory = {memory}"))
+    result = CliRunner().invoke(app, ["space", "check", str(space)])
+    assert _one_line(result, 2) == (
+        f"error: {space}: [serve].memory: memory {shown} is too large: the database stores at most "
+        "2**63 - 1 (9.2e18) (bytes)"
+    )
+
+
+# --- bounds from the environment -----------------------------------------------------------------------
+@pytest.mark.parametrize("value", ["inf", "1e400", "abc", "nan", "0", "-1"])
+def test_a_statement_bound_that_is_not_a_number_of_seconds_is_refused_when_the_database_opens(
+    monkeypatch, value
+):
+    """`$ARCHSEARCH_DB_STATEMENT_S=inf` (or 1e400) lifted the bound on every PostgreSQL statement, and
+    a typo was the default, both silently; `$ARCHSEARCH_RAY_START_S` was refused in one line."""
+    from archsearch.storage import StorageError
+    from tests.postgres import postgres_database
+
+    with postgres_database() as url:
+        monkeypatch.setenv("ARCHSEARCH_DB_STATEMENT_S", value)
+        with pytest.raises(ArchsearchError) as info:
+            Storage.open(url).close()
+        assert not isinstance(info.value, StorageError)  # the setting's fault, not the database's
+        assert str(info.value) == (
+            f"$ARCHSEARCH_DB_STATEMENT_S must be a number of seconds in (0, 86400), got '{value}'"
+        )
+        monkeypatch.setenv("ARCHSEARCH_DB_STATEMENT_S", "5")
+        Storage.open(url).close()
+
+
+@pytest.mark.parametrize("name", ["ARCHSEARCH_DB_STATEMENT_S", "ARCHSEARCH_RAY_START_S"])
+def test_both_bounds_from_the_environment_read_alike(monkeypatch, name):
+    from archsearch.search.raystart import start_bound
+    from archsearch.storage.watchdog import statement_bound_s
+
+    read = statement_bound_s if name == "ARCHSEARCH_DB_STATEMENT_S" else start_bound
+    monkeypatch.setenv(name, " 7.5 ")
+    assert read() == 7.5
+    monkeypatch.setenv(name, "")
+    assert read() == 120.0
+    monkeypatch.setenv(name, "inf")
+    with pytest.raises(
+        ArchsearchError, match=rf"^\${name} must be a number of seconds in \(0, 86400\), got 'inf'$"
+    ):
+        read()
