@@ -417,16 +417,38 @@ def _kernels_per_step(structure: ArchConfig) -> int:
     return counter.kernels
 
 
+def _head_layout(cfg: ArchConfig) -> tuple[int, int]:
+    """The fewest (n_heads, n_kv_heads) of `cfg`'s kind of head layout: one head, MQA, GQA or MHA.
+
+    A step launches the same kernels for every head count of a kind (SDPA takes the heads as a
+    batch dimension; with `enable_gqa` a single KV head is broadcast, more are grouped), so one
+    count serves all of them: `export --scale-to` scores hundreds of candidates whose head counts
+    differ, and counted each anew it took minutes at 70B. Checked against the real head counts
+    by tests/evaluators/test_step_fit.py.
+    """
+    if cfg.n_heads == 1:
+        return 1, 1
+    if cfg.n_kv_heads == 1:
+        return 2, 1
+    if cfg.n_kv_heads == cfg.n_heads:
+        return 2, 2
+    return 4, 2
+
+
 def eager_kernel_count(cfg: ArchConfig) -> int:
     """How many kernels one eager training step of `cfg` launches, whatever its widths.
 
     The count depends on the structure (activation, norms and their placement, positions, bias,
-    tying, qk-norm, parallel block) and the depth, not on widths: it is counted with PyTorch's
-    dispatcher on a one- and a two-layer copy of `cfg` at tiny widths, on the CPU (an instant,
-    cached per structure), and extended linearly in depth, as every block is the same. The
-    device models (`hardware.DeviceModel.eager_kernel_s`) charge each launch its host overhead.
+    tying, qk-norm, parallel block, the kind of head layout) and the depth, not on widths or head
+    counts: it is counted with PyTorch's dispatcher on a one- and a two-layer copy of `cfg` at tiny
+    widths and the layout's smallest head counts (`_head_layout`), on the CPU (an instant, cached
+    per structure), and extended linearly in depth, as every block is the same. The device
+    models (`hardware.DeviceModel.eager_kernel_s`) charge each launch its host overhead.
     """
-    tiny = dict(d_model=8 * cfg.n_heads, head_dim=8, d_ff=32, vocab_size=64, seq_len=16)
+    heads, kv_heads = _head_layout(cfg)
+    tiny = dict(
+        n_heads=heads, n_kv_heads=kv_heads, d_model=8 * heads, head_dim=8, d_ff=32, vocab_size=64, seq_len=16
+    )
     one = _kernels_per_step(dataclasses.replace(cfg, n_layers=1, **tiny))
     two = _kernels_per_step(dataclasses.replace(cfg, n_layers=2, **tiny))
     return one + (cfg.n_layers - 1) * (two - one)

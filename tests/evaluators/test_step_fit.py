@@ -92,11 +92,39 @@ def test_eager_kernel_count_is_exact_in_depth_and_follows_the_structure():
     tiny = dict(d_model=8 * cfg.n_heads, head_dim=8, d_ff=32, vocab_size=64, seq_len=16)
     assert eager_kernel_count(cfg) == _kernels_per_step(
         dataclasses.replace(cfg, **tiny)
-    )  # counted at 3 layers
+    )  # counted at 3 layers and its own head counts
     wider = dataclasses.replace(cfg, d_model=64, d_ff=256, vocab_size=512)
     assert eager_kernel_count(wider) == eager_kernel_count(cfg)  # widths launch no more kernels
     assert eager_kernel_count(dataclasses.replace(cfg, n_layers=6)) > eager_kernel_count(cfg)
     assert eager_kernel_count(dataclasses.replace(cfg, activation="gelu")) != eager_kernel_count(cfg)
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads"),
+    [(1, 1), (2, 1), (3, 1), (16, 1), (2, 2), (3, 3), (12, 12), (4, 2), (6, 3), (8, 2), (12, 4)],
+    ids=lambda v: str(v),
+)
+def test_eager_kernel_count_is_the_real_count_at_every_head_count_of_a_layout(heads, kv_heads):
+    # Counted once per kind of layout (one head, MQA, GQA, MHA), whatever the head counts: the real
+    # step at these head counts launches exactly as many (one layer of this structure, measured:
+    # one head 160, MQA 164, GQA and MHA 166).
+    cfg = config_from_knobs(
+        vocab_size=64, seq_len=16, d_model=8 * heads, n_layers=2, n_heads=heads, n_kv_heads=kv_heads,
+        head_dim=8, d_ff=32, activation="swiglu",
+    )  # fmt: skip
+    assert eager_kernel_count(cfg) == _kernels_per_step(cfg)
+
+
+def test_head_counts_of_one_layout_are_counted_once():
+    # What made `export --scale-to 70B` take minutes: each candidate's head count was a new step.
+    base = config_from_knobs(
+        vocab_size=64, seq_len=16, d_model=64, n_layers=3, head_dim=8, d_ff=64, activation="gelu"
+    )
+    eager_kernel_count(base)
+    counted = _kernels_per_step.cache_info().misses
+    for heads in (2, 4, 8, 16, 32, 64):
+        eager_kernel_count(dataclasses.replace(base, d_model=128 * heads, n_heads=heads, n_kv_heads=heads))
+    assert _kernels_per_step.cache_info().misses == counted
 
 
 def test_alignment_penalises_n_and_k_by_how_far_off_they_are_and_leaves_m_free():
