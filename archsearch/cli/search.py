@@ -140,9 +140,9 @@ def search(
     spec = load_spec(space)
     options = SearchOptions(
         study=spec.name if study is None else study,  # "" is refused, not replaced
-        trials=trials or spec.defaults.trials,
+        trials=spec.defaults.trials if trials is None else trials,  # 0 is refused, not replaced
         workers=workers,
-        sampler=sampler or spec.defaults.sampler,
+        sampler=spec.defaults.sampler if sampler is None else sampler,
         seed=spec.defaults.seed if seed is None else seed,
         resume=resume,
         prune=prune and spec.defaults.prune,
