@@ -23,6 +23,11 @@ COUNT_ALIASES: dict[str, str] = {"B": "G"}
 # parsed size can be stored, and within a float's range, so the arithmetic on it cannot overflow
 # (`--scale-to 1e400` and `--memory 1e400GB` ended in OverflowError tracebacks).
 MAX_WHOLE = 2**63 - 1
+# Every seed a run takes (the sampler's, a training run's, validate's sample): Optuna seeds numpy's
+# RandomState, which takes 0..2**32 - 1; numpy's Generator refuses a negative seed and torch's
+# manual_seed one past 2**64 - 1, each with a traceback (`train --seed -1`). One range for all,
+# the narrowest, so a seed one command takes every command takes.
+SEED_MAX = 2**32 - 1
 # What formatting uses, largest first; small quantities (seconds) get milli and micro too.
 _FORMAT_PREFIXES = (
     *((float(f), s) for s, f in sorted(SI_SUFFIXES.items(), key=lambda kv: -kv[1])),

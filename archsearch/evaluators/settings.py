@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from archsearch.errors import ArchsearchError
 from archsearch.registry import Registry
 from archsearch.space.config import ArchConfig
+from archsearch.units import SEED_MAX
 
 
 class TrainError(ArchsearchError):
@@ -129,6 +130,8 @@ class TrainSettings:
         for name in ("eval_batches", "evals"):
             if getattr(self, name) > MAX_EVALS:
                 raise TrainError(f"{name} must be at most {MAX_EVALS:,}, got {getattr(self, name)}")
+        if not 0 <= self.seed <= SEED_MAX:
+            raise TrainError(f"seed must be in 0..{SEED_MAX}, got {self.seed}")
         if not 0 <= self.warmup < 1:
             raise TrainError(f"warmup must be a fraction in [0, 1), got {self.warmup}")
         check_threads(self.threads)

@@ -82,7 +82,7 @@ from archsearch.search.raystart import (
     start_failure_cause,
 )
 from archsearch.search.reaper import Watcher, how_it_ended, local_raylet, node_died, ray_reaped
-from archsearch.search.samplers import SAMPLERS, SEED_MAX
+from archsearch.search.samplers import SAMPLERS
 from archsearch.search.spec import SearchSpec
 from archsearch.search.worker import TrialRequest, evaluate
 from archsearch.space.config import ArchConfig
@@ -99,6 +99,7 @@ from archsearch.storage import (
     failure_cause,
 )
 from archsearch.trial import COMPLETE, DUPLICATE, FAILED, INTERRUPTED, PRUNED, REJECTED, RUNNING, TrialOutcome
+from archsearch.units import SEED_MAX
 
 if TYPE_CHECKING:
     import optuna

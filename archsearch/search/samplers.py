@@ -15,8 +15,6 @@ from archsearch.registry import Registry
 if TYPE_CHECKING:
     import optuna
 
-# Optuna seeds numpy's RandomState, which takes 0..2**32 - 1; outside that the sampler raises.
-SEED_MAX = 2**32 - 1
 
 
 def _tpe(seed: int, _n: int) -> optuna.samplers.BaseSampler:

@@ -83,11 +83,11 @@ from archsearch.errors import ArchsearchError, ConfigError
 from archsearch.evaluators.catalogue import ACCELERATORS
 from archsearch.evaluators.settings import TrainError, TrainSettings
 from archsearch.fileio import read_text
-from archsearch.search.samplers import SAMPLERS, SEED_MAX
+from archsearch.search.samplers import SAMPLERS
 from archsearch.space.objectives import DEFAULT_OBJECTIVES, SERVE_TIME_OBJECTIVES, LossRule, parse_objectives
 from archsearch.space.search_space import KNOBS, Budget, Domain, SearchSpace, SpaceError, check_export_formats
 from archsearch.space.serve import ServeError, ServeScenario
-from archsearch.units import parse_bytes
+from archsearch.units import SEED_MAX, parse_bytes
 
 
 class SpecError(ConfigError):

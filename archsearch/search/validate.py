@@ -53,6 +53,7 @@ from archsearch.search.fidelity import (
 )
 from archsearch.search.pareto import hypervolume, pareto_mask, reference_point, scaled, study_front
 from archsearch.trial import COMPLETE
+from archsearch.units import SEED_MAX
 
 if TYPE_CHECKING:
     from archsearch.storage import Storage, TrialRecord
@@ -107,6 +108,8 @@ class ValidateOptions:
             raise ValidateError(f"--seeds must be in 1..{MAX_SEEDS}, got {self.seeds}")
         if self.workers < 1:
             raise ValidateError(f"--workers must be at least 1, got {self.workers}")
+        if not 0 <= self.sample_seed <= SEED_MAX:
+            raise ValidateError(f"--seed must be in 0..{SEED_MAX}, got {self.sample_seed}")
         if not self.numbers and self.trials < MIN_TRIALS:
             raise ValidateError(f"--trials must be at least {MIN_TRIALS}, got {self.trials}")
         if len(set(self.numbers)) != len(self.numbers):

@@ -60,6 +60,24 @@ REFUSED = {  # the arguments, and the one line's start
         ["pareto", "--study", "s", "--reference", "3.0,inf"],
         "error: --reference takes finite numbers separated by commas, got '3.0,inf'",
     ),
+    # Probe 4: one seed range for every seed a run takes; `train --seed -1` was numpy's traceback
+    # after the model was built, `--seed 2**64` torch's, and validate and ladder took any seed.
+    "train-seed-negative": (
+        ["train", "--study", "s", "--trial", "0", "--tokens", "2048", "--seed", "-1"],
+        "error: seed must be in 0..4294967295, got -1",
+    ),
+    "train-seed-2**64": (
+        ["train", "--study", "s", "--trial", "0", "--tokens", "2048", "--seed", str(2**64)],
+        f"error: seed must be in 0..4294967295, got {2**64}",
+    ),
+    "ladder-seed-negative": (
+        ["ladder", "--study", "s", "--trial", "0", "--seed", "-1"],
+        "error: --seed must be in 0..4294967295, got -1",
+    ),
+    "validate-seed-negative": (
+        ["validate", "--study", "s", "--trials", "4", "--seed", "-1"],
+        "error: --seed must be in 0..4294967295, got -1",
+    ),
 }
 
 
@@ -100,6 +118,14 @@ def test_a_serve_memory_past_the_bound_is_refused_by_space_check(tmp_path, memor
         f"error: {space}: [serve].memory: memory {shown} is too large: the database stores at most "
         "2**63 - 1 (9.2e18) (bytes)"
     )
+
+
+def test_a_proxy_seed_out_of_range_is_refused_by_space_check(tmp_path):
+    """`[proxy] seed = -1` passed `space check` (exit 0), and then failed every trial."""
+    space = tmp_path / "space.toml"
+    space.write_text(tiny_toml(proxy="tokens = 2048\nbatch_size = 4\nevals = 4\ndevice = 'cpu'\nseed = -1"))
+    result = CliRunner().invoke(app, ["space", "check", str(space)])
+    assert _one_line(result, 2) == f"error: {space}: [proxy]: seed must be in 0..4294967295, got -1"
 
 
 # --- bounds from the environment -----------------------------------------------------------------------
