@@ -17,10 +17,12 @@ def write_atomic(path: str | Path, data: bytes) -> None:
     A crash or a concurrent writer never leaves a half-written file; the last rename wins.
 
     Raises:
+        ArchsearchError: `path` is there and is not a regular file (`check_special`).
         OSError: `path` cannot be written (a full disk, a read-only folder), named in the error:
             the write of the hidden temporary file names no file, and the CLI prints the name.
     """
     path = Path(path)
+    check_special(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -46,6 +48,27 @@ def named(exc: OSError, path: str | Path) -> OSError:
     return type(exc)(exc.errno, exc.strerror or str(exc), str(path)) if exc.errno else exc
 
 
+def check_special(path: str | Path) -> None:
+    """Refuse an output that is there and is not a regular file (or a link to one): a device, a
+    FIFO, a socket. The rename that writes an output whole would replace it: `trials -o /dev/full`
+    put a CSV file where the device was (as root, the device node itself is gone).
+
+    Raises:
+        ArchsearchError: one line naming the path.
+    """
+    from archsearch.errors import ArchsearchError
+
+    try:
+        mode = os.stat(path).st_mode  # a link is followed: a link to a regular file is written
+    except OSError:  # absent (or a dangling link): the write makes it, or names why not
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a folder is check_writable's to name
+        raise ArchsearchError(
+            f"cannot write {path}: not a regular file (a device, a FIFO or a socket), which the output "
+            "would replace"
+        )
+
+
 def check_writable(
     path: str | Path, *, folder: bool = False, inputs: Mapping[Path, str] | None = None
 ) -> None:
@@ -64,6 +87,7 @@ def check_writable(
         if _same_file(path, other):
             raise ArchsearchError(f"cannot write {path}: it is {what}, which this command reads")
     path = Path(path).absolute()
+    check_special(path)
     if not folder and path.is_dir():
         raise ArchsearchError(f"cannot write {path}: it is a folder")
     parent = path.parent

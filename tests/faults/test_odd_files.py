@@ -5,6 +5,7 @@ without end, and nothing left behind."""
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -70,6 +71,30 @@ def test_an_output_onto_a_full_disk_is_one_line_naming_it_exit_1(study_db, small
     result = CliRunner().invoke(app, [*(a.format(out=out) for a in command), "--storage", study_db])
     assert _one_line(result, 1) == f"error: cannot use {out}: No space left on device"
     assert [p.name for p in small_disk.iterdir()] == ["filler"]  # no hidden scratch file or folder
+
+
+FIFO_OUTPUTS = {  # probe 4: each replaced the FIFO with a regular file, exit 0 (as root, /dev/full too)
+    "report": ["report", "--study", "s", "-o", "{out}.html"],
+    "trials-csv": ["trials", "--study", "s", "--format", "csv", "-o", "{out}.csv"],
+    "pareto-plot": ["pareto", "--study", "s", "--plot", "{out}.png"],
+    "config-new": ["config", "new", "--d-model", "64", "--n-layers", "2", "-o", "{out}.json"],
+}
+
+
+@pytest.mark.parametrize("command", FIFO_OUTPUTS.values(), ids=FIFO_OUTPUTS.keys())
+def test_an_output_that_is_a_fifo_is_refused_and_left_as_it_was(study_db, tmp_path, command):
+    out = tmp_path / "out"
+    args = [a.format(out=out) for a in command]
+    fifo = Path(args[-1])
+    os.mkfifo(fifo)
+    storage = ["--storage", study_db] if command[0] != "config" else []
+    result = CliRunner().invoke(app, [*args, *storage])
+    assert _one_line(result, 2) == (
+        f"error: cannot write {fifo}: not a regular file (a device, a FIFO or a socket), which the output "
+        "would replace"
+    )
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["trials.db", fifo.name])  # no scratch file
 
 
 # --- a memory limit -----------------------------------------------------------------------------------
