@@ -47,7 +47,7 @@ from archsearch.evaluators.device import (
     is_memory_error,
 )
 from archsearch.evaluators.kernels import KernelRow, MemoryRow, ProfileReport
-from archsearch.fileio import write_atomic
+from archsearch.fileio import read_text, write_atomic
 from archsearch.registry import Registry
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import DTYPE_BYTES
@@ -158,12 +158,10 @@ class JsonFileCache:
         self._entries = self._load()
 
     def _load(self) -> dict[str, dict[str, Any]]:
-        try:
-            text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
+        if not self.path.exists():  # a first run: the first `put` makes it
             return {}
-        except OSError as exc:
-            raise ProfilerError(f"cannot read measurement cache {self.path}: {exc}") from exc
+        # read_text takes regular files only: opening a FIFO to read waited for a writer without end.
+        text = read_text(self.path, "measurement cache", ProfilerError)
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:

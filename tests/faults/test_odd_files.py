@@ -20,11 +20,19 @@ from tests.faults.test_real_storage_failures import _fill, small_disk  # noqa: F
 from tests.specs import TINY_TOML
 from tests.storage.test_query import fill_study
 
+PROFILE_CACHE = ["profile", "--preset", "byte-1m", "--device", "cpu", "--steps", "1", "--cache"]  # probe 4
+
 
 # --- a FIFO where a file is read ----------------------------------------------------------------------
+
 @pytest.mark.parametrize(
-    ("command", "what"), [(["space", "check"], "search spec"), (["config", "check"], "config file")],
-    ids=["space", "config"],
+    ("command", "what"),
+    [
+        (["space", "check"], "search spec"),
+        (["config", "check"], "config file"),
+        (PROFILE_CACHE, "measurement cache"),
+    ],
+    ids=["space", "config", "profile-cache"],
 )  # fmt: skip
 def test_a_fifo_given_as_an_input_file_is_refused_at_once(tmp_path, command, what):
     """Opening a FIFO to read waits for a writer that never comes: run in a child process, bounded,
