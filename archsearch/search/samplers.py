@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     import optuna
 
 
-
 def _tpe(seed: int, _n: int) -> optuna.samplers.BaseSampler:
     import optuna
 
