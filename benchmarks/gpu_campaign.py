@@ -31,8 +31,10 @@ not end inside it, and the search is stopped (SIGTERM: its running trial is re-q
 runs out. `--mirror DIR` writes every record to DIR too: on the lent machine, $OUT, whose files
 come back even when the command is killed.
 
-On a lent CUDA machine (at most 40 minutes of device time in all; estimated, not yet measured:
-part 1 5-9 minutes, part 2 4-6, part 3 2-4), from the repository root, each command under its 10 minutes;
+On a lent CUDA machine (measured on an H200 on 2026-11-26 at `--min-run-time 0.05`: part 1 207 s
+for the 41 shapes, part 2 114 s for 6 trials at `--search-tokens 1000000`, part 3 297 s for the 39
+points; about 12 minutes of device time with the machine's start), from the repository root, each
+command under its 10 minutes;
 copy the files that come back in $OUT into benchmarks/data/ before the next call, which may get a
 fresh machine (a second command of a part measures only what the first did not):
 
@@ -727,6 +729,35 @@ def report(args: argparse.Namespace) -> None:
             gpu_campaign_serve.score(raw, catalogue_model(raw["device"], args.model))
         else:
             print(f"study {raw['study']}: " + ", ".join(f"{n} {s}" for s, n in sorted(raw["counts"].items())))
+            model = raw["model"] if args.model == "auto" else catalogue_model({}, args.model)
+            score_search(raw, model, path.parent / raw["space"])
+
+
+def score_search(raw: dict[str, Any], model: str, space: Path) -> dict[str, float] | None:
+    """Each finished trial's measured step (its local profile) against `model` as it models it now
+    (the stored modelled profiles are the catalogue's at search time); `space`: the search's file."""
+    from archsearch.evaluators.hardware import modelled_profile
+    from archsearch.evaluators.model import eager_kernel_count
+    from archsearch.space.config import ArchConfig
+
+    batch = tomllib.loads(space.read_text())["proxy"]["batch_size"]
+    errors = []
+    for t in raw["trials"]:
+        local = t["profiles"].get("local")
+        if not (local and t["config"]):
+            continue
+        cfg = ArchConfig.from_dict(t["config"])
+        report = modelled_profile(cfg, model, batch, "bf16", launches=eager_kernel_count(cfg))
+        assert report is not None  # a catalogued model
+        errors.append(report.step_time_s / local - 1)
+        print(f"  trial {t['number']}: {cfg.describe()}: measured {local * 1e3:.2f} ms, {model} now "
+              f"{report.step_time_s * 1e3:.2f} ms ({errors[-1]:+.1%})")  # fmt: skip
+    if not errors:
+        return None
+    summary = {"median": statistics.median(abs(e) for e in errors), "worst": max(abs(e) for e in errors)}
+    print(f"part 2: {model} as modelled now against the measured step of {len(errors)} trials: median "
+          f"|error| {summary['median']:.1%}, worst {summary['worst']:.1%}")  # fmt: skip
+    return summary
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

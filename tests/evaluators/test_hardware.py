@@ -122,7 +122,9 @@ def test_predictions_are_monotone_in_size(name, axis):
         shape[axis] = size
         times.append(predict_gemm(model, *shape))
     assert all(b >= a for a, b in itertools.pairwise(times))
-    assert 1.8 < times[-1] / times[63] < 2.2  # 4096 -> 8192: compute-bound, twice the work
+    # 4096 -> 8192: compute-bound, twice the work (past the fixed launch a fitted model adds)
+    launch = model.launch_s
+    assert 1.8 < (times[-1] - launch) / (times[63] - launch) < 2.2
 
 
 def test_large_aligned_gemm_runs_near_the_efficiency_times_peak():
@@ -199,8 +201,8 @@ def test_memory_op_is_bytes_over_bandwidth():
 
 def test_step_prediction_totals_and_devices():
     kernels = step_kernels(preset("llama2-7b"), batch=1)
-    h100 = predict_step(device_model("h100-sxm", fitted=False), kernels)  # the bare roofline, as H200's
-    h200 = predict_step(device_model("h200"), kernels)
+    h100 = predict_step(device_model("h100-sxm", fitted=False), kernels)  # the bare rooflines
+    h200 = predict_step(device_model("h200", fitted=False), kernels)
     assert h100.modelled and h100.device["name"] == "NVIDIA H100 SXM5 80GB"
     assert [k.name for k in h100.kernels] == [x.name for x in (*kernels.gemms, *kernels.attention)]
     assert [k.name for k in h100.memory_ops] == [x.name for x in kernels.memory_ops]
