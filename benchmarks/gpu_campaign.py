@@ -7,7 +7,9 @@ Parts (`--parts 1,2,3`, the default; `--part N` for one):
    GQA groups, seq_len, vocab 50257 against 50304, batch, and the byte-level shapes the GPU search
    trains, each with every distinct GEMM and SDPA call of its step timed and the synthetic GEMM
    set that `archsearch fit-device` reads (`evaluators.step_record`, shared with
-   benchmarks/gpu_model_accuracy.py). Then the step model is fitted as `fit-device` fits it
+   benchmarks/gpu_model_accuracy.py); once every shape is recorded, each real step is timed again
+   in passes over the table until it has `--step-rounds` timings (3), its step their median. Then
+   the step model is fitted as `fit-device` fits it
    (`step_fit.refit`) on a part of the shapes fixed here in advance (`HELD_OUT` is the rest) and
    scored on the shapes it never saw: median and worst held-out error.
 2. search: `archsearch search` on examples/gpu.toml end to end (Ray, the SQLite database, the
@@ -78,8 +80,13 @@ FIRST_TRIAL_S = 300.0  # the first trial ends well inside this (a 500M shape: ab
 # Per kernel 0.1 s of repeats and 10 real steps, as the recorded H100 run; part 2's proxy: 3M
 # tokens (6% of the example's 50M: about 730 steps of 4 x 1024, under a minute a trial on an H100)
 # for 8 trials, a handful that still lets pruning act after 2.
-DEFAULTS = {"min_run_time": 0.1, "train_steps": 10, "search_tokens": 3_000_000, "search_trials": 8}
-SMOKE_DEFAULTS = {"min_run_time": 0.01, "train_steps": 3, "search_tokens": 4096, "search_trials": 3}
+# Each real step is timed `step_rounds` times, in passes over the table (`step_rounds`).
+DEFAULTS = {
+    "min_run_time": 0.1, "train_steps": 10, "search_tokens": 3_000_000, "search_trials": 8, "step_rounds": 3,
+}  # fmt: skip
+SMOKE_DEFAULTS = {
+    "min_run_time": 0.01, "train_steps": 3, "search_tokens": 4096, "search_trials": 3, "step_rounds": 2,
+}  # fmt: skip
 
 # ------------------------------------------------------------------------------------------------
 # Part 1's shapes
@@ -381,6 +388,8 @@ def part_steps(args: argparse.Namespace, info: Any, files: Files, budget: Budget
             print(f"part 1: {label}: not measured: {error}", flush=True)
             _check_device(info)  # a lost CUDA context fails every later shape: stop here instead
             continue
+        if entry["train_step_s"]:
+            entry["train_step_rounds_s"] = [entry["train_step_s"]]
         raw["shapes"].append(entry)
         files.write_json(files.steps, raw)
         measured += 1
@@ -390,7 +399,57 @@ def part_steps(args: argparse.Namespace, info: Any, files: Files, budget: Budget
               f"{entry['measure_s']:.1f} s", flush=True)  # fmt: skip
     else:
         files.event("part 1 measured", measured=measured, recorded=len(raw["shapes"]))
+        step_rounds(args, info, raw, files, budget)
     score_steps(raw, args.model, SMOKE_HELD_OUT if args.smoke else HELD_OUT, files)
+
+
+def step_rounds(
+    args: argparse.Namespace, info: Any, raw: dict[str, Any], files: Files, budget: Budget
+) -> None:
+    """Time every recorded shape's real step again, in passes over the whole table, until each has
+    `--step-rounds` timings; its step is their median. One timing per shape left the fit chasing the
+    host's drift: on the H200 (2026-11-26) shapes with the same launches and almost the same
+    kernels, timed minutes apart, took 28.4 to 38.6 ms. Passes spread a shape's timings over the
+    campaign, and the first shape's (timed on a cold process) is outvoted."""
+    from archsearch.evaluators.step_record import time_train_step
+    from archsearch.space.config import ArchConfig
+
+    for entry in raw["shapes"]:  # a record from before the rounds: its one timing is the first
+        if entry.get("train_step_s") and "train_step_rounds_s" not in entry:
+            entry["train_step_rounds_s"] = [entry["train_step_s"]]
+    slowest = 30.0 if info.type == "cuda" else 2.0  # seconds one timing takes, until one is seen
+    timed = 0
+    for round_ in range(2, args.step_rounds + 1):
+        for entry in raw["shapes"]:
+            rounds = entry.get("train_step_rounds_s")
+            if not rounds or len(rounds) >= round_:
+                continue
+            if not budget.allows(1.25 * slowest):
+                print(f"part 1: budget spent in round {round_} of the real steps ({timed} timed); run again "
+                      "to resume", flush=True)  # fmt: skip
+                files.event("part 1 rounds budget spent", timed=timed, round=round_)
+                return
+            t0 = time.perf_counter()
+            try:
+                cfg = ArchConfig.from_dict(entry["config"])
+                seconds = time_train_step(cfg, entry["batch"], info, raw["dtype"], args.train_steps)
+            except (RuntimeError, MemoryError) as exc:  # an OOM now: the timings recorded stand
+                print(f"part 1: {entry['label']}: round {round_} not timed: {str(exc).splitlines()[0]}")
+                _check_device(info)
+                continue
+            slowest = max(slowest if timed else 0.0, time.perf_counter() - t0)
+            rounds.append(seconds)
+            entry["train_step_s"] = statistics.median(rounds)
+            files.write_json(files.steps, raw)
+            timed += 1
+    spreads = [max(e["train_step_rounds_s"]) / min(e["train_step_rounds_s"]) - 1
+               for e in raw["shapes"] if len(e.get("train_step_rounds_s", ())) > 1]  # fmt: skip
+    if timed:
+        files.event("part 1 rounds", timed=timed)
+    if spreads:
+        print(f"part 1: real steps timed {args.step_rounds} times each, in separate passes: spread (slowest "
+              f"over fastest) median {statistics.median(spreads):.1%}, worst {max(spreads):.1%} over "
+              f"{len(spreads)} shapes; each shape's step is its median", flush=True)  # fmt: skip
 
 
 def _check_device(info: Any) -> None:
@@ -777,6 +836,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--min-run-time", type=float, help="seconds of repeats per kernel (0.1)")
     parser.add_argument("--train-steps", type=int, help="real steps timed per shape, after 3 more (10)")
+    parser.add_argument(
+        "--step-rounds", type=int, help="part 1: times each shape's real step is timed, in passes (3)"
+    )
     parser.add_argument("--search-tokens", type=int, help="part 2's proxy tokens per trial (3,000,000)")
     parser.add_argument("--search-trials", type=int, help="part 2's finished trials (8)")
     parser.add_argument(
@@ -809,8 +871,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.device = "cpu"
     if not args.min_run_time > 0:
         raise CampaignError(f"--min-run-time must be positive, got {args.min_run_time:g}")
-    if args.train_steps < 1 or args.search_tokens < 1 or args.search_trials < 1:
-        raise CampaignError("--train-steps, --search-tokens and --search-trials must be at least 1")
+    if min(args.train_steps, args.search_tokens, args.search_trials, args.step_rounds) < 1:
+        raise CampaignError(
+            "--train-steps, --search-tokens, --search-trials and --step-rounds must be at least 1"
+        )
     return args
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -255,6 +256,10 @@ def test_gpu_campaign_smoke_records_every_part_and_a_second_run_resumes_measurin
     labels = ["t-d64", "t-d64-ff196", "t-d128-mqa", "t-d64-b8", "t-d64-s128", "t-v250"]
     assert [s["label"] for s in run["shapes"]] == labels
     assert all(s["train_step_s"] > 0 and s["report"]["kernels"] for s in run["shapes"])
+    # Each real step timed twice (the smoke's --step-rounds), in a second pass: the step is their median.
+    assert all(len(s["train_step_rounds_s"]) == 2 for s in run["shapes"])
+    assert all(s["train_step_s"] == statistics.median(s["train_step_rounds_s"]) for s in run["shapes"])
+    assert "real steps timed 2 times each, in separate passes" in done.stdout, done.stdout
     assert "fitting h100-sxm on 4 as `archsearch fit-device` does, scoring it on 2 held out" in done.stdout
     assert re.search(r"held out: median \|error\| [\d.]+%, worst [\d.]+% \(t-", done.stdout), done.stdout
     # Part 2: the generated space searched end to end on the database kept beside the records.
@@ -407,6 +412,47 @@ def test_gpu_campaign_records_a_failing_shape_and_measures_the_rest(campaign, mo
     again = run("--retry-failed")
     assert measured == ["t-d128-mqa"] and again["failed"] == []
     assert sorted(s["label"] for s in again["shapes"]) == sorted(labels)
+
+
+def test_gpu_campaign_times_steps_again_in_passes_and_resumes_a_cut_pass(campaign, monkeypatch, tmp_path):
+    from archsearch.evaluators import step_record
+    from archsearch.evaluators.device import detect_device
+    from archsearch.space.knobs import config_from_knobs
+
+    cfg = config_from_knobs(vocab_size=256, seq_len=64, d_model=64, n_layers=2, head_dim=32, d_ff=256)
+    entry = {"config": cfg.to_dict(), "batch": 4}
+    raw = {"dtype": "fp32", "shapes": [
+        {**entry, "label": "old", "train_step_s": 0.010},  # recorded before the rounds: one timing
+        {**entry, "label": "new", "train_step_s": 0.020, "train_step_rounds_s": [0.020]},
+        {**entry, "label": "oom", "train_step_s": None, "error": "real step out of memory"},
+    ]}  # fmt: skip
+    timings = iter([0.012, 0.030, 0.011, 0.040])
+    timed = []
+
+    def time_step(c, batch, info, dtype, steps):
+        timed.append((c, batch, dtype))
+        return next(timings)
+
+    monkeypatch.setattr(step_record, "time_train_step", time_step)
+    files = campaign.Files(tmp_path, "cpu")
+    info = detect_device("cpu")
+
+    # A budget that allows one timing: the pass stops before the second shape.
+    class OneTiming:
+        asked = 0
+
+        def allows(self, seconds):
+            self.asked += 1
+            return self.asked == 1
+
+    campaign.step_rounds(campaign.parse_args(["--step-rounds", "3"]), info, raw, files, OneTiming())
+    assert [s.get("train_step_rounds_s") for s in raw["shapes"]] == [[0.010, 0.012], [0.020], None]
+    campaign.step_rounds(campaign.parse_args(["--step-rounds", "3"]), info, raw, files, campaign.Budget(None))
+    assert [s.get("train_step_rounds_s") for s in raw["shapes"]] == [
+        [0.010, 0.012, 0.011], [0.020, 0.030, 0.040], None,
+    ]  # fmt: skip
+    assert [s["train_step_s"] for s in raw["shapes"]] == [0.011, 0.030, None]  # the medians
+    assert timed == [(cfg, 4, "fp32")] * 4 and json.loads(files.steps.read_text()) == raw
 
 
 def test_ladder_accuracy_smoke_predicts_the_real_runs_and_resumes_without_training_again(tmp_path):
