@@ -23,6 +23,7 @@ and the memory-bound ops with the launches), so an error can be traced to its pa
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -31,7 +32,8 @@ from pathlib import Path
 
 import torch
 
-from archsearch.evaluators.serve_profiler import local_serve_model, measure_serve
+from archsearch.evaluators.hardware import DeviceModel
+from archsearch.evaluators.serve_profiler import LocalServeModel, local_serve_model, measure_serve
 from archsearch.space.config import ArchConfig
 
 # name: d_model, n_layers, n_heads, n_kv_heads, head_dim, d_ff, activation
@@ -58,6 +60,19 @@ def shape(name: str) -> ArchConfig:
         vocab_size=256, seq_len=128, d_model=d, n_layers=layers, n_heads=heads, n_kv_heads=kv,
         head_dim=head_dim, d_ff=d_ff, activation=act,
     )  # fmt: skip
+
+
+def as_before(local: LocalServeModel) -> LocalServeModel:
+    """`local` as the model was before 2026-11-26: no streamed working sets, SDPA at the default
+    attention efficiency (and, given a call without its counted bytes, a fused engine's bytes for
+    the memory-bound ops)."""
+    defaults = {
+        f.name: f.default for f in dataclasses.fields(DeviceModel)
+        if f.name in ("attention_efficiency", "decode_attention_efficiency", "other_head_dim_factor")
+    }  # fmt: skip
+    return dataclasses.replace(
+        local, stream_bandwidths=(), model=dataclasses.replace(local.model, **defaults)
+    )
 
 
 def main() -> None:
@@ -87,7 +102,11 @@ def main() -> None:
         f"serve accuracy on {m.name}, fp32, {args.threads} thread(s), batch {args.batch}: "
         f"calibrated peak {local.peak_flops / 1e9:.1f} GFLOP/s, bandwidth {local.bandwidth / 1e9:.1f} GB/s "
         f"({local.calibration_error:.1%} median error on its GEMMs), elementwise "
-        f"{local.elementwise_bandwidth / 1e9:.1f} GB/s, {local.op_s * 1e6:.2f} us per eager op"
+        f"{local.elementwise_bandwidth / 1e9:.1f} GB/s, {local.op_s * 1e6:.2f} us per eager op; SDPA at "
+        f"{local.model.attention_efficiency:.2f} (prefill) and {local.model.decode_attention_efficiency:.2f} "
+        "(decode) of the GEMMs' rate; "
+        "streamed: "
+        + ", ".join(f"{size / 2**20:g} MB {rate / 1e9:.1f} GB/s" for size, rate in local.stream_bandwidths)
     )
     print(
         f"{'shape':<14}{'ctx':>5}  {'decode meas':>11} {'model':>9} {'err':>7}  "
@@ -100,6 +119,10 @@ def main() -> None:
             now = local.with_op_time_now("cpu") if args.op_time_per_shape else local
             measured = measure_serve(cfg, "cpu", args.batch, context, "fp32", min_run_time, parts=True)
             prefill, decode = now.predict(cfg, measured)
+            # Side by side: the model before the streamed working sets and the measured attention
+            # rates (every operand at the calibrated, hot bandwidth; SDPA at the default efficiency).
+            uncounted = dataclasses.replace(measured, prefill_memory_bytes=None, decode_memory_bytes=None)
+            hot_prefill, hot_decode = as_before(now).predict(cfg, uncounted)
             modelled_parts = {
                 "gemm": decode.gemm_s, "attention": decode.attention_s,
                 "other": decode.other_memory_s + decode.launch_s,
@@ -113,6 +136,8 @@ def main() -> None:
             }  # fmt: skip
             row["decode_error"] = decode.time_s / measured.decode_time_s - 1
             row["prefill_error"] = prefill.time_s / measured.prefill_time_s - 1
+            row["decode_hot_error"] = hot_decode.time_s / measured.decode_time_s - 1
+            row["prefill_hot_error"] = hot_prefill.time_s / measured.prefill_time_s - 1
             rows.append(row)
             print(
                 f"{name:<14}{context:>5}  {measured.decode_time_s * 1e3:>9.3f}ms "
@@ -130,10 +155,16 @@ def main() -> None:
     summary = {}
     for phase in ("decode", "prefill"):
         errors = [abs(r[f"{phase}_error"]) for r in rows]
-        summary[phase] = {"median": statistics.median(errors), "worst": max(errors)}
+        hot = [abs(r[f"{phase}_hot_error"]) for r in rows]
+        summary[phase] = {
+            "median": statistics.median(errors), "worst": max(errors),
+            "hot_median": statistics.median(hot), "hot_worst": max(hot),
+        }  # fmt: skip
         print(
             f"{phase}: median |error| {summary[phase]['median']:.1%}, worst {summary[phase]['worst']:.1%} "
-            f"over {len(rows)} (shape, context) pairs (targets: 15%, 30%)"
+            f"over {len(rows)} (shape, context) pairs (targets: 15%, 30%); before (hot operands, default "
+            f"attention rates, formula bytes): {summary[phase]['hot_median']:.1%}, "
+            f"{summary[phase]['hot_worst']:.1%}"
         )
     load = os.getloadavg()
     print(f"wall time {time.monotonic() - start:.0f} s; load average at the end {load[0]:.1f} (1 min)")

@@ -86,6 +86,9 @@ class DeviceModel:
     # defaults leave the bare kernel roofline:
     # - the backward flash kernel's efficiency, when it differs from the forward's;
     attention_backward_efficiency: float | None = None
+    # - a decode step's attention (one query a head over the cache), when it differs from the
+    #   flash kernel's (a CPU's decode kernel runs at a third of its prefill rate or less);
+    decode_attention_efficiency: float | None = None
     # - flash kernels fill the device only for long sequences: efficiency * s / (s + half);
     attention_seq_half: float = 0.0
     # - elementwise ops over rows whose width is off the 16-byte alignment (vocab 50257) do not
@@ -103,9 +106,10 @@ class DeviceModel:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
                 raise ConfigError(f"{name} must be a positive number, got {value!r}")
-        backward = self.attention_backward_efficiency
-        if backward is not None and not (isinstance(backward, int | float) and 0 < backward < math.inf):
-            raise ConfigError(f"attention_backward_efficiency must be a positive number, got {backward!r}")
+        for name in ("attention_backward_efficiency", "decode_attention_efficiency"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int | float) and 0 < value < math.inf):
+                raise ConfigError(f"{name} must be a positive number, got {value!r}")
         if not (self.attention_seq_half >= 0 and self.eager_kernel_s >= 0 and self.host_kernel_s >= 0):
             raise ConfigError("attention_seq_half, eager_kernel_s and host_kernel_s must be >= 0")
         for name in (

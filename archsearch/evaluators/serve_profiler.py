@@ -21,7 +21,9 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
+from torch.utils import _pytree as pytree
 
 from archsearch.evaluators.catalogue import Accelerator
 from archsearch.evaluators.device import DeviceInfo, detect_device
@@ -57,6 +59,9 @@ class MeasuredServe:
             serving engines run it: each kernel's launch costs the graph's, not the host's);
             None where not asked for or not on CUDA.
         graph_error: why the step could not be captured, where it could not.
+        prefill_memory_bytes, decode_memory_bytes: bytes the ops other than GEMMs and attention
+            (norms, activations, rope, residual adds, the cache write) read and write in each call,
+            counted with the dispatcher as the ops run (`_OpCounter`).
         decode_parts: where asked for, on a CPU, `decode_time_s` split by the ops' share of the
             step's self time under `torch.profiler`: "gemm" (mm, addmm, bmm), "attention"
             (scaled dot-product attention) and "other" (everything else: the eager ops' dispatch,
@@ -75,6 +80,9 @@ class MeasuredServe:
     decode_graph_time_s: float | None = None
     graph_error: str | None = None
     decode_parts: dict[str, float] | None = None
+    # Bytes the ops other than GEMMs and attention read and write in each call (`_OpCounter`).
+    prefill_memory_bytes: int | None = None
+    decode_memory_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -111,11 +119,48 @@ def _parts(fn: Any, seconds: float) -> dict[str, float]:
     return {kind: seconds * t / whole for kind, t in totals.items()}
 
 
-def _count_ops(fn: Any) -> int:
-    counter = _KernelCounter()
+class _OpCounter(_KernelCounter):
+    """The ops a call dispatches, and the bytes those other than GEMMs and attention read and
+    write: each tensor argument and result once (an in-place op's result is its argument; a
+    broadcast or a slice counts its elements, at most its storage; a lookup reads the rows it
+    returns)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.memory_bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        name = func.overloadpacket.__name__
+        if func.is_view or name in _COMPUTE_OPS or "scaled_dot_product" in name:
+            return out
+        if name in _LOOKUP_OPS:
+            tensors = [out, out]  # the rows read, then written
+        elif name.endswith("_"):  # in place: the result is an argument
+            tensors = [*pytree.tree_leaves((args, kwargs))]
+        else:
+            tensors = [
+                *pytree.tree_leaves((args, kwargs)),
+                *pytree.tree_leaves(out),
+            ]
+        self.memory_bytes += sum(
+            min(t.numel() * t.element_size(), t.untyped_storage().nbytes())
+            for t in tensors
+            if isinstance(t, torch.Tensor)
+        )
+        return out
+
+
+_COMPUTE_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm"})  # priced as GEMMs, not as bytes
+_LOOKUP_OPS = frozenset({"embedding", "index_select"})
+
+
+def _count_ops(fn: Any) -> tuple[int, int]:
+    """(ops dispatched, bytes the memory-bound ones moved) by one call of `fn`."""
+    counter = _OpCounter()
     with counter:
         fn()
-    return counter.kernels
+    return counter.kernels, counter.memory_bytes
 
 
 @torch.no_grad()
@@ -176,10 +221,12 @@ def measure_serve(
         except RuntimeError as exc:  # an op the capture refuses: the eager times still stand
             graph_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     decode_parts = _parts(decode, decode_s) if parts and info.type == "cpu" else None
+    (prefill_ops, prefill_bytes), (decode_ops, decode_bytes) = _count_ops(prefill), _count_ops(decode)
     return MeasuredServe(
         device=info.to_dict(), dtype=precision, batch=batch, context=context, prefill_time_s=prefill_s,
-        decode_time_s=decode_s, prefill_ops=_count_ops(prefill), decode_ops=_count_ops(decode),
+        decode_time_s=decode_s, prefill_ops=prefill_ops, decode_ops=decode_ops,
         decode_graph_time_s=graph_s, graph_error=graph_error, decode_parts=decode_parts,
+        prefill_memory_bytes=prefill_bytes, decode_memory_bytes=decode_bytes,
     )  # fmt: skip
 
 
@@ -207,6 +254,13 @@ CALIBRATION_GEMMS = tuple(
     for n, k in ((64, 64), (192, 128), (128, 384), (768, 256), (256, 768), (1024, 256))
 )
 ELEMENTWISE_ELEMENTS = 1 << 18  # a prefill activation's size: 2048 tokens x 128 features
+# The bandwidth a step's distinct bytes stream at, by how many there are: a decode step reads every
+# weight once and the whole cache, which fit a core's caches for the tiniest shapes only, while the
+# calibration GEMMs reread one hot operand (on the 2-core EPYC, 2026-11-26: 4 x 256 @ 256 x 1408 in
+# 65 us hot, 10x that cycling 64 such weights). Each working set is timed as a chain of 4-row GEMMs
+# over `STREAM_MATRICES` distinct matrices that hold it, the calibrated per-call cost taken off.
+STREAM_SET_BYTES = (1 << 20, 1 << 22, 1 << 24, 1 << 26, 1 << 28)  # 1 MB to 256 MB
+STREAM_MATRICES = 16
 
 
 @dataclass(frozen=True)
@@ -220,14 +274,43 @@ class LocalServeModel:
     bandwidth: float  # calibrated effective bandwidth of GEMM operands, bytes/s
     elementwise_bandwidth: float  # bytes/s a gated activation (silu(a) * b) moves
     calibration_error: float  # median |error| of the calibrated model on its own GEMMs
+    # (working set bytes, bytes/s) measured: what a step's distinct bytes stream at, by their total
+    stream_bandwidths: tuple[tuple[int, float], ...] = ()
 
     def predict(self, cfg: ArchConfig, measured: MeasuredServe) -> tuple[ServeTime, ServeTime]:
-        """(prefill, decode) of `measured`'s calls, predicted with the ops they dispatched."""
+        """(prefill, decode) of `measured`'s calls, predicted with the ops they dispatched, each
+        call's weights and cache read at the bandwidth of a working set of their size."""
         b, c, d = measured.batch, measured.context, self.dtype
-        kw = dict(kernel_s=self.op_s, memory_op_bandwidth=self.elementwise_bandwidth)
-        prefill = predict_prefill(self.model, cfg, b, c, d, d, kernels=measured.prefill_ops, **kw)
-        decode = predict_decode(self.model, cfg, b, c, d, d, kernels=measured.decode_ops, **kw)
-        return prefill, decode
+        calls = (
+            (predict_prefill, measured.prefill_ops, measured.prefill_memory_bytes),
+            (predict_decode, measured.decode_ops, measured.decode_memory_bytes),
+        )
+        times = []
+        for predict, ops, moved in calls:
+            kw = dict(
+                kernel_s=self.op_s, kernels=ops, memory_op_bandwidth=self.elementwise_bandwidth,
+                memory_op_bytes=moved,
+            )  # fmt: skip
+            first = predict(self.model, cfg, b, c, d, d, **kw)
+            working_set = first.weight_bytes_read + first.cache_bytes_read + first.cache_bytes_written
+            times.append(predict(self.at_working_set(working_set), cfg, b, c, d, d, **kw))
+        return times[0], times[1]
+
+    def stream_bandwidth(self, working_set: float) -> float:
+        """Bytes/s for a step whose distinct bytes total `working_set`: the measured chains,
+        interpolated in log size, held flat past either end; the calibrated bandwidth without them."""
+        if not self.stream_bandwidths:
+            return self.bandwidth
+        sizes, rates = zip(*self.stream_bandwidths, strict=True)
+        return float(np.interp(np.log(max(working_set, 1.0)), np.log(sizes), rates))
+
+    def at_working_set(self, working_set: float) -> DeviceModel:
+        """The device model with its operands' bandwidth that of a `working_set`-byte step."""
+        scale = self.stream_bandwidth(working_set) / self.model.bandwidth
+        device = dataclasses.replace(
+            self.model.device, memory_bandwidth=self.model.device.memory_bandwidth * scale
+        )
+        return dataclasses.replace(self.model, device=device)
 
     def with_op_time_now(self, device: str = "cpu") -> LocalServeModel:
         """This model with the seconds per eager op measured again on the reference shape: on a
@@ -246,6 +329,9 @@ class LocalServeModel:
             "elementwise_bandwidth_bytes_per_s": self.elementwise_bandwidth,
             "calibration_gemms": len(CALIBRATION_GEMMS),
             "calibration_median_error": self.calibration_error,
+            "stream_bandwidths": [list(pair) for pair in self.stream_bandwidths],
+            "attention_efficiency": self.model.attention_efficiency,
+            "decode_attention_efficiency": self.model.decode_attention_efficiency,
         }
 
 
@@ -275,6 +361,55 @@ def _elementwise_bandwidth(info: DeviceInfo, torch_dtype: torch.dtype, min_run_t
     return 5 * ELEMENTWISE_ELEMENTS * a.element_size() / seconds
 
 
+def _stream_bandwidths(
+    info: DeviceInfo, torch_dtype: torch.dtype, call_s: float, ceiling: float, min_run_time: float
+) -> tuple[tuple[int, float], ...]:
+    """(working set, bytes/s) for each of `STREAM_SET_BYTES`: a chain of 4-row GEMMs over
+    `STREAM_MATRICES` distinct (512 x n) matrices holding it, as a decode step reads its weights,
+    `call_s` (the calibrated fixed cost of a GEMM call) taken off each call, at most `ceiling`
+    (the calibrated, hot bandwidth) and at least a twentieth of it."""
+    size = torch.empty((), dtype=torch_dtype).element_size()
+    out = []
+    for total in STREAM_SET_BYTES:
+        n = max(1, total // (STREAM_MATRICES * 512 * size))
+        weights = [
+            torch.randn(512, n, dtype=torch_dtype, device=info.torch_device) for _ in range(STREAM_MATRICES)
+        ]
+        x = torch.randn(4, 512, dtype=torch_dtype, device=info.torch_device)
+
+        def chain(weights: list[torch.Tensor] = weights, x: torch.Tensor = x) -> None:
+            for w in weights:
+                x @ w
+
+        seconds = _median_seconds(chain, info, min_run_time) - STREAM_MATRICES * call_s
+        moved = STREAM_MATRICES * 512 * n * size
+        out.append((moved, min(ceiling, max(ceiling / 20, moved / max(seconds, 1e-12)))))
+        del weights
+    return tuple(out)
+
+
+# The SDPA calls the local model's attention rates are measured on: 4 sequences of 4 heads of 32
+# over 512 tokens, a prefill (causal) and a decode step (one query a head over the 512).
+ATTENTION_CALL = (4, 4, 512, 32)
+
+
+def _attention_efficiencies(
+    info: DeviceInfo, torch_dtype: torch.dtype, gemm_rate: float, min_run_time: float
+) -> tuple[float, float]:
+    """(prefill, decode) SDPA FLOP rates over `gemm_rate` (the calibrated GEMMs'), FLOPs counted
+    as `evaluators.serving` counts them: a CPU's flash kernel runs well below its GEMMs, and its
+    decode kernel (one query a head) below that."""
+    b, h, s, d = ATTENTION_CALL
+    q, k, v = (torch.randn(b, h, s, d, dtype=torch_dtype, device=info.torch_device) for _ in "qkv")
+    one = q[:, :, -1:].contiguous()
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    prefill_s = _median_seconds(lambda: sdpa(q, k, v, is_causal=True), info, min_run_time)
+    decode_s = _median_seconds(lambda: sdpa(one, k, v), info, min_run_time)
+    prefill_flops = 4 * b * h * s * s * d * (s + 1) // (2 * s)  # kernels.AttentionCall.causal_flops
+    decode_flops = 4 * b * h * s * d
+    return prefill_flops / prefill_s / gemm_rate, decode_flops / decode_s / gemm_rate
+
+
 def _reference_op_s(device: str, dtype: str) -> float:
     """Seconds per eager op: the reference shape's decode step over the ops it dispatches."""
     reference = measure_serve(REFERENCE, device, batch=1, context=16, dtype=dtype)
@@ -295,16 +430,22 @@ def _local_serve_model(device: str, dtype: str, threads: int) -> LocalServeModel
     base = local_cpu(cores=info.threads)
     base = dataclasses.replace(base, device=dataclasses.replace(base.device, peak_tflops=((dtype, 0.05),)))
     fit = calibrate(base, gemms)
+    streams = _stream_bandwidths(info, torch_dtype, fit.model.launch_s, fit.model.bandwidth, 0.05)
     op_s = _reference_op_s(device, dtype)
     fitted: Accelerator = dataclasses.replace(
         fit.model.device,
         launch_overhead_s=op_s,
         source=f"measured here: {len(gemms)} calibration GEMMs ({dtype}), eager op time",
     )
-    model = dataclasses.replace(fit.model, device=fitted, launch_overhead_s=op_s)
+    rate = fitted.peak_flops(dtype) * fit.model.compute_efficiency
+    prefill_eff, decode_eff = _attention_efficiencies(info, torch_dtype, rate, 0.05)
+    model = dataclasses.replace(
+        fit.model, device=fitted, launch_overhead_s=op_s, attention_efficiency=prefill_eff,
+        decode_attention_efficiency=decode_eff, other_head_dim_factor=1.0,  # measured at head_dim 32
+    )  # fmt: skip
     elementwise = _elementwise_bandwidth(info, torch_dtype, 0.1)
     return LocalServeModel(
         model=model, dtype=dtype, op_s=op_s, peak_flops=fitted.peak_flops(dtype),
         bandwidth=fitted.memory_bandwidth, elementwise_bandwidth=elementwise,
-        calibration_error=fit.median_error,
+        calibration_error=fit.median_error, stream_bandwidths=streams,
     )  # fmt: skip

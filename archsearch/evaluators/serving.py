@@ -172,6 +172,7 @@ def _serve_time(
     kernel_s: float | None,
     kernels: int | None,
     memory_op_bandwidth: float | None = None,
+    memory_op_bytes: int | None = None,
 ) -> ServeTime:
     _check(batch, tokens, context)
     if context < tokens:
@@ -205,6 +206,8 @@ def _serve_time(
         attn_flops = call.causal_flops
         attention = predict_attention(bare, call, weight_dtype)
     else:  # decode: every query reads the whole cache (flash-decoding splits it over the SMs)
+        if model.decode_attention_efficiency is not None:
+            attn_rate = rate * min(1.0, model.decode_attention_efficiency)
         attn_flops = cfg.n_layers * 4 * B * cfg.n_heads * T * S * cfg.head_dim
         q_bytes = 2 * B * T * cfg.q_dim * w_size  # queries in, outputs out
         attn_bytes = cfg.n_layers * q_bytes + cache_read + cache_written
@@ -220,6 +223,8 @@ def _serve_time(
     if POSITIONS[cfg.pos_embedding].rotary:
         other += cfg.n_layers * 2 * B * T * (cfg.q_dim + cfg.kv_dim) * w_size
     other += act + cache_written  # the embedding rows, the cache write
+    if memory_op_bytes is not None:  # counted as an eager call ran them
+        other = memory_op_bytes
     other_s = other / (memory_op_bandwidth or model.bandwidth)
     n_kernels = serve_kernels(cfg) if kernels is None else kernels
     each = GRAPH_KERNEL_S if kernel_s is None else kernel_s
@@ -247,6 +252,7 @@ def predict_prefill(
     kernel_s: float | None = None,
     kernels: int | None = None,
     memory_op_bandwidth: float | None = None,
+    memory_op_bytes: int | None = None,
 ) -> ServeTime:
     """The prefill of `batch` prompts of `prompt` tokens, into an empty cache.
 
@@ -256,6 +262,8 @@ def predict_prefill(
         memory_op_bandwidth: bytes/s of the memory-bound ops (norms, activations, residual adds,
             rope); None: the model's bandwidth. A CPU's elementwise ops run well below its copy
             bandwidth (`serve_profiler` measures their rate).
+        memory_op_bytes: the bytes those ops move, where they were counted as an eager call ran
+            them (`serve_profiler` does); None: a fused engine's, one read and write of each tensor.
 
     Raises:
         ConfigError: a size is not a positive integer.
@@ -263,7 +271,7 @@ def predict_prefill(
     """
     return _serve_time(
         model, cfg, "prefill", batch, prompt, prompt, weight_dtype, cache_dtype, kernel_s, kernels,
-        memory_op_bandwidth,
+        memory_op_bandwidth, memory_op_bytes,
     )  # fmt: skip
 
 
@@ -277,6 +285,7 @@ def predict_decode(
     kernel_s: float | None = None,
     kernels: int | None = None,
     memory_op_bandwidth: float | None = None,
+    memory_op_bytes: int | None = None,
 ) -> ServeTime:
     """One decode step of `batch` sequences whose caches hold `context` tokens each: the step reads
     them all and adds one token per sequence (arguments as `predict_prefill`). Its time is the
@@ -284,7 +293,7 @@ def predict_decode(
     _check(batch, 1, context)
     return _serve_time(
         model, cfg, "decode", batch, 1, context + 1, weight_dtype, cache_dtype, kernel_s, kernels,
-        memory_op_bandwidth,
+        memory_op_bandwidth, memory_op_bytes,
     )  # fmt: skip
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from archsearch.evaluators.serve_profiler import measure_serve
 from archsearch.space.config import ArchConfig
@@ -19,3 +20,58 @@ def test_the_decode_parts_split_the_measured_step_by_op_class():
     assert sum(parts.values()) == pytest.approx(measured.decode_time_s)
     plain = measure_serve(TINY, "cpu", batch=2, context=16, dtype="fp32", min_run_time=0.01)
     assert plain.decode_parts is None and plain.to_dict()["decode_parts"] is None
+
+
+def _local(streams):
+    from archsearch.evaluators.hardware import local_cpu
+    from archsearch.evaluators.serve_profiler import LocalServeModel
+
+    model = local_cpu(cores=1)
+    return LocalServeModel(
+        model=model, dtype="fp32", op_s=5e-6, peak_flops=model.device.peak_flops("fp32"),
+        bandwidth=model.bandwidth, elementwise_bandwidth=20e9, calibration_error=0.05,
+        stream_bandwidths=streams,
+    )  # fmt: skip
+
+
+def test_a_steps_operands_stream_at_the_bandwidth_measured_for_a_working_set_of_their_size():
+    local = _local(((2**20, 40e9), (2**24, 20e9), (2**28, 8e9)))
+    assert (
+        local.stream_bandwidth(2**10) == 40e9 and local.stream_bandwidth(2**30) == 8e9
+    )  # flat past the ends
+    assert local.stream_bandwidth(2**22) == pytest.approx(30e9)  # halfway in log size
+    assert local.stream_bandwidth(2**26) == pytest.approx(14e9)
+    assert local.at_working_set(2**24).bandwidth == pytest.approx(20e9)
+    assert _local(()).stream_bandwidth(2**30) == local.bandwidth  # unmeasured: the calibrated one
+
+
+def test_a_decode_step_whose_weights_outgrow_the_caches_is_priced_at_the_streamed_bandwidth():
+    measured = measure_serve(TINY, "cpu", batch=2, context=16, dtype="fp32", min_run_time=0.01)
+    wide = ArchConfig(**{**TINY.to_dict(), "d_model": 1024, "d_ff": 4096, "n_heads": 64, "n_kv_heads": 64})
+    hot, cold = _local(((2**20, 40e9), (2**28, 4e9))), _local(((2**20, 40e9), (2**28, 40e9)))
+    for cfg in (TINY, wide):
+        (_, streamed), (_, cached) = hot.predict(cfg, measured), cold.predict(cfg, measured)
+        assert streamed.time_s >= cached.time_s
+    # TINY's weights (a few kB) stay at the cached rate; the wide shape's ~100 MB stream at the rate
+    # of a working set of their size, a fraction of it.
+    assert hot.predict(TINY, measured)[1].time_s == pytest.approx(cold.predict(TINY, measured)[1].time_s)
+    (_, streamed), (_, cached) = hot.predict(wide, measured), cold.predict(wide, measured)
+    working_set = streamed.weight_bytes_read + streamed.cache_bytes_read + streamed.cache_bytes_written
+    assert working_set > 50 * 2**20
+    rate = hot.stream_bandwidth(working_set)
+    assert rate < 15e9 and streamed.weights_read_s == pytest.approx(cached.weights_read_s * 40e9 / rate)
+
+
+def test_the_op_counter_counts_the_bytes_of_memory_bound_ops_and_leaves_gemms_and_attention_to_flops():
+    from archsearch.evaluators.serve_profiler import _count_ops
+
+    a, b = torch.ones(1000), torch.ones(1000)
+    w, x = torch.ones(64, 64), torch.ones(8, 64)
+    q = torch.ones(1, 2, 16, 8)
+    table, ids = torch.ones(256, 64), torch.tensor([[1, 2, 3]])
+    assert _count_ops(lambda: a * b) == (1, 3 * 4000)  # two read, one written
+    assert _count_ops(lambda: a.add_(b)) == (1, 2 * 4000)  # in place: the result is `a`
+    assert _count_ops(lambda: x @ w) == (1, 0)
+    assert _count_ops(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q))[1] == 0
+    assert _count_ops(lambda: torch.nn.functional.embedding(ids, table)) == (1, 2 * 3 * 64 * 4)
+    assert _count_ops(lambda: a[:10] * 2)[1] == 2 * 40  # a slice counts its elements, not its storage

@@ -107,8 +107,10 @@ def test_modelled_serve_reports_the_scenario_and_the_largest_batch():
     out = report.to_dict()
     assert out["prefill_time_s"] == report.prefill.time_s and out["decode_time_s"] == report.decode.time_s
     assert out["generation_time_s"] == pytest.approx(report.prefill.time_s + 191 * report.decode.time_s)
-    assert out["decode_at_max_batch"]["batch"] == 30 == max_serve_batch(
-        LLAMA2, 4096, ACCELERATORS["h100-sxm"].memory_bytes
+    assert (
+        out["decode_at_max_batch"]["batch"]
+        == 30
+        == max_serve_batch(LLAMA2, 4096, ACCELERATORS["h100-sxm"].memory_bytes)
     )
     assert "max_batch" not in out  # the memory figures' (ServeCosts): 0 where none fits, None unlimited
     assert set(out["decode"]) >= {"weights_read_s", "cache_read_s", "compute_s", "launch_s", "floor_s"}
@@ -125,3 +127,14 @@ def test_bad_sizes_and_dtypes_are_one_line_errors():
         predict_decode(H100, LLAMA2, 1, 16, cache_dtype="int4")
     with pytest.raises(UnknownNameError, match="unknown accelerator 'tpu'"):
         modelled_serve(LLAMA2, "tpu", 1, 16, 16)
+
+
+def test_a_decode_attention_rate_of_its_own_prices_decode_and_leaves_prefill_alone():
+    cfg = preset("llama2-7b")
+    base = device_model("l4")
+    slow = dataclasses.replace(base, decode_attention_efficiency=0.001)  # compute-bound decode attention
+    assert predict_prefill(slow, cfg, 4, 2048).time_s == predict_prefill(base, cfg, 4, 2048).time_s
+    fast, slowed = predict_decode(base, cfg, 4, 2048), predict_decode(slow, cfg, 4, 2048)
+    assert slowed.attention_s > 2 * fast.attention_s and slowed.gemm_s == fast.gemm_s
+    with pytest.raises(ConfigError, match="decode_attention_efficiency must be a positive number, got 0"):
+        device_model("l4", decode_attention_efficiency=0)
