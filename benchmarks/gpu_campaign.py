@@ -433,12 +433,18 @@ def step_rounds(
             try:
                 cfg = ArchConfig.from_dict(entry["config"])
                 seconds = time_train_step(cfg, entry["batch"], info, raw["dtype"], args.train_steps)
+                # Beside it, the same steps back to back, as the trainer (and so a search's
+                # measured step) runs them: what a modelled device should be compared with.
+                unsynced = time_train_step(
+                    cfg, entry["batch"], info, raw["dtype"], args.train_steps, synchronize_each=False
+                )
             except (RuntimeError, MemoryError) as exc:  # an OOM now: the timings recorded stand
                 print(f"part 1: {entry['label']}: round {round_} not timed: {str(exc).splitlines()[0]}")
                 _check_device(info)
                 continue
             slowest = max(slowest if timed else 0.0, time.perf_counter() - t0)
             rounds.append(seconds)
+            entry.setdefault("train_step_back_to_back_s", []).append(unsynced)
             entry["train_step_s"] = statistics.median(rounds)
             files.write_json(files.steps, raw)
             timed += 1
@@ -450,6 +456,12 @@ def step_rounds(
         print(f"part 1: real steps timed {args.step_rounds} times each, in separate passes: spread (slowest "
               f"over fastest) median {statistics.median(spreads):.1%}, worst {max(spreads):.1%} over "
               f"{len(spreads)} shapes; each shape's step is its median", flush=True)  # fmt: skip
+    ratios = [statistics.median(e["train_step_back_to_back_s"]) / e["train_step_s"]
+              for e in raw["shapes"] if e.get("train_step_back_to_back_s")]  # fmt: skip
+    if ratios:
+        print(f"part 1: back to back, as the trainer runs them, a step takes "
+              f"{statistics.median(ratios):.2f}x the synchronised one at the median "
+              f"({min(ratios):.2f}-{max(ratios):.2f}x over {len(ratios)} shapes)", flush=True)  # fmt: skip
 
 
 def _check_device(info: Any) -> None:

@@ -429,7 +429,9 @@ def test_gpu_campaign_times_steps_again_in_passes_and_resumes_a_cut_pass(campaig
     timings = iter([0.012, 0.030, 0.011, 0.040])
     timed = []
 
-    def time_step(c, batch, info, dtype, steps):
+    def time_step(c, batch, info, dtype, steps, synchronize_each=True):
+        if not synchronize_each:  # back to back, as the trainer runs them: recorded beside
+            return 0.001
         timed.append((c, batch, dtype))
         return next(timings)
 
@@ -452,6 +454,7 @@ def test_gpu_campaign_times_steps_again_in_passes_and_resumes_a_cut_pass(campaig
         [0.010, 0.012, 0.011], [0.020, 0.030, 0.040], None,
     ]  # fmt: skip
     assert [s["train_step_s"] for s in raw["shapes"]] == [0.011, 0.030, None]  # the medians
+    assert [s.get("train_step_back_to_back_s") for s in raw["shapes"]] == [[0.001] * 2, [0.001] * 2, None]
     assert timed == [(cfg, 4, "fp32")] * 4 and json.loads(files.steps.read_text()) == raw
 
 

@@ -90,12 +90,15 @@ def time_train_step(
     dtype: str = DTYPE,
     steps: int = TRAIN_STEPS,
     warmup: int = STEP_WARMUP,
+    synchronize_each: bool = True,
 ) -> float:
     """Median seconds of one real eager training step of `cfg` on `batch` sequences.
 
     The step `model.eager_kernel_count` counts: `dtype` autocast forward, fp32 cross-entropy,
     backward, fused AdamW, gradients set to None. Each timed step is synchronised, so it starts on
-    an idle device, as in the recorded H100 run the catalogued fit came from.
+    an idle device, as in the recorded H100 run the catalogued fit came from; with
+    `synchronize_each` False the steps run back to back, the host issuing the next while the
+    device runs the last, as the trainer runs them (its `StepClock` times each on the device).
 
     Raises:
         ValueError: `steps` is not positive.
@@ -127,8 +130,10 @@ def time_train_step(
         clock.start()
         step()
         clock.stop()
-        if dev.type == "cuda":
+        if dev.type == "cuda" and synchronize_each:
             torch.cuda.synchronize(dev)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)  # the clock's events are read once the last step has run
     seconds, _ = clock.median(warmup=0)
     return float(seconds)  # type: ignore[arg-type]  # steps >= 1 were timed
 
