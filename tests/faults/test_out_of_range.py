@@ -165,3 +165,42 @@ def test_both_bounds_from_the_environment_read_alike(monkeypatch, name):
         ArchsearchError, match=rf"^\${name} must be a number of seconds in \(0, 86400\), got 'inf'$"
     ):
         read()
+
+
+@pytest.mark.parametrize(
+    "args", [["width", str(10**23)], ["cost", "{config}"]], ids=["width-1e23", "cost-relu-2**40"]
+)
+def test_the_relu_risk_of_a_huge_width_takes_a_bounded_number_of_terms(tmp_path, monkeypatch, args):
+    """The ReLU feature-loss risk summed one lgamma per unit of d_model into a list: `width 1e23`
+    and `cost` of a ReLU shape 2**40 wide ran out of memory after minutes (issue 26 probe 5). The
+    sum now stops where its terms stop counting: a few hundred terms at any size."""
+    import math
+
+    from archsearch.space import ArchConfig
+    from archsearch.space.width import relu_feature_loss
+
+    config = tmp_path / "wide.json"
+    wide = {
+        "vocab_size": 256,
+        "seq_len": 256,
+        "n_layers": 2,
+        "d_model": 2**40,
+        "n_heads": 2**34,
+        "n_kv_heads": 2**34,
+        "head_dim": 64,
+        "d_ff": 2**42,
+    }
+    config.write_text(ArchConfig(activation="relu", **wide).to_json())
+    calls, lgamma = [], math.lgamma
+
+    def counted(x: float) -> float:
+        calls.append(x)
+        assert len(calls) < 10_000, "the sum takes a term per unit of width"
+        return lgamma(x)
+
+    relu_feature_loss.cache_clear()
+    monkeypatch.setattr(math, "lgamma", counted)
+    result = CliRunner().invoke(app, [a.format(config=config) for a in args])
+    assert result.exit_code == 0, (result.output, result.exception)
+    relu_feature_loss.cache_clear()
+
