@@ -204,3 +204,12 @@ def test_the_relu_risk_of_a_huge_width_takes_a_bounded_number_of_terms(tmp_path,
     assert result.exit_code == 0, (result.output, result.exception)
     relu_feature_loss.cache_clear()
 
+
+def test_a_negative_kernel_count_is_refused():
+    """`profile --top -3` showed every kernel but the last three, exit 0 (issue 26 probe 5)."""
+    args = ["profile", "--preset", "byte-1m", "--device", "h100-sxm", "--top", "-3"]
+    result = CliRunner().invoke(app, args)
+    assert (result.exit_code, result.output) == (
+        2,
+        "error: Invalid value for '--top': Input should be greater than or equal to 0 (see --help)\n",
+    )
