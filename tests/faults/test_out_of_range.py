@@ -78,6 +78,20 @@ REFUSED = {  # the arguments, and the one line's start
         ["validate", "--study", "s", "--trials", "4", "--seed", "-1"],
         "error: --seed must be in 0..4294967295, got -1",
     ),
+    # Probe 5: validate and ladder checked Ray's resources with `< 0`, which NaN passes: Ray
+    # started (and the ladder opened) before Ray refused it; now search's rule, in one place.
+    "validate-gpus-nan": (
+        ["validate", "--study", "s", "--trials", "4", "--gpus-per-run", "nan"],
+        "error: --gpus-per-run must be 0 or a finite number >= 0.0001, got nan",
+    ),
+    "ladder-gpus-nan": (
+        ["ladder", "--study", "s", "--trial", "0", "--gpus-per-run", "nan"],
+        "error: --gpus-per-run must be 0 or a finite number >= 0.0001, got nan",
+    ),
+    "ladder-cpus-inf": (
+        ["ladder", "--study", "s", "--trial", "0", "--cpus-per-run", "inf"],
+        "error: --cpus-per-run must be a finite number >= 0.0001, got inf",
+    ),
 }
 
 
