@@ -25,6 +25,7 @@ PROFILE_CACHE = ["profile", "--preset", "byte-1m", "--device", "cpu", "--steps",
 
 # --- a FIFO where a file is read ----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("command", "what"),
     [
@@ -103,6 +104,38 @@ def test_an_output_that_is_a_fifo_is_refused_and_left_as_it_was(study_db, tmp_pa
     )
     assert stat.S_ISFIFO(fifo.lstat().st_mode)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["trials.db", fifo.name])  # no scratch file
+
+
+@pytest.mark.parametrize("command", FIFO_OUTPUTS.values(), ids=FIFO_OUTPUTS.keys())
+def test_an_output_through_a_symlink_writes_the_file_it_points_to(study_db, tmp_path, command):
+    """Probe 5: the rename that writes an output whole replaced the link itself, exit 0, and the
+    file it pointed to kept its old contents."""
+    args = [a.format(out=tmp_path / "out") for a in command]
+    link = Path(args[-1])
+    target = tmp_path / "kept" / f"real{link.suffix}"
+    target.parent.mkdir()
+    target.write_text("old")
+    link.symlink_to(target)
+    storage = ["--storage", study_db] if command[0] != "config" else []
+    result = CliRunner().invoke(app, [*args, *storage])
+    assert result.exit_code == 0, result.output
+    assert link.is_symlink() and link.resolve() == target
+    assert target.read_bytes() != b"old"
+    assert sorted(p.name for p in target.parent.iterdir()) == [target.name]  # no scratch file
+
+
+@pytest.mark.parametrize("command", FIFO_OUTPUTS.values(), ids=FIFO_OUTPUTS.keys())
+def test_a_loop_of_symlinks_as_an_output_is_one_line_and_left_as_it_was(study_db, tmp_path, command):
+    """Probe 5: a link to a link back to it was replaced by a regular file, exit 0."""
+    args = [a.format(out=tmp_path / "out") for a in command]
+    link, other = Path(args[-1]), tmp_path / "other"
+    link.symlink_to(other)
+    other.symlink_to(link)
+    storage = ["--storage", study_db] if command[0] != "config" else []
+    result = CliRunner().invoke(app, [*args, *storage])
+    assert _one_line(result, 2) == f"error: cannot write {link}: a loop of symbolic links"
+    assert link.is_symlink() and other.is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["trials.db", link.name, "other"])
 
 
 # --- a memory limit -----------------------------------------------------------------------------------
