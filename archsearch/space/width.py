@@ -27,8 +27,8 @@ def gated_d_ff(d_model: int, multiple_of: int = 256, plain_ratio: float | Fracti
     for name, value in (("d_model", d_model), ("multiple_of", multiple_of)):
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-    if plain_ratio <= 0:
-        raise ConfigError(f"plain_ratio must be positive, got {plain_ratio!r}")
+    if not (math.isfinite(plain_ratio) and plain_ratio > 0):
+        raise ConfigError(f"plain_ratio must be positive and finite, got {plain_ratio!r}")
     # Fraction keeps int(8 * d / 3) exact where a float product could land just below an integer.
     hidden = math.floor(Fraction(2) * Fraction(plain_ratio) * d_model / 3)
     return multiple_of * -(-hidden // multiple_of)

@@ -227,3 +227,28 @@ def test_a_negative_kernel_count_is_refused():
         2,
         "error: Invalid value for '--top': Input should be greater than or equal to 0 (see --help)\n",
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--aspect-ratio", "nan"], "error: aspect_ratio must be positive and finite, got nan"),
+        (["--aspect-ratio", "inf"], "error: aspect_ratio must be positive and finite, got inf"),
+        (
+            ["--n-layers", "2", "--d-ff-ratio", "inf"],
+            "error: d_ff_ratio must be positive and finite, got inf",
+        ),
+        (
+            ["--n-layers", "2", "--d-ff-ratio", "nan", "--activation", "relu"],
+            "error: d_ff_ratio must be positive and finite, got nan",
+        ),
+    ],
+    ids=["aspect-nan", "aspect-inf", "d-ff-ratio-inf-gated", "d-ff-ratio-nan-plain"],
+)
+def test_a_non_finite_ratio_is_one_line(tmp_path, args, line):
+    """`config new --aspect-ratio nan` was a ValueError traceback and `--d-ff-ratio inf` an
+    OverflowError one: both passed a `<= 0` check (issue 26 probe 5)."""
+    out = tmp_path / "c.json"
+    result = CliRunner().invoke(app, ["config", "new", "--d-model", "64", *args, "-o", str(out)])
+    assert _one_line(result, 2) == line
+    assert not out.exists()
