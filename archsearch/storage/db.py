@@ -774,6 +774,8 @@ class Storage:
             raise StorageError(f"database error on {self.display_url}: {_one_line(exc)}") from None
         except OverflowError as exc:  # pysqlite binds integers only up to 2**63 - 1
             raise ValueRefusedError(f"database error on {self.display_url}: {exc}") from None
+        except json.JSONDecodeError as exc:  # a stored JSON column overwritten: a traceback in every reader
+            raise self._damaged(f"a stored JSON value is damaged: {exc}") from None
 
     # --- studies ---------------------------------------------------------------------------------
     def create_study(
@@ -894,11 +896,16 @@ class Storage:
 
     @staticmethod
     def _study_record(row: schema.Study, counts: dict[str, int] | None) -> StudyRecord:
+        spec = json.loads(row.spec_json)
+        if not isinstance(spec, dict):  # JSON of another shape is as damaged as no JSON (`_session`)
+            raise json.JSONDecodeError(
+                f"the spec of study {row.name!r} is not a JSON object", row.spec_json, 0
+            )
         return StudyRecord(
             name=row.name,
             spec_fingerprint=row.spec_fingerprint,
             spec_source=row.spec_source,
-            spec=json.loads(row.spec_json),
+            spec=spec,
             objectives=tuple(row.objectives.split(",")) if row.objectives else (),
             created_at=row.created_at,
             counts=counts,
