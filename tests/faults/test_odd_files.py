@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from archsearch.cli import app
+from archsearch.errors import quoted
 from archsearch.storage import Storage
 from tests.faults.test_inputs import _one_line
 from tests.faults.test_real_storage_failures import _fill, small_disk  # noqa: F401 (a fixture)
@@ -162,6 +163,22 @@ def test_a_fifo_given_as_the_data_is_refused_for_what_it_is(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(DataError, match=f"^data path {fifo} is neither a file nor a folder$"):
         load_dataset(str(fifo), vocab_size=256)
+
+
+@pytest.mark.parametrize("kind", ["loop", "no-such-user"])
+def test_a_data_path_that_cannot_be_resolved_is_one_line(tmp_path, kind):
+    """Probe 5: `[proxy] data` naming a loop of symlinks, or `~user` of no user, was Path.resolve's
+    RuntimeError traceback in `space check` and `search`."""
+    if kind == "loop":
+        (tmp_path / "a").symlink_to(tmp_path / "b")
+        (tmp_path / "b").symlink_to(tmp_path / "a")
+        data, why = str(tmp_path / "a"), f"Symlink loop from '{tmp_path / 'a'}'"
+    else:
+        data, why = "~no-such-user-of-archsearch/corpus.txt", "Could not determine home directory."
+    space = tmp_path / "space.toml"
+    space.write_text(TINY_TOML.replace("[proxy]\n", f'[proxy]\ndata = "{data}"\n', 1))
+    result = CliRunner().invoke(app, ["space", "check", str(space)])
+    assert _one_line(result, 2) == f"error: {space}: [proxy].data: cannot resolve {quoted(data)}: {why}"
 
 
 @pytest.mark.parametrize(
