@@ -252,3 +252,24 @@ def test_a_non_finite_ratio_is_one_line(tmp_path, args, line):
     result = CliRunner().invoke(app, ["config", "new", "--d-model", "64", *args, "-o", str(out)])
     assert _one_line(result, 2) == line
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["train", "--preset", "byte-1m", "--tokens", "2048", "--device", "cpu", "--threads", "5000"],
+        ["profile", "--preset", "byte-1m", "--device", "cpu", "--steps", "0", "--threads", "5000"],
+    ],
+    ids=["train", "profile"],
+)
+def test_a_thread_count_past_any_machine_is_refused_before_torch_makes_them(args):
+    """`train --threads 5000` was a segmentation fault (exit 139, no line) under a memory limit
+    while torch's OpenMP made the threads (issue 26 probe 5)."""
+    assert _one_line(CliRunner().invoke(app, args), 2) == "error: threads must be at most 1024, got 5000"
+
+
+def test_a_proxy_thread_count_past_any_machine_is_refused_by_space_check(tmp_path):
+    space = tmp_path / "space.toml"
+    space.write_text(tiny_toml().replace("[proxy]\n", "[proxy]\nthreads = 5000\n", 1))
+    result = CliRunner().invoke(app, ["space", "check", str(space)])
+    assert _one_line(result, 2) == f"error: {space}: [proxy]: threads must be at most 1024, got 5000"
