@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import stat
@@ -23,6 +24,10 @@ def write_atomic(path: str | Path, data: bytes) -> None:
     """
     path = Path(path)
     check_special(path)
+    # A link is written through, as `>` writes: the rename would replace the link itself and
+    # leave the file it points to as it was (`trials -o link.csv`, exit 0; issue 26 probe 5).
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -60,7 +65,9 @@ def check_special(path: str | Path) -> None:
 
     try:
         mode = os.stat(path).st_mode  # a link is followed: a link to a regular file is written
-    except OSError:  # absent (or a dangling link): the write makes it, or names why not
+    except OSError as exc:  # absent (or a dangling link): the write makes it, or names why not
+        if exc.errno == errno.ELOOP:  # links that lead to each other: nothing to write through
+            raise ArchsearchError(f"cannot write {path}: a loop of symbolic links") from None
         return
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a folder is check_writable's to name
         raise ArchsearchError(

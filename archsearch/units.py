@@ -28,6 +28,24 @@ MAX_WHOLE = 2**63 - 1
 # manual_seed one past 2**64 - 1, each with a traceback (`train --seed -1`). One range for all,
 # the narrowest, so a seed one command takes every command takes.
 SEED_MAX = 2**32 - 1
+# The smallest fraction of a CPU or GPU Ray schedules (ray_option_utils._validate_resource_quantity):
+# a smaller one, NaN or inf fails inside Ray, after Ray started and the study or ladder was opened.
+RAY_RESOURCE_UNIT = 1e-4
+
+
+def ray_resources_problem(cpus: float, gpus: float, per: str) -> str | None:
+    """What is wrong with `--cpus-per-{per}` and `--gpus-per-{per}` for Ray, or None.
+
+    The one rule of search, validate and ladder: CPUs a finite number >= RAY_RESOURCE_UNIT, GPUs 0
+    or the same (`validate --gpus-per-run nan` passed a `< 0` check and started Ray).
+    """
+    if not (math.isfinite(cpus) and cpus >= RAY_RESOURCE_UNIT):
+        return f"--cpus-per-{per} must be a finite number >= {RAY_RESOURCE_UNIT:g}, got {cpus}"
+    if not (math.isfinite(gpus) and (gpus == 0 or gpus >= RAY_RESOURCE_UNIT)):
+        return f"--gpus-per-{per} must be 0 or a finite number >= {RAY_RESOURCE_UNIT:g}, got {gpus}"
+    return None
+
+
 # What formatting uses, largest first; small quantities (seconds) get milli and micro too.
 _FORMAT_PREFIXES = (
     *((float(f), s) for s, f in sorted(SI_SUFFIXES.items(), key=lambda kv: -kv[1])),

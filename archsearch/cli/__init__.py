@@ -33,8 +33,13 @@ __all__ = ["app", "main"]
 def main() -> None:
     """Console-script entry point: SIGTERM, from the first instant, ends like Ctrl-C (exit 143)."""
     import signal
+    import sys
 
+    from archsearch.cli.common import interrupted
     from archsearch.errors import on_sigterm
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    app()
+    try:
+        app()
+    except KeyboardInterrupt as exc:  # outside the command boundary: while Typer reads the signatures
+        sys.exit(interrupted(exc))

@@ -56,6 +56,17 @@ def os_error_text(exc: OSError) -> str:
     return f"cannot use {' -> '.join(map(str, paths))}: {what}" if paths else f"{what}: {exc}"
 
 
+def interrupted(exc: KeyboardInterrupt) -> int:
+    """Says which signal stopped the command, in one line on stderr; returns its exit code.
+
+    Read by the command boundary (`_Group.invoke`) and by `cli.main` around it, for a signal while
+    Typer builds the command line from the signatures, before any command runs.
+    """
+    terminated = isinstance(exc, Terminated)
+    typer.echo(f"error: interrupted by {'SIGTERM' if terminated else 'SIGINT'}", err=True)
+    return EXIT_SIGTERM if terminated else EXIT_SIGINT
+
+
 def usage_error_line(exc: Exception) -> str:
     """Click's usage error as the one line archsearch prints, whatever Click wraps."""
     return "error: " + " ".join(exc.format_message().split()) + " (see --help)"  # type: ignore[attr-defined]
@@ -96,9 +107,7 @@ class _Group(TyperGroup):
             typer.echo(error_line(OUT_OF_MEMORY), err=True)  # the frames that held the memory are gone
             raise typer.Exit(EXIT_ENVIRONMENT) from None
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (`errors.Terminated`) before a search runs
-            terminated = isinstance(exc, Terminated)
-            typer.echo(f"error: interrupted by {'SIGTERM' if terminated else 'SIGINT'}", err=True)
-            raise typer.Exit(EXIT_SIGTERM if terminated else EXIT_SIGINT) from None
+            raise typer.Exit(interrupted(exc)) from None
 
 
 app = typer.Typer(

@@ -70,7 +70,7 @@ def profile(
         ),
     ] = None,
     min_run_time: Annotated[float, typer.Option(help="Seconds of repeats per kernel.")] = 0.1,
-    top: Annotated[int, typer.Option(help="Kernels shown in the table (JSON has all).")] = 20,
+    top: Annotated[int, typer.Option(help="Kernels shown in the table (JSON has all).", min=0)] = 20,
     threads: ThreadsOpt = None,
     as_json: JsonFlag = False,
 ) -> None:

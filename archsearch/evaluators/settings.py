@@ -137,14 +137,24 @@ class TrainSettings:
         check_threads(self.threads)
 
 
+# More CPU threads than any one machine has (768 on the largest two-socket servers): a larger
+# count is a slip, and torch's OpenMP crashed making 5000 (`train --threads 5000`: a segmentation
+# fault under a memory limit, no line; issue 26 probe 5). Fewer than this may still exceed the
+# cores here: oversubscribing is allowed (`choose_threads` says why it is slow).
+MAX_THREADS = 1024
+
+
 def check_threads(threads: object) -> None:
-    """Refuse a thread count that is neither None (chosen: `choose_threads`) nor a positive int.
+    """Refuse a thread count that is neither None (chosen: `choose_threads`) nor an int in
+    1..MAX_THREADS.
 
     Raises:
         TrainError: naming the value.
     """
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads <= 0):
         raise TrainError(f"threads must be a positive integer (or unset: chosen), got {threads!r}")
+    if threads is not None and threads > MAX_THREADS:
+        raise TrainError(f"threads must be at most {MAX_THREADS}, got {threads}")
 
 
 # --- CPU threads: how many torch intra-op threads a CPU training run uses ---

@@ -41,7 +41,7 @@ from archsearch.results.ladder_fit import LadderFit, LadderFitError, Prediction,
 from archsearch.space.costs import flop_counts, param_counts
 from archsearch.space.scale import aspect_range, scaled_candidates
 from archsearch.trial import COMPLETE
-from archsearch.units import MAX_WHOLE, SEED_MAX, format_si
+from archsearch.units import MAX_WHOLE, SEED_MAX, format_si, ray_resources_problem
 
 if TYPE_CHECKING:
     from archsearch.space.config import ArchConfig
@@ -119,8 +119,10 @@ class LadderOptions:
             raise LadderError(f"--workers must be at least 1, got {self.workers}")
         if not 0 <= self.seed <= SEED_MAX:
             raise LadderError(f"--seed must be in 0..{SEED_MAX}, got {self.seed}")
-        if self.cpus_per_trial <= 0 or self.gpus_per_trial < 0 or self.retries < 0:
-            raise LadderError("--cpus-per-run must be > 0, --gpus-per-run and --retries >= 0")
+        if problem := ray_resources_problem(self.cpus_per_trial, self.gpus_per_trial, "run"):
+            raise LadderError(problem)
+        if self.retries < 0:
+            raise LadderError(f"--retries must be >= 0, got {self.retries}")
 
 
 @dataclass(frozen=True)

@@ -162,17 +162,15 @@ def build_report(
         max_rows: at most this many trials in each study's table (its front's members always in).
 
     Raises:
-        ReportError: no study, one given twice, `max_rows` below 1.
-        ArchsearchError: as `pareto.study_fronts`: an unknown study, one with no complete trial
-            that has every objective, studies with different objectives or loss objectives.
+        ReportError: no study, `max_rows` below 1.
+        ArchsearchError: as `pareto.study_fronts`: an unknown study, one given twice, one with no
+            complete trial that has every objective, studies with different objectives or loss
+            objectives.
     """
     from archsearch.search.pareto import study_fronts
 
     if not studies:
         raise ReportError("give at least one --study")
-    twice = sorted({s for s in studies if list(studies).count(s) > 1})
-    if twice:
-        raise ReportError(f"--study {', '.join(twice)} given more than once")
     if max_rows < 1:
         raise ReportError(f"--max-rows must be at least 1, got {max_rows}")
     fronts = study_fronts(storage, list(studies), loss=loss)

@@ -99,7 +99,7 @@ from archsearch.storage import (
     failure_cause,
 )
 from archsearch.trial import COMPLETE, DUPLICATE, FAILED, INTERRUPTED, PRUNED, REJECTED, RUNNING, TrialOutcome
-from archsearch.units import SEED_MAX
+from archsearch.units import SEED_MAX, ray_resources_problem
 
 if TYPE_CHECKING:
     import optuna
@@ -113,7 +113,6 @@ MAX_REJECTIONS = 500  # rejected samples in a row before the search gives up on 
 # before the search stops as a setup failure (fewer when the run asks for fewer, but at least 2).
 SETUP_FAILURES = 3
 EVALUATION_ERROR = "error in the evaluation: "  # `_RayPool.result`'s prefix of an exception's reason
-RAY_RESOURCE_UNIT = 1e-4  # the smallest fraction of a CPU or GPU Ray schedules
 # Where Ray's own log records go (appended), so a local search prints only archsearch's lines.
 RAY_LOG = Path(tempfile.gettempdir()) / "archsearch" / "ray.log"
 REASON_ATTR = "archsearch_reason"  # Optuna user attribute carrying a failed or pruned trial's reason
@@ -171,13 +170,8 @@ class SearchOptions:
                 raise SearchError(f"--{name} must be at least 1, got {getattr(self, name)}")
         if self.retries < 0:
             raise SearchError(f"--retries must be >= 0, got {self.retries}")
-        # Ray counts resources in units of 0.0001 (ray_option_utils._validate_resource_quantity):
-        # a smaller fraction, NaN or inf fails inside Ray after the study was created.
-        cpus, gpus = self.cpus_per_trial, self.gpus_per_trial
-        if not (math.isfinite(cpus) and cpus >= RAY_RESOURCE_UNIT):
-            raise SearchError(f"--cpus-per-trial must be a finite number >= 0.0001, got {cpus}")
-        if not (math.isfinite(gpus) and (gpus == 0 or gpus >= RAY_RESOURCE_UNIT)):
-            raise SearchError(f"--gpus-per-trial must be 0 or a finite number >= 0.0001, got {gpus}")
+        if problem := ray_resources_problem(self.cpus_per_trial, self.gpus_per_trial, "trial"):
+            raise SearchError(problem)
         if not 0 <= self.seed <= SEED_MAX:
             raise SearchError(f"--seed must be in 0..{SEED_MAX} (Optuna's seed range), got {self.seed}")
         if self.sampler not in SAMPLERS:

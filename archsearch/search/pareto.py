@@ -370,8 +370,11 @@ def study_fronts(
     Raises:
         ArchsearchError: as `study_front`; studies with different objectives and none given, or
             different loss objectives and no `loss`; a study with no complete trial that has
-            every objective.
+            every objective; a study given twice (`pareto` overlaid it on itself, exit 0).
     """
+    twice = sorted({s for s in studies if list(studies).count(s) > 1})
+    if twice:
+        raise ArchsearchError(f"--study {', '.join(twice)} given more than once")
     asked = loss
     measures = {loss_measure(storage, s, loss) for s in studies}
     if len(measures) > 1 and loss is None:

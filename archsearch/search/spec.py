@@ -79,7 +79,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from archsearch.errors import ArchsearchError, ConfigError
+from archsearch.errors import ArchsearchError, ConfigError, quoted
 from archsearch.evaluators.catalogue import ACCELERATORS
 from archsearch.evaluators.settings import TrainError, TrainSettings
 from archsearch.fileio import read_text
@@ -614,7 +614,10 @@ def _parse(text: str, source: str, base_dir: Path) -> SearchSpec:
         settings = _read(tables["proxy"], _PROXY)
         data = settings.pop("data", None)
         if data is not None:
-            resolved = (base_dir / Path(data).expanduser()).resolve()
+            try:
+                resolved = (base_dir / Path(data).expanduser()).resolve()
+            except RuntimeError as exc:  # a loop of symlinks, or `~user` of no user: a traceback before
+                raise SpecError(f"cannot resolve {quoted(str(data))}: {exc}", "data") from None
             if not resolved.exists():
                 raise SpecError(f"not found: {resolved}", "data")
             data = str(resolved)

@@ -53,7 +53,7 @@ from archsearch.search.fidelity import (
 )
 from archsearch.search.pareto import hypervolume, pareto_mask, reference_point, scaled, study_front
 from archsearch.trial import COMPLETE
-from archsearch.units import SEED_MAX
+from archsearch.units import SEED_MAX, ray_resources_problem
 
 if TYPE_CHECKING:
     from archsearch.storage import Storage, TrialRecord
@@ -116,8 +116,10 @@ class ValidateOptions:
             raise ValidateError("a --trial number is given twice")
         if self.size_beta is not None and not (math.isfinite(self.size_beta) and self.size_beta >= 0):
             raise ValidateError(f"--size-beta must be a finite number >= 0, got {self.size_beta}")
-        if self.cpus_per_trial <= 0 or self.gpus_per_trial < 0 or self.retries < 0:
-            raise ValidateError("--cpus-per-run must be > 0, --gpus-per-run and --retries >= 0")
+        if problem := ray_resources_problem(self.cpus_per_trial, self.gpus_per_trial, "run"):
+            raise ValidateError(problem)
+        if self.retries < 0:
+            raise ValidateError(f"--retries must be >= 0, got {self.retries}")
 
 
 @dataclass(frozen=True)

@@ -39,10 +39,14 @@ def aligned_d_ff(
     """
     if activation not in ACTIVATIONS:
         raise ConfigError(f"activation {activation!r} is unknown; valid: {', '.join(ACTIVATIONS)}")
+    # Finite: `config new --d-ff-ratio inf` (or nan) passed a `<= 0` check into an OverflowError
+    # traceback (issue 26 probe 5).
+    if not (math.isfinite(d_ff_ratio) and d_ff_ratio > 0):
+        raise ConfigError(f"d_ff_ratio must be positive and finite, got {d_ff_ratio}")
     if ACTIVATIONS[activation].gated and gated_parity:
         return gated_d_ff(d_model, multiple_of=multiple_of, plain_ratio=d_ff_ratio)
-    if d_ff_ratio <= 0 or multiple_of <= 0:
-        raise ConfigError(f"d_ff_ratio and multiple_of must be positive, got {d_ff_ratio}, {multiple_of}")
+    if multiple_of <= 0:
+        raise ConfigError(f"multiple_of must be positive, got {multiple_of}")
     return multiple_of * math.ceil(Fraction(d_ff_ratio) * d_model / multiple_of)
 
 
@@ -78,8 +82,8 @@ def config_from_knobs(
     if n_layers is None:
         if aspect_ratio is None:
             raise ConfigError("give n_layers or aspect_ratio (d_model / n_layers)")
-        if aspect_ratio <= 0:
-            raise ConfigError(f"aspect_ratio must be positive, got {aspect_ratio}")
+        if not (math.isfinite(aspect_ratio) and aspect_ratio > 0):  # nan: a ValueError traceback
+            raise ConfigError(f"aspect_ratio must be positive and finite, got {aspect_ratio}")
         n_layers = max(1, round(d_model / aspect_ratio))
     elif aspect_ratio is not None:
         raise ConfigError("give n_layers or aspect_ratio, not both")

@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import (
     ColumnElement,
     Engine,
+    Float,
+    Integer,
     bindparam,
     create_engine,
     delete,
@@ -774,6 +776,8 @@ class Storage:
             raise StorageError(f"database error on {self.display_url}: {_one_line(exc)}") from None
         except OverflowError as exc:  # pysqlite binds integers only up to 2**63 - 1
             raise ValueRefusedError(f"database error on {self.display_url}: {exc}") from None
+        except (json.JSONDecodeError, _DamagedValue) as exc:  # was a traceback in every reader
+            raise self._damaged(f"a stored value is damaged: {exc}") from None
 
     # --- studies ---------------------------------------------------------------------------------
     def create_study(
@@ -894,11 +898,14 @@ class Storage:
 
     @staticmethod
     def _study_record(row: schema.Study, counts: dict[str, int] | None) -> StudyRecord:
+        spec = json.loads(row.spec_json)
+        if not isinstance(spec, dict):  # JSON of another shape is as damaged as no JSON
+            raise _DamagedValue(f"the spec of study {row.name!r} is not a JSON object")
         return StudyRecord(
             name=row.name,
             spec_fingerprint=row.spec_fingerprint,
             spec_source=row.spec_source,
-            spec=json.loads(row.spec_json),
+            spec=spec,
             objectives=tuple(row.objectives.split(",")) if row.objectives else (),
             created_at=row.created_at,
             counts=counts,
@@ -1175,7 +1182,9 @@ class Storage:
         with self._session(read_only=True) as s:
             # A Core query on the session's connection: the ORM's result processing would
             # cost more than the query itself on a large study.
-            return [tuple(row) for row in s.connection().execute(q)]
+            rows = [tuple(row) for row in s.connection().execute(q)]
+            _check_numbers(rows, [table.c[name] for name in columns])
+            return rows
 
     def add_trials(self, study: str, rows: Sequence[Mapping[str, Any]]) -> None:
         """Insert trial rows in bulk, in one transaction.
@@ -1541,8 +1550,28 @@ def _config_columns(cfg: ArchConfig) -> dict[str, Any]:
     )
 
 
+class _DamagedValue(ValueError):
+    """A stored value that is not what its column holds: text in a number column (SQLite keeps
+    what it is given), a spec or config of another shape. `Storage._session` turns it, like JSON
+    that does not parse, into the damaged-database line (issue 26 probe 5: tracebacks before)."""
+
+
+def _check_numbers(rows: Sequence[Sequence[Any]], columns: Sequence[Any]) -> None:
+    """Raises `_DamagedValue` for a value in a number column of `rows` that is not a number."""
+    numeric = [i for i, c in enumerate(columns) if isinstance(c.type, (Integer, Float, schema.Real))]
+    for row in rows:
+        for i in numeric:
+            if not (row[i] is None or isinstance(row[i], (int, float))):
+                raise _DamagedValue(f"a trial's {columns[i].key} is {quoted(str(row[i]))}, not a number")
+
+
 def _trial_record(row: schema.Trial) -> TrialRecord:
     values = {c.key: getattr(row, c.key) for c in schema.Trial.__table__.columns}
+    _check_numbers([tuple(values.values())], list(schema.Trial.__table__.columns))
+    try:
+        config = ArchConfig.from_json(row.config_json) if row.config_json else None
+    except ArchsearchError as exc:
+        raise _DamagedValue(f"trial {row.number}'s {exc}") from None
     return TrialRecord(
         id=row.id,
         study=row.study,
@@ -1551,7 +1580,7 @@ def _trial_record(row: schema.Trial) -> TrialRecord:
         reason=row.reason,
         attempts=row.attempts,
         params=json.loads(row.params_json) if row.params_json else {},
-        config=ArchConfig.from_json(row.config_json) if row.config_json else None,
+        config=config,
         values=values,
     )
 

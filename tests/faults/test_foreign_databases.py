@@ -163,3 +163,69 @@ def test_an_io_error_while_opening_the_database_is_exit_1(tmp_path):
     assert done.returncode == 1, done.stderr
     assert done.stderr == f"error: the database sqlite:///{path} failed: OperationalError: disk I/O error\n"
     assert _digest(path) == before
+
+
+@pytest.mark.parametrize(
+    ("stored", "why"),
+    [
+        ("not json{", "Expecting value: line 1 column 1 (char 0)"),
+        ("[1]", "the spec of study 's' is not a JSON object"),
+    ],
+    ids=["not-json", "a-list"],
+)
+@pytest.mark.parametrize("command", [["studies"], ["trials", "--study", "s"], ["pareto", "--study", "s"]])
+def test_a_damaged_json_column_is_a_damaged_database_and_left_as_it_was(tmp_path, stored, why, command):
+    """A study whose stored spec was overwritten (garbage, or JSON of another shape) was a
+    JSONDecodeError or AttributeError traceback in every command that read it (issue 26 probe 5)."""
+    path = tmp_path / "trials.db"
+    with Storage.open(f"sqlite:///{path}") as db:
+        fill_study(db)
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE archsearch_studies SET spec_json = ?", (stored,))
+    conn.close()
+    before = _digest(path)
+    url = f"sqlite:///{path}"
+    result = CliRunner().invoke(app, [*command, "--storage", url])
+    assert _one_line(result, 1) == (
+        f"error: the database {url} is damaged (a stored value is damaged: {why}): restore it from a "
+        "copy, or give another --storage"
+    )
+    assert _digest(path) == before
+
+
+@pytest.mark.parametrize(
+    ("column", "stored", "why"),
+    [
+        ("loss", "abc", "a trial's loss is 'abc', not a number"),
+        ("config_json", "not json{", "trial 0's config: invalid JSON at line 1 column 1: Expecting value"),
+    ],
+    ids=["text-in-a-number-column", "config-not-json"],
+)
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["pareto", "--study", "s"],
+        ["export", "--study", "s", "--trial", "0", "--format", "json", "-o", "{out}"],
+    ],
+    ids=["pareto", "export"],
+)
+def test_a_damaged_trial_value_is_a_damaged_database_and_left_as_it_was(
+    tmp_path, column, stored, why, command
+):
+    """SQLite keeps text in a REAL column: `pareto` and `report` were a ValueError traceback; a
+    damaged trial config blamed the input ('config: invalid JSON', exit 2) (issue 26 probe 5)."""
+    path = tmp_path / "trials.db"
+    with Storage.open(f"sqlite:///{path}") as db:
+        fill_study(db)
+    with sqlite3.connect(path) as conn:
+        conn.execute(f"UPDATE archsearch_trials SET {column} = ? WHERE number = 0", (stored,))
+    conn.close()
+    before = _digest(path)
+    url = f"sqlite:///{path}"
+    args = [a.format(out=tmp_path / "out") for a in command]
+    result = CliRunner().invoke(app, [*args, "--storage", url])
+    assert _one_line(result, 1) == (
+        f"error: the database {url} is damaged (a stored value is damaged: {why}): restore it from a "
+        "copy, or give another --storage"
+    )
+    assert _digest(path) == before and not (tmp_path / "out").exists()

@@ -36,3 +36,13 @@ def test_a_falsy_search_option_is_refused_not_replaced_by_the_file_s(tmp_path, a
     assert hashlib.sha256(database.read_bytes()).hexdigest() == before
     with Storage.open(f"sqlite:///{database}", read_only=True) as db:
         assert db.study_names() == ["s"]
+
+
+def test_a_study_given_twice_to_pareto_is_refused_as_report_refuses_it(tmp_path):
+    """`pareto --study s --study s` overlaid the study on itself, exit 0, where `report` refused
+    it: the rule is now `pareto.study_fronts`', which both read (issue 26 probe 5)."""
+    database = tmp_path / "trials.db"
+    with Storage.open(f"sqlite:///{database}") as db:
+        fill_study(db)
+    args = ["pareto", "--study", "s", "--study", "s", "--storage", f"sqlite:///{database}"]
+    assert _one_line(CliRunner().invoke(app, args), 2) == "error: --study s given more than once"

@@ -13,10 +13,13 @@ from pathlib import Path
 
 import optuna
 import pytest
+import typer.main
 from ray import cloudpickle  # Ray vendors it
 from typer.testing import CliRunner
 
 from archsearch.cli import app
+from archsearch.cli import main as cli_main
+from archsearch.errors import Terminated
 from archsearch.search import driver as driver_module
 from archsearch.search.driver import SearchOptions, SetupFailureError, run_search
 from archsearch.space.knobs import config_from_knobs
@@ -363,3 +366,25 @@ def test_a_signal_while_the_command_line_loads_is_one_line(tmp_path, signum, cod
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
     assert (proc.returncode, err) == (code, f"error: interrupted by {signal.Signals(signum).name}\n")
+
+
+@pytest.mark.parametrize(
+    ("interrupt", "code", "name"), [(KeyboardInterrupt, 130, "SIGINT"), (Terminated, 143, "SIGTERM")]
+)
+def test_a_signal_while_typer_reads_the_signatures_is_one_line(monkeypatch, capsys, interrupt, code, name):
+    """Between the entry's handlers and the command boundary, Typer builds the command line from
+    the signatures (up to a second on a loaded machine): a signal there was a KeyboardInterrupt
+    (or Terminated) traceback (issue 26 probe 5)."""
+
+    def signalled(_app):
+        raise interrupt
+
+    monkeypatch.setattr(typer.main, "get_command", signalled)
+    monkeypatch.setattr(sys, "argv", ["archsearch", "studies"])
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as exited:
+            cli_main()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert (exited.value.code, capsys.readouterr().err) == (code, f"error: interrupted by {name}\n")

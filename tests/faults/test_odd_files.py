@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from archsearch.cli import app
+from archsearch.errors import quoted
 from archsearch.storage import Storage
 from tests.faults.test_inputs import _one_line
 from tests.faults.test_real_storage_failures import _fill, small_disk  # noqa: F401 (a fixture)
@@ -24,6 +25,7 @@ PROFILE_CACHE = ["profile", "--preset", "byte-1m", "--device", "cpu", "--steps",
 
 
 # --- a FIFO where a file is read ----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     ("command", "what"),
@@ -105,6 +107,38 @@ def test_an_output_that_is_a_fifo_is_refused_and_left_as_it_was(study_db, tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["trials.db", fifo.name])  # no scratch file
 
 
+@pytest.mark.parametrize("command", FIFO_OUTPUTS.values(), ids=FIFO_OUTPUTS.keys())
+def test_an_output_through_a_symlink_writes_the_file_it_points_to(study_db, tmp_path, command):
+    """Probe 5: the rename that writes an output whole replaced the link itself, exit 0, and the
+    file it pointed to kept its old contents."""
+    args = [a.format(out=tmp_path / "out") for a in command]
+    link = Path(args[-1])
+    target = tmp_path / "kept" / f"real{link.suffix}"
+    target.parent.mkdir()
+    target.write_text("old")
+    link.symlink_to(target)
+    storage = ["--storage", study_db] if command[0] != "config" else []
+    result = CliRunner().invoke(app, [*args, *storage])
+    assert result.exit_code == 0, result.output
+    assert link.is_symlink() and link.resolve() == target
+    assert target.read_bytes() != b"old"
+    assert sorted(p.name for p in target.parent.iterdir()) == [target.name]  # no scratch file
+
+
+@pytest.mark.parametrize("command", FIFO_OUTPUTS.values(), ids=FIFO_OUTPUTS.keys())
+def test_a_loop_of_symlinks_as_an_output_is_one_line_and_left_as_it_was(study_db, tmp_path, command):
+    """Probe 5: a link to a link back to it was replaced by a regular file, exit 0."""
+    args = [a.format(out=tmp_path / "out") for a in command]
+    link, other = Path(args[-1]), tmp_path / "other"
+    link.symlink_to(other)
+    other.symlink_to(link)
+    storage = ["--storage", study_db] if command[0] != "config" else []
+    result = CliRunner().invoke(app, [*args, *storage])
+    assert _one_line(result, 2) == f"error: cannot write {link}: a loop of symbolic links"
+    assert link.is_symlink() and other.is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["trials.db", link.name, "other"])
+
+
 # --- a memory limit -----------------------------------------------------------------------------------
 def test_running_out_of_memory_outside_a_trial_is_one_line_exit_1(tmp_path, monkeypatch):
     """A `ulimit -v` hit while a command imports torch or builds a shape raises MemoryError there."""
@@ -129,6 +163,22 @@ def test_a_fifo_given_as_the_data_is_refused_for_what_it_is(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(DataError, match=f"^data path {fifo} is neither a file nor a folder$"):
         load_dataset(str(fifo), vocab_size=256)
+
+
+@pytest.mark.parametrize("kind", ["loop", "no-such-user"])
+def test_a_data_path_that_cannot_be_resolved_is_one_line(tmp_path, kind):
+    """Probe 5: `[proxy] data` naming a loop of symlinks, or `~user` of no user, was Path.resolve's
+    RuntimeError traceback in `space check` and `search`."""
+    if kind == "loop":
+        (tmp_path / "a").symlink_to(tmp_path / "b")
+        (tmp_path / "b").symlink_to(tmp_path / "a")
+        data, why = str(tmp_path / "a"), f"Symlink loop from '{tmp_path / 'a'}'"
+    else:
+        data, why = "~no-such-user-of-archsearch/corpus.txt", "Could not determine home directory."
+    space = tmp_path / "space.toml"
+    space.write_text(TINY_TOML.replace("[proxy]\n", f'[proxy]\ndata = "{data}"\n', 1))
+    result = CliRunner().invoke(app, ["space", "check", str(space)])
+    assert _one_line(result, 2) == f"error: {space}: [proxy].data: cannot resolve {quoted(data)}: {why}"
 
 
 @pytest.mark.parametrize(

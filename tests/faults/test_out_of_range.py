@@ -78,6 +78,20 @@ REFUSED = {  # the arguments, and the one line's start
         ["validate", "--study", "s", "--trials", "4", "--seed", "-1"],
         "error: --seed must be in 0..4294967295, got -1",
     ),
+    # Probe 5: validate and ladder checked Ray's resources with `< 0`, which NaN passes: Ray
+    # started (and the ladder opened) before Ray refused it; now search's rule, in one place.
+    "validate-gpus-nan": (
+        ["validate", "--study", "s", "--trials", "4", "--gpus-per-run", "nan"],
+        "error: --gpus-per-run must be 0 or a finite number >= 0.0001, got nan",
+    ),
+    "ladder-gpus-nan": (
+        ["ladder", "--study", "s", "--trial", "0", "--gpus-per-run", "nan"],
+        "error: --gpus-per-run must be 0 or a finite number >= 0.0001, got nan",
+    ),
+    "ladder-cpus-inf": (
+        ["ladder", "--study", "s", "--trial", "0", "--cpus-per-run", "inf"],
+        "error: --cpus-per-run must be a finite number >= 0.0001, got inf",
+    ),
 }
 
 
@@ -165,3 +179,97 @@ def test_both_bounds_from_the_environment_read_alike(monkeypatch, name):
         ArchsearchError, match=rf"^\${name} must be a number of seconds in \(0, 86400\), got 'inf'$"
     ):
         read()
+
+
+@pytest.mark.parametrize(
+    "args", [["width", str(10**23)], ["cost", "{config}"]], ids=["width-1e23", "cost-relu-2**40"]
+)
+def test_the_relu_risk_of_a_huge_width_takes_a_bounded_number_of_terms(tmp_path, monkeypatch, args):
+    """The ReLU feature-loss risk summed one lgamma per unit of d_model into a list: `width 1e23`
+    and `cost` of a ReLU shape 2**40 wide ran out of memory after minutes (issue 26 probe 5). The
+    sum now stops where its terms stop counting: a few hundred terms at any size."""
+    import math
+
+    from archsearch.space import ArchConfig
+    from archsearch.space.width import relu_feature_loss
+
+    config = tmp_path / "wide.json"
+    wide = {
+        "vocab_size": 256,
+        "seq_len": 256,
+        "n_layers": 2,
+        "d_model": 2**40,
+        "n_heads": 2**34,
+        "n_kv_heads": 2**34,
+        "head_dim": 64,
+        "d_ff": 2**42,
+    }
+    config.write_text(ArchConfig(activation="relu", **wide).to_json())
+    calls, lgamma = [], math.lgamma
+
+    def counted(x: float) -> float:
+        calls.append(x)
+        assert len(calls) < 10_000, "the sum takes a term per unit of width"
+        return lgamma(x)
+
+    relu_feature_loss.cache_clear()
+    monkeypatch.setattr(math, "lgamma", counted)
+    result = CliRunner().invoke(app, [a.format(config=config) for a in args])
+    assert result.exit_code == 0, (result.output, result.exception)
+    relu_feature_loss.cache_clear()
+
+
+def test_a_negative_kernel_count_is_refused():
+    """`profile --top -3` showed every kernel but the last three, exit 0 (issue 26 probe 5)."""
+    args = ["profile", "--preset", "byte-1m", "--device", "h100-sxm", "--top", "-3"]
+    result = CliRunner().invoke(app, args)
+    assert (result.exit_code, result.output) == (
+        2,
+        "error: Invalid value for '--top': Input should be greater than or equal to 0 (see --help)\n",
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--aspect-ratio", "nan"], "error: aspect_ratio must be positive and finite, got nan"),
+        (["--aspect-ratio", "inf"], "error: aspect_ratio must be positive and finite, got inf"),
+        (
+            ["--n-layers", "2", "--d-ff-ratio", "inf"],
+            "error: d_ff_ratio must be positive and finite, got inf",
+        ),
+        (
+            ["--n-layers", "2", "--d-ff-ratio", "nan", "--activation", "relu"],
+            "error: d_ff_ratio must be positive and finite, got nan",
+        ),
+    ],
+    ids=["aspect-nan", "aspect-inf", "d-ff-ratio-inf-gated", "d-ff-ratio-nan-plain"],
+)
+def test_a_non_finite_ratio_is_one_line(tmp_path, args, line):
+    """`config new --aspect-ratio nan` was a ValueError traceback and `--d-ff-ratio inf` an
+    OverflowError one: both passed a `<= 0` check (issue 26 probe 5)."""
+    out = tmp_path / "c.json"
+    result = CliRunner().invoke(app, ["config", "new", "--d-model", "64", *args, "-o", str(out)])
+    assert _one_line(result, 2) == line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["train", "--preset", "byte-1m", "--tokens", "2048", "--device", "cpu", "--threads", "5000"],
+        ["profile", "--preset", "byte-1m", "--device", "cpu", "--steps", "0", "--threads", "5000"],
+    ],
+    ids=["train", "profile"],
+)
+def test_a_thread_count_past_any_machine_is_refused_before_torch_makes_them(args):
+    """`train --threads 5000` was a segmentation fault (exit 139, no line) under a memory limit
+    while torch's OpenMP made the threads (issue 26 probe 5)."""
+    assert _one_line(CliRunner().invoke(app, args), 2) == "error: threads must be at most 1024, got 5000"
+
+
+def test_a_proxy_thread_count_past_any_machine_is_refused_by_space_check(tmp_path):
+    space = tmp_path / "space.toml"
+    space.write_text(tiny_toml().replace("[proxy]\n", "[proxy]\nthreads = 5000\n", 1))
+    result = CliRunner().invoke(app, ["space", "check", str(space)])
+    assert _one_line(result, 2) == f"error: {space}: [proxy]: threads must be at most 1024, got 5000"
