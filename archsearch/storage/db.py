@@ -1556,13 +1556,21 @@ class _DamagedValue(ValueError):
     that does not parse, into the damaged-database line (issue 26 probe 5: tracebacks before)."""
 
 
+# Sizes every trial's shape has, positive: a report takes their logarithm.
+_POSITIVE_COLUMNS = frozenset({"params_total", "flops_forward_per_token", "flops_train_per_token"})
+
+
 def _check_numbers(rows: Sequence[Sequence[Any]], columns: Sequence[Any]) -> None:
-    """Raises `_DamagedValue` for a value in a number column of `rows` that is not a number."""
+    """Raises `_DamagedValue` for a value in a number column of `rows` that is not a number, or a
+    size (`_POSITIVE_COLUMNS`) that is not positive."""
     numeric = [i for i, c in enumerate(columns) if isinstance(c.type, (Integer, Float, schema.Real))]
     for row in rows:
         for i in numeric:
-            if not (row[i] is None or isinstance(row[i], (int, float))):
-                raise _DamagedValue(f"a trial's {columns[i].key} is {quoted(str(row[i]))}, not a number")
+            value, name = row[i], columns[i].key
+            if not (value is None or isinstance(value, (int, float))):
+                raise _DamagedValue(f"a trial's {name} is {quoted(str(value))}, not a number")
+            if value is not None and name in _POSITIVE_COLUMNS and not value > 0:
+                raise _DamagedValue(f"a trial's {name} is {value!r}, not a positive number")
 
 
 def _trial_record(row: schema.Trial) -> TrialRecord:

@@ -198,8 +198,9 @@ def test_a_damaged_json_column_is_a_damaged_database_and_left_as_it_was(tmp_path
     [
         ("loss", "abc", "a trial's loss is 'abc', not a number"),
         ("config_json", "not json{", "trial 0's config: invalid JSON at line 1 column 1: Expecting value"),
+        ("params_total", -5, "a trial's params_total is -5, not a positive number"),
     ],
-    ids=["text-in-a-number-column", "config-not-json"],
+    ids=["text-in-a-number-column", "config-not-json", "negative-size"],
 )
 @pytest.mark.parametrize(
     "command",
