@@ -8,10 +8,11 @@ call first, then `torch.utils.benchmark`'s blocked autorange for `min_run_time` 
 work on the same memory.
 
 Beside it, the local device model's prediction (`local_serve_model`): `evaluators.serving` on
-this CPU's model calibrated on a fixed set of GEMMs, with the memory-bound ops at the measured
-rate of a gated activation and each eager op charged the seconds per op of a fixed reference
-shape whose decode step is all overhead, times the ops this shape's calls really dispatch
-(counted with `model._KernelCounter`).
+this CPU's model calibrated on a fixed set of GEMMs, with each call's weights and cache read at the
+bandwidth measured for a working set of their size, SDPA at its measured prefill and decode rates,
+the memory-bound ops' bytes (counted as the call runs them) at the measured rate of a gated
+activation, and each eager op charged the seconds per op of a fixed reference shape whose decode
+step is all overhead, times the ops this shape's calls really dispatch (`_OpCounter`).
 """
 
 from __future__ import annotations
