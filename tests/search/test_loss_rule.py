@@ -74,7 +74,7 @@ def test_optuna_is_told_what_the_front_ranks(db, study, objectives):
     assert db.require_study(study).loss_rule == spec.loss_rule == front.loss_rule
     if study == "only":  # the study's own objective credits no size, nor does its front
         assert front.to_dict()["size_beta"] is None and front.loss_rule.formula() == "loss + 2 x change"
-        assert [f.loss_rule for f in study_fronts(db, ["only", "only"])] == [spec.loss_rule] * 2
+        assert [f.loss_rule for f in study_fronts(db, ["only"])] == [spec.loss_rule]
 
 
 def test_with_extrapolate_the_still_falling_shape_ranks_above_the_flattened_one(db):
