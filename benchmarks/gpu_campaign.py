@@ -388,8 +388,6 @@ def part_steps(args: argparse.Namespace, info: Any, files: Files, budget: Budget
             print(f"part 1: {label}: not measured: {error}", flush=True)
             _check_device(info)  # a lost CUDA context fails every later shape: stop here instead
             continue
-        if entry["train_step_s"]:
-            entry["train_step_rounds_s"] = [entry["train_step_s"]]
         raw["shapes"].append(entry)
         files.write_json(files.steps, raw)
         measured += 1
@@ -414,7 +412,8 @@ def step_rounds(
     from archsearch.evaluators.step_record import time_train_step
     from archsearch.space.config import ArchConfig
 
-    for entry in raw["shapes"]:  # a record from before the rounds: its one timing is the first
+    # A shape's first timing (measure_shape's, or a record's from before the rounds) is its first round.
+    for entry in raw["shapes"]:
         if entry.get("train_step_s") and "train_step_rounds_s" not in entry:
             entry["train_step_rounds_s"] = [entry["train_step_s"]]
     slowest = 30.0 if info.type == "cuda" else 2.0  # seconds one timing takes, until one is seen

@@ -29,6 +29,7 @@ from torch.utils import _pytree as pytree
 from archsearch.evaluators.catalogue import Accelerator
 from archsearch.evaluators.device import DeviceInfo, detect_device
 from archsearch.evaluators.hardware import DeviceModel, local_cpu
+from archsearch.evaluators.kernels import AttentionCall
 from archsearch.evaluators.model import KVCache, ProxyLM, _KernelCounter
 from archsearch.evaluators.profiler import (
     AUTO,
@@ -385,7 +386,6 @@ def _stream_bandwidths(
         seconds = _median_seconds(chain, info, min_run_time) - STREAM_MATRICES * call_s
         moved = STREAM_MATRICES * 512 * n * size
         out.append((moved, min(ceiling, max(ceiling / 20, moved / max(seconds, 1e-12)))))
-        del weights
     return tuple(out)
 
 
@@ -406,8 +406,8 @@ def _attention_efficiencies(
     sdpa = torch.nn.functional.scaled_dot_product_attention
     prefill_s = _median_seconds(lambda: sdpa(q, k, v, is_causal=True), info, min_run_time)
     decode_s = _median_seconds(lambda: sdpa(one, k, v), info, min_run_time)
-    prefill_flops = 4 * b * h * s * s * d * (s + 1) // (2 * s)  # kernels.AttentionCall.causal_flops
-    decode_flops = 4 * b * h * s * d
+    prefill_flops = AttentionCall("sdpa.fwd", b, h, h, s, d, 1).causal_flops
+    decode_flops = 4 * b * h * s * d  # one query a head, as `serving` counts a decode step's
     return prefill_flops / prefill_s / gemm_rate, decode_flops / decode_s / gemm_rate
 
 

@@ -214,17 +214,18 @@ def _serve_time(
         attention = max(attn_flops / attn_rate, attn_bytes / model.bandwidth)
     compute += attn_flops / attn_rate
     flops += attn_flops
-    # 3. Memory-bound ops: each norm, activation, residual add, rope reads and writes its tensor.
-    act = B * T * cfg.d_model * w_size
-    placement = cfg.placement
-    n_norms = cfg.n_layers * placement.norms_per_layer(cfg.parallel_block) + int(placement.final)
-    other = 2 * act * (n_norms + cfg.n_layers * (2 if not cfg.parallel_block else 1))
-    other += cfg.n_layers * B * T * cfg.d_ff * w_size * (3 if cfg.gated else 2)  # activation
-    if POSITIONS[cfg.pos_embedding].rotary:
-        other += cfg.n_layers * 2 * B * T * (cfg.q_dim + cfg.kv_dim) * w_size
-    other += act + cache_written  # the embedding rows, the cache write
-    if memory_op_bytes is not None:  # counted as an eager call ran them
-        other = memory_op_bytes
+    # 3. Memory-bound ops: their bytes as counted when an eager call ran them, else a fused
+    # engine's: each norm, activation, residual add, rope reads and writes its tensor once.
+    other = memory_op_bytes
+    if other is None:
+        act = B * T * cfg.d_model * w_size
+        placement = cfg.placement
+        n_norms = cfg.n_layers * placement.norms_per_layer(cfg.parallel_block) + int(placement.final)
+        other = 2 * act * (n_norms + cfg.n_layers * (2 if not cfg.parallel_block else 1))
+        other += cfg.n_layers * B * T * cfg.d_ff * w_size * (3 if cfg.gated else 2)  # activation
+        if POSITIONS[cfg.pos_embedding].rotary:
+            other += cfg.n_layers * 2 * B * T * (cfg.q_dim + cfg.kv_dim) * w_size
+        other += act + cache_written  # the embedding rows, the cache write
     other_s = other / (memory_op_bandwidth or model.bandwidth)
     n_kernels = serve_kernels(cfg) if kernels is None else kernels
     each = GRAPH_KERNEL_S if kernel_s is None else kernel_s

@@ -132,7 +132,7 @@ def time_train_step(
         clock.stop()
         if dev.type == "cuda" and synchronize_each:
             torch.cuda.synchronize(dev)
-    if dev.type == "cuda":
+    if dev.type == "cuda" and not synchronize_each:
         torch.cuda.synchronize(dev)  # the clock's events are read once the last step has run
     seconds, _ = clock.median(warmup=0)
     return float(seconds)  # type: ignore[arg-type]  # steps >= 1 were timed
