@@ -33,16 +33,34 @@ SEED_MAX = 2**32 - 1
 RAY_RESOURCE_UNIT = 1e-4
 
 
-def ray_resources_problem(cpus: float, gpus: float, per: str) -> str | None:
-    """What is wrong with `--cpus-per-{per}` and `--gpus-per-{per}` for Ray, or None.
+# Logical CPUs a local Ray is started with at most (`workers x cpus-per-trial`, or the cores when
+# more): Ray 2.60 started with 256 here in 12 s, and with 1,024 or 100 billion (`--workers
+# 99999999999`) its start-up timed out, blaming an overloaded GCS (issue 26 probe 5).
+LOCAL_RAY_MAX_CPUS = 256
 
-    The one rule of search, validate and ladder: CPUs a finite number >= RAY_RESOURCE_UNIT, GPUs 0
-    or the same (`validate --gpus-per-run nan` passed a `< 0` check and started Ray).
+
+def ray_resources_problem(
+    cpus: float, gpus: float, per: str, workers: int = 1, address: str | None = None
+) -> str | None:
+    """What is wrong with `--workers`, `--cpus-per-{per}` and `--gpus-per-{per}` for Ray, or None.
+
+    The one rule of search, validate and ladder: workers at least 1, and for a local Ray (no
+    `address`) at most LOCAL_RAY_MAX_CPUS logical CPUs in all (or the cores, where there are more);
+    CPUs a finite number >= RAY_RESOURCE_UNIT, GPUs 0 or the same (`validate --gpus-per-run nan`
+    passed a `< 0` check and started Ray).
     """
     if not (math.isfinite(cpus) and cpus >= RAY_RESOURCE_UNIT):
         return f"--cpus-per-{per} must be a finite number >= {RAY_RESOURCE_UNIT:g}, got {cpus}"
     if not (math.isfinite(gpus) and (gpus == 0 or gpus >= RAY_RESOURCE_UNIT)):
         return f"--gpus-per-{per} must be 0 or a finite number >= {RAY_RESOURCE_UNIT:g}, got {gpus}"
+    if workers < 1:
+        return f"--workers must be at least 1, got {workers}"
+    most = max(LOCAL_RAY_MAX_CPUS, os.cpu_count() or 1)
+    if address is None and workers * cpus > most:
+        return (
+            f"--workers {_short(workers)} x --cpus-per-{per} {cpus:g} is more than the {most} CPUs a local "
+            "Ray starts with; join a cluster (--address) for more"
+        )
     return None
 
 

@@ -201,6 +201,23 @@ def long_cell(entry: tuple[float, float, int] | None) -> str:
     return f"{loss:.4f} ({multiplier:g}x{f', {seeds} seeds' if seeds > 1 else ''})"
 
 
+def note_if_unfit(cfg: ArchConfig, device: str, batch: int) -> None:
+    """On stderr, where a catalogued GPU's training step is modelled for a batch its memory could
+    not hold (`evaluators.trainer.train_memory_bytes`: weights, gradients, Adam, activations): the
+    figures are still printed, as if it fitted, which a sharded or recomputing run may make true."""
+    from archsearch.evaluators.catalogue import ACCELERATORS
+    from archsearch.evaluators.trainer import train_memory_bytes
+
+    have = ACCELERATORS[device].memory_bytes if device in ACCELERATORS else 0
+    need = train_memory_bytes(cfg, batch, cfg.seq_len)
+    if have and need > have:
+        typer.echo(
+            f"note: batch {batch:,} x {cfg.seq_len} needs about {si(need, 'B')} to train without sharding "
+            f"or recomputation; {device} has {si(have, 'B')}: modelled as if it fitted",
+            err=True,
+        )
+
+
 def resolve_config(path: Path | None, preset_name: str | None) -> ArchConfig:
     """The shape a command runs on: a config file or a preset, exactly one."""
     if (path is None) == (preset_name is None):

@@ -10,7 +10,17 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from archsearch.cli.common import ConfigArg, JsonFlag, PresetOpt, app, print_json, resolve_config, si, stdout
+from archsearch.cli.common import (
+    ConfigArg,
+    JsonFlag,
+    PresetOpt,
+    app,
+    note_if_unfit,
+    print_json,
+    resolve_config,
+    si,
+    stdout,
+)
 from archsearch.cli.progress import steps_bar
 from archsearch.errors import ConfigError
 
@@ -29,6 +39,7 @@ def align(
 
     cfg = resolve_config(config, preset_name)
     report = alignment_report(device_model(device), cfg, batch, dtype)
+    note_if_unfit(cfg, device, batch)
     if as_json:
         print_json(report.to_dict())
         return

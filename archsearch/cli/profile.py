@@ -15,6 +15,7 @@ from archsearch.cli.common import (
     PresetOpt,
     ThreadsOpt,
     app,
+    note_if_unfit,
     print_json,
     resolve_config,
     si,
@@ -93,6 +94,7 @@ def profile(
     if cache is not None and storage is not None:
         raise ConfigError("give --cache FILE or --storage URL, not both")
     report, used = _profile(cfg, device, batch, dtype, steps, cache, storage, min_run_time, threads)
+    note_if_unfit(cfg, device, batch)
     if as_json:
         print_json({**report.to_dict(), "threads": used})
         return

@@ -37,7 +37,7 @@ def space_check(
     from archsearch.space.search_space import sample_configs
 
     spec = load_spec(space)
-    spec.check_data()  # a corpus the trials could not read (empty, too short, ids past the vocab)
+    spec.preflight()  # a corpus the trials could not read, a batch no shape holds
     feasibility = spec.space.feasibility()
     configs = sample_configs(spec.space, samples, seed)
     if as_json:
@@ -153,7 +153,7 @@ def search(
         replay=replay,
     )
     spec.space.check_feasible()  # an impossible budget fails here, before anything is written
-    spec.check_data()  # so does a corpus no trial could read
+    spec.preflight()  # so does a corpus or proxy batch no trial could use
     with Storage.open(storage) as db, search_display(options.trials) as update:
         again = resume_command(space, options, db.display_url)
         try:

@@ -115,11 +115,11 @@ class LadderOptions:
             raise LadderError(f"--tokens-per-param must be a finite number > 0, got {t}")
         if self.top is not None and self.top <= 0:
             raise LadderError(f"--top must be a positive parameter count, got {self.top}")
-        if self.workers < 1:
-            raise LadderError(f"--workers must be at least 1, got {self.workers}")
         if not 0 <= self.seed <= SEED_MAX:
             raise LadderError(f"--seed must be in 0..{SEED_MAX}, got {self.seed}")
-        if problem := ray_resources_problem(self.cpus_per_trial, self.gpus_per_trial, "run"):
+        if problem := ray_resources_problem(
+            self.cpus_per_trial, self.gpus_per_trial, "run", self.workers, self.address
+        ):
             raise LadderError(problem)
         if self.retries < 0:
             raise LadderError(f"--retries must be >= 0, got {self.retries}")

@@ -165,12 +165,13 @@ class SearchOptions:
             raise SearchError(
                 f"--study must be a name of 1 to 512 printable characters, got {quoted(self.study)}"
             )
-        for name in ("trials", "workers"):
-            if getattr(self, name) < 1:
-                raise SearchError(f"--{name} must be at least 1, got {getattr(self, name)}")
+        if self.trials < 1:
+            raise SearchError(f"--trials must be at least 1, got {self.trials}")
         if self.retries < 0:
             raise SearchError(f"--retries must be >= 0, got {self.retries}")
-        if problem := ray_resources_problem(self.cpus_per_trial, self.gpus_per_trial, "trial"):
+        if problem := ray_resources_problem(
+            self.cpus_per_trial, self.gpus_per_trial, "trial", self.workers, self.address
+        ):
             raise SearchError(problem)
         if not 0 <= self.seed <= SEED_MAX:
             raise SearchError(f"--seed must be in 0..{SEED_MAX} (Optuna's seed range), got {self.seed}")
@@ -1324,7 +1325,7 @@ def run_search(
             "CPU trials side by side will wait on each other's cores",
             threads, options.cpus_per_trial,
         )  # fmt: skip
-    spec.check_data()  # a corpus no trial could read fails here, before any trial
+    spec.preflight()  # a corpus or proxy batch no trial could use fails here, before any trial
     driver = _Driver(spec, storage, options, on_update)
     try:
         driver.check_study()

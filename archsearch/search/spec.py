@@ -87,7 +87,7 @@ from archsearch.search.samplers import SAMPLERS
 from archsearch.space.objectives import DEFAULT_OBJECTIVES, SERVE_TIME_OBJECTIVES, LossRule, parse_objectives
 from archsearch.space.search_space import KNOBS, Budget, Domain, SearchSpace, SpaceError, check_export_formats
 from archsearch.space.serve import ServeError, ServeScenario
-from archsearch.units import SEED_MAX, parse_bytes
+from archsearch.units import SEED_MAX, format_si, parse_bytes
 
 
 class SpecError(ConfigError):
@@ -230,6 +230,44 @@ class SearchSpec:
         vocab = self.space.knob_values()["vocab_size"]
         if self.data is None and vocab != 256:
             raise SpecError(f"the bundled corpus is bytes: must be 256, got {vocab}", "[model].vocab_size")
+
+    def preflight(self) -> None:
+        """What every trial depends on beyond the file itself, checked before any trial runs: the
+        corpus (`check_data`) and a proxy batch some shape could hold (`check_batch_memory`).
+
+        Raises:
+            SpecError: one line naming the key.
+        """
+        self.check_batch_memory()
+        self.check_data()
+
+    def check_batch_memory(self) -> None:
+        """Refuse a `[proxy] batch_size` whose logits alone outgrow the device the proxy trains on
+        here: 4 bytes x batch_size x seq_len x vocab_size, a floor under every shape's training
+        memory (`evaluators.trainer.train_memory_bytes` counts them three times besides the
+        weights and activations), so every trial would fail the trainer's own memory check.
+
+        Skipped where the device cannot be described here (CUDA asked for on a driver without one:
+        the workers may have it) or its memory is unknown.
+
+        Raises:
+            SpecError: naming the bytes needed and the device's.
+        """
+        from archsearch.evaluators.device import DeviceError, resolve_device
+
+        knobs = self.space.knob_values()
+        seq_len = self.proxy.seq_len or knobs["seq_len"]
+        need = 4 * self.proxy.batch_size * seq_len * knobs["vocab_size"]
+        try:
+            info = resolve_device(self.proxy.device)
+        except DeviceError:
+            return
+        if info.memory_bytes and need > info.memory_bytes:
+            raise SpecError(
+                f"{self.proxy.batch_size:,} sequences of {seq_len} tokens: their logits alone need "
+                f"{format_si(need, 'B')}, more than this {info.type}'s {format_si(info.memory_bytes, 'B')}",
+                "[proxy].batch_size",
+            )
 
     def check_data(self) -> None:
         """Open the `[proxy] data` corpus as each trial will, before any trial runs.

@@ -106,8 +106,6 @@ class ValidateOptions:
             )
         if not 1 <= self.seeds <= MAX_SEEDS:
             raise ValidateError(f"--seeds must be in 1..{MAX_SEEDS}, got {self.seeds}")
-        if self.workers < 1:
-            raise ValidateError(f"--workers must be at least 1, got {self.workers}")
         if not 0 <= self.sample_seed <= SEED_MAX:
             raise ValidateError(f"--seed must be in 0..{SEED_MAX}, got {self.sample_seed}")
         if not self.numbers and self.trials < MIN_TRIALS:
@@ -116,7 +114,9 @@ class ValidateOptions:
             raise ValidateError("a --trial number is given twice")
         if self.size_beta is not None and not (math.isfinite(self.size_beta) and self.size_beta >= 0):
             raise ValidateError(f"--size-beta must be a finite number >= 0, got {self.size_beta}")
-        if problem := ray_resources_problem(self.cpus_per_trial, self.gpus_per_trial, "run"):
+        if problem := ray_resources_problem(
+            self.cpus_per_trial, self.gpus_per_trial, "run", self.workers, self.address
+        ):
             raise ValidateError(problem)
         if self.retries < 0:
             raise ValidateError(f"--retries must be >= 0, got {self.retries}")

@@ -492,6 +492,9 @@ class Storage:
             path = _sqlite_path(parsed)
             if not path.parent.is_dir():
                 raise StorageError(f"no folder {str(path.parent)!r} for the SQLite database {path}")
+            if path.exists() and not path.is_file():  # a folder, a FIFO, a device: SQLite reads only files
+                kind = "a folder" if path.is_dir() else "not a regular file"
+                raise StorageError(f"{path} is {kind}, not a SQLite database")
             if not create and not path.is_file():
                 raise StorageError(f"no database at {path}")
         try:

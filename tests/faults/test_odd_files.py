@@ -50,6 +50,22 @@ def test_a_fifo_given_as_an_input_file_is_refused_at_once(tmp_path, command, wha
     assert done.stderr.strip() == f"error: cannot read {what} {fifo}: not a regular file"
 
 
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+@pytest.mark.parametrize("command", [["trials", "--study", "s"], ["search", "--space", "{space}", "--trials", "1"]])
+def test_a_storage_path_that_is_not_a_file_says_what_it_is(tmp_path, kind, command):
+    """Probe 5: a FIFO given as the SQLite database was 'no database at' it to a reader and 'disk I/O
+    error' (exit 1, the environment's fault) to a search; a folder was SQLite's 'unable to open'."""
+    space = tmp_path / "space.toml"
+    space.write_text(TINY_TOML)
+    path = tmp_path / "trials.db"
+    os.mkfifo(path) if kind == "fifo" else path.mkdir()
+    args = [a.format(space=space) for a in command]
+    result = CliRunner().invoke(app, [*args, "--storage", f"sqlite:///{path}"])
+    what = "not a regular file" if kind == "fifo" else "a folder"
+    assert _one_line(result, 2) == f"error: {path} is {what}, not a SQLite database"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["space.toml", "trials.db"]
+
+
 def test_a_folder_given_as_the_space_still_says_so(tmp_path):
     folder = tmp_path / "space.toml"
     folder.mkdir()

@@ -92,6 +92,22 @@ REFUSED = {  # the arguments, and the one line's start
         ["ladder", "--study", "s", "--trial", "0", "--cpus-per-run", "inf"],
         "error: --cpus-per-run must be a finite number >= 0.0001, got inf",
     ),
+    # Probe 5: `search --workers 99999999999` started a local Ray of as many logical CPUs, whose
+    # start-up timed out a minute later blaming an overloaded GCS.
+    "search-workers-huge": (
+        ["search", "--space", "{space}", "--study", "s2", "--workers", "99999999999"],
+        "error: --workers 99999999999 x --cpus-per-trial 1 is more than the 256 CPUs a local Ray starts "
+        "with; join a cluster (--address) for more",
+    ),
+    "validate-workers-huge": (
+        ["validate", "--study", "s", "--trials", "4", "--workers", "300"],
+        "error: --workers 300 x --cpus-per-run 1 is more than the 256 CPUs a local Ray starts with; join a "
+        "cluster (--address) for more",
+    ),
+    "ladder-workers-zero": (
+        ["ladder", "--study", "s", "--trial", "0", "--workers", "0"],
+        "error: --workers must be at least 1, got 0",
+    ),
 }
 
 
@@ -99,7 +115,8 @@ REFUSED = {  # the arguments, and the one line's start
 def test_a_number_out_of_range_is_one_line_and_changes_nothing(database, tmp_path, args, line):
     before = hashlib.sha256(database.read_bytes()).hexdigest()
     out = tmp_path / "out"
-    filled = [a.format(out=out) for a in args]
+    space = Path(__file__).parents[2] / "examples" / "tiny.toml"
+    filled = [a.format(out=out, space=space) for a in args]
     result = CliRunner().invoke(app, [*filled, "--storage", f"sqlite:///{database}"])
     assert _one_line(result, 2) == line
     assert hashlib.sha256(database.read_bytes()).hexdigest() == before
@@ -273,3 +290,25 @@ def test_a_proxy_thread_count_past_any_machine_is_refused_by_space_check(tmp_pat
     space.write_text(tiny_toml().replace("[proxy]\n", "[proxy]\nthreads = 5000\n", 1))
     result = CliRunner().invoke(app, ["space", "check", str(space)])
     assert _one_line(result, 2) == f"error: {space}: [proxy]: threads must be at most 1024, got 5000"
+
+
+def test_a_proxy_batch_no_shape_could_hold_is_refused_before_any_trial(tmp_path):
+    """Probe 5: `[proxy] batch_size = 1e9` passed `space check`, and a search would have failed
+    every trial on the trainer's memory check; the logits alone are the floor the spec checks."""
+    space = tmp_path / "big.toml"
+    space.write_text(tiny_toml(proxy='tokens = 2048\nbatch_size = 1_000_000_000\ndevice = "cpu"'))
+    result = CliRunner().invoke(app, ["space", "check", str(space)])
+    line = _one_line(result, 2)
+    assert line.startswith("error: [proxy].batch_size: 1,000,000,000 sequences of ")
+    assert "their logits alone need" in line and "more than this cpu's" in line
+    result = CliRunner().invoke(
+        app, ["search", "--space", str(space), "--storage", f"sqlite:///{tmp_path / 't.db'}", "--trials", "1"]
+    )
+    assert _one_line(result, 2) == line
+    assert not (tmp_path / "t.db").exists()  # refused before the database was opened
+
+
+def test_a_batch_that_fits_passes_the_memory_floor():
+    from archsearch.search.spec import load_spec
+
+    load_spec(Path(__file__).parents[2] / "examples" / "tiny.toml").preflight()
