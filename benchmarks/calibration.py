@@ -239,6 +239,7 @@ def snapshot(db: Path, to: Path) -> None:
         dst.close()
     os.replace(tmp, to)
 
+
 # --- scoring the recorded set ---------------------------------------------------------------------
 
 # The predictor chosen on the development sets (the 28 shapes of fidelity_tiny_2026-11-23.json and

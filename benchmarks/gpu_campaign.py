@@ -19,7 +19,8 @@ Parts (`--parts 1,2,3`, the default; `--part N` for one):
    count is the command's) is kept beside the database so every resume runs the same study.
 3. serve: prefill and decode of 13 shapes at 3 scenarios measured in bf16 (eager, and the decode
    step replayed from a CUDA graph) against the serving model of the catalogued GPU, nothing
-   fitted (benchmarks/gpu_campaign_serve.py).
+   fitted (benchmarks/gpu_campaign_serve.py); once every point is measured, each is measured again
+   in passes until it has `--serve-rounds` timings (3), each call's time their median.
 
 Records go to `--out` (default benchmarks/data/), named by the device (`gpu_campaign_<device>_*`),
 each written atomically as each measurement finishes: part 1's run as one JSON in the format
@@ -83,9 +84,11 @@ FIRST_TRIAL_S = 300.0  # the first trial ends well inside this (a 500M shape: ab
 # Each real step is timed `step_rounds` times, in passes over the table (`step_rounds`).
 DEFAULTS = {
     "min_run_time": 0.1, "train_steps": 10, "search_tokens": 3_000_000, "search_trials": 8, "step_rounds": 3,
+    "serve_rounds": 3,
 }  # fmt: skip
 SMOKE_DEFAULTS = {
     "min_run_time": 0.01, "train_steps": 3, "search_tokens": 4096, "search_trials": 3, "step_rounds": 2,
+    "serve_rounds": 2,
 }  # fmt: skip
 
 # ------------------------------------------------------------------------------------------------
@@ -850,6 +853,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--step-rounds", type=int, help="part 1: times each shape's real step is timed, in passes (3)"
     )
+    parser.add_argument(
+        "--serve-rounds", type=int, help="part 3: times each point is measured, in passes (3)"
+    )
     parser.add_argument("--search-tokens", type=int, help="part 2's proxy tokens per trial (3,000,000)")
     parser.add_argument("--search-trials", type=int, help="part 2's finished trials (8)")
     parser.add_argument(
@@ -882,9 +888,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.device = "cpu"
     if not args.min_run_time > 0:
         raise CampaignError(f"--min-run-time must be positive, got {args.min_run_time:g}")
-    if min(args.train_steps, args.search_tokens, args.search_trials, args.step_rounds) < 1:
+    counts = (args.train_steps, args.search_tokens, args.search_trials, args.step_rounds, args.serve_rounds)
+    if min(counts) < 1:
         raise CampaignError(
-            "--train-steps, --search-tokens, --search-trials and --step-rounds must be at least 1"
+            "--train-steps, --search-tokens, --search-trials, --step-rounds and --serve-rounds must be at "
+            "least 1"
         )
     return args
 

@@ -191,7 +191,6 @@ def measures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-
 def _est(e: dict[str, Any]) -> str:
     def f(x: Any, spec: str) -> str:
         return "-" if x is None else format(x, spec)

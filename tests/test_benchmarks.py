@@ -279,6 +279,10 @@ def test_gpu_campaign_smoke_records_every_part_and_a_second_run_resumes_measurin
     assert points == [(s, b, c) for s in ("t-d64", "t-d128-mqa") for b, c in ((1, 32), (2, 64))], points
     assert all(p["prefill_time_s"] > 0 and p["decode_ops"] > 0 and p["decode_graph_time_s"] is None
                for p in serve["points"])  # fmt: skip
+    # Each point measured twice (the smoke's --serve-rounds), in a second pass: each call's the median.
+    assert all(p["rounds"] == 2 and len(p["prefill_time_rounds_s"]) == 2 for p in serve["points"])
+    assert all(p["decode_time_s"] == statistics.median(p["decode_time_rounds_s"]) for p in serve["points"])
+    assert "part 3: prefill_time_s measured in 2 passes: spread" in done.stdout, done.stdout
     assert re.search(r"part 3: decode against h100-sxm: median \|error\| [\d.]+%", done.stdout), done.stdout
     # The recorded run is what fit-device reads.
     fitted = subprocess.run(

@@ -367,9 +367,7 @@ def cpu_bf16_override() -> bool | None:
     (unset or "detect": ask the hardware). Another value is a `DeviceError` naming the choices."""
     value = os.environ.get(CPU_BF16_ENV, "detect").strip().lower() or "detect"
     if value not in CPU_BF16_CHOICES:
-        raise DeviceError(
-            f"{CPU_BF16_ENV}={quoted(value)} is not one of {', '.join(CPU_BF16_CHOICES)}"
-        )
+        raise DeviceError(f"{CPU_BF16_ENV}={quoted(value)} is not one of {', '.join(CPU_BF16_CHOICES)}")
     return {"native": True, "none": False}.get(value)
 
 

@@ -340,12 +340,14 @@ def validation_view(record: ValidationRecord, earlier: int = 0) -> Validation:
                 objective=key == objective,
                 spearman=c["spearman"],
                 spearman_interval=(
-                    _stored_interval(deciding, key, "spearman") if deciding
+                    _stored_interval(deciding, key, "spearman")
+                    if deciding
                     else rank_interval(c["spearman"], n, "spearman")
                 ),
                 kendall=c["kendall"],
                 kendall_interval=(
-                    _stored_interval(deciding, key, "kendall") if deciding
+                    _stored_interval(deciding, key, "kendall")
+                    if deciding
                     else rank_interval(c["kendall"], n, "kendall")
                 ),
                 iso_pairs=(int(iso[0]), int(iso[1])) if iso else None,

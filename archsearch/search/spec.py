@@ -472,7 +472,7 @@ KEY_DOCS: dict[str, str] = {
     "proxy.eval_batches": "Fixed held-out batches per evaluation.",
     "proxy.evals": "Evaluations spread evenly over the budget; the last is the trial's loss.",
     "proxy.device": 'Where proxies train: "cpu", "cuda", "cuda:N" or "auto".',
-    "proxy.precision": 'bf16, fp32 or auto; pin it (fp32 on CPUs) so every machine gives the same losses.',
+    "proxy.precision": "bf16, fp32 or auto; pin it (fp32 on CPUs) so every machine gives the same losses.",
     "proxy.compile": "torch.compile the model.",
     "proxy.threads": "Torch threads of a CPU run; left out: chosen from the shape and the free cores.",
     "proxy.data": "A token file (relative to the space file); left out: the bundled byte-level corpus.",
@@ -489,7 +489,7 @@ KEY_DOCS: dict[str, str] = {
     "objectives.size_beta": "The loss objective is loss - size_beta ln(params / 1M); left out: the loss.",
     "objectives.extrapolate": (
         "The loss objective adds extrapolate x the proxy curve's last evaluation interval's change "
-        "(Accuracy, \"The loss objective\"); left out: 0."
+        '(Accuracy, "The loss objective"); left out: 0.'
     ),
     "serve.batch": "Sequences decoded together.",
     "serve.prompt_len": "Tokens prefilled per sequence.",

@@ -51,7 +51,9 @@ def test_a_fifo_given_as_an_input_file_is_refused_at_once(tmp_path, command, wha
 
 
 @pytest.mark.parametrize("kind", ["fifo", "folder"])
-@pytest.mark.parametrize("command", [["trials", "--study", "s"], ["search", "--space", "{space}", "--trials", "1"]])
+@pytest.mark.parametrize(
+    "command", [["trials", "--study", "s"], ["search", "--space", "{space}", "--trials", "1"]]
+)
 def test_a_storage_path_that_is_not_a_file_says_what_it_is(tmp_path, kind, command):
     """Probe 5: a FIFO given as the SQLite database was 'no database at' it to a reader and 'disk I/O
     error' (exit 1, the environment's fault) to a search; a folder was SQLite's 'unable to open'."""

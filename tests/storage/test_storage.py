@@ -346,10 +346,14 @@ def test_a_version_5_database_gains_loss_change_filled_from_the_stored_curves(db
         st.create_study("s", **SPEC)
         st.finish_trial(_assigned(st, 0), OUTCOME)  # val curve 1.9 -> 1.5
         long_curve = [[1024, 2.6], [2048, 2.2], [3072, 2.0], [4096, 1.95]]
-        st.finish_trial(_assigned(st, 1), TrialOutcome(status="complete", train={"val_loss": 1.95,
-                                                                                  "val_curve": long_curve}))
-        st.finish_trial(_assigned(st, 2), TrialOutcome(status="complete", train={"val_loss": 2.5,
-                                                                                  "val_curve": [[64, 2.5]]}))
+        st.finish_trial(
+            _assigned(st, 1),
+            TrialOutcome(status="complete", train={"val_loss": 1.95, "val_curve": long_curve}),
+        )
+        st.finish_trial(
+            _assigned(st, 2),
+            TrialOutcome(status="complete", train={"val_loss": 2.5, "val_curve": [[64, 2.5]]}),
+        )
         no_curve = TrialOutcome(status="complete", train={"val_loss": 2.4})
         st.finish_trial(_assigned(st, 3), no_curve)
     engine = create_engine(db_url)
