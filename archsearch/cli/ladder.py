@@ -163,6 +163,15 @@ def _print_ladders(summary: Any) -> None:
             f"trial {p.design}: A {fit.coefficient(p.design):.4g}; at 4x its top rung ({si(p.n)} "
             f"non-embedding): {p.loss:.4f} [{p.low:.4f}, {p.high:.4f}], extrapolated"
         )
+    if not fit.floor_pinned:
+        typer.echo(UNPINNED_FLOOR, err=True)
+
+
+# Said wherever a law whose E sits on its bound is shown or used (`LadderFit.floor_pinned`).
+UNPINNED_FLOOR = (
+    "note: these rungs do not pin the floor E (fitted at its bound, 0): the law falls without limit, so "
+    "its losses far past the top rung are likely too low; larger rungs or more designs pin it"
+)
 
 
 def print_scaled_prediction(rungs: Any, study: str, trial: int, target: Any, tokens: int | None) -> None:
@@ -196,6 +205,8 @@ def print_scaled_prediction(rungs: Any, study: str, trial: int, target: Any, tok
         "ladder's corpus and vocabulary: a loss in that tokenizer's units",
     ]
     typer.echo("\n".join(lines))
+    if not found.fit.floor_pinned:
+        typer.echo(UNPINNED_FLOOR, err=True)
     if tokens is not None and abs(tokens / found.target_params / found.tokens_per_param - 1) > 0.05:
         typer.echo(
             f"note: --tokens {si(tokens)} is {tokens / found.target_params:.3g} tokens per parameter; the "
@@ -246,6 +257,8 @@ def print_at_size(study: str, target: int, predictions: list[Any], notes: list[s
     console.print(table)
     for note in notes:
         typer.echo(f"left out: {note}", err=True)
+    if predictions and not predictions[0][1].fit.floor_pinned:
+        typer.echo(UNPINNED_FLOOR, err=True)
 
 
 def at_size_dict(study: str, target: int, predictions: list[Any], notes: list[str]) -> dict[str, Any]:

@@ -38,6 +38,9 @@ N_REF = 1e6  # sizes are fitted in units of 1M parameters: A_d stays O(1) from 1
 ALPHA_BOUNDS = (1e-3, 4.0)  # Chinchilla 0.34, Kaplan 0.076 (non-embedding): far inside
 DEFAULT_RESAMPLES = 200  # percentile interval; 200 keeps a fit of 8 ladders to about a second
 MAX_REDRAWS = 20  # per resample, when a draw leaves a design on one size
+# An E below this fraction of the lowest rung loss sits on its bound 0 (the solver stops a little
+# inside a bound: 3e-5 nats for rungs of a law with no floor): the rungs did not pin it.
+FLOOR_TOLERANCE = 1e-3
 # Starting points: the exponent from shallow to steep, E from none to just under the best loss.
 _ALPHA_STARTS = (0.1, 0.3, 0.7, 1.5)
 _E_STARTS = (0.0, 0.5, 0.9)
@@ -102,6 +105,13 @@ class LadderFit:
     boot: np.ndarray  # (resamples, 2 + designs)
     redraws: int  # resamples drawn again because they left a design on one size
 
+    @property
+    def floor_pinned(self) -> bool:
+        """Whether the rungs pin the irreducible loss E: not when the fit left it on its lower
+        bound, 0, where a short ladder of small models puts it (their losses still fall steeply),
+        and the law then falls without limit: far past the rungs it predicts too low a loss."""
+        return self.e > FLOOR_TOLERANCE * min(p.loss for p in self.points)
+
     def coefficient(self, design: Hashable) -> float:
         """A_d of `L = E + A_d N^-alpha` with N in parameters."""
         return math.exp(self.log_a[self._index(design)]) * self.n_ref**self.alpha
@@ -163,6 +173,7 @@ class LadderFit:
             "resamples": len(self.boot),
             "redraws": self.redraws,
             "E_interval": q(self.boot[:, 0]),
+            "E_pinned": self.floor_pinned,
             "alpha_interval": q(self.boot[:, 1]),
         }
 

@@ -263,13 +263,15 @@ def test_two_trials_of_one_design_share_each_run_in_one_ladder(url, tmp_path, ra
 
 
 # --- reading: export --scale-to and pareto --at-size --------------------------------------------
-def _laddered(url: str) -> str:
-    """Rungs of trials 0 and 1 stored as the stand-in law trains them, without Ray."""
+def _laddered(url: str, floor: bool = True) -> str:
+    """Rungs of trials 0 and 1 stored as the stand-in law trains them, without Ray; without `floor`,
+    falling as a steeper power law with no floor (E = 0)."""
     with Storage.open(url) as db:
         for p in plan_ladder(db, OPTIONS):
+            loss = _law(p.config) if floor else 500 * param_counts(p.config).non_embedding ** -0.5
             db.add_ladder_rung(
                 "tiny", trial_number=p.trial, tokens_per_param=20, target_params=p.target, config=p.config,
-                seed=0, tokens=p.settings["tokens"], val_loss=_law(p.config),
+                seed=0, tokens=p.settings["tokens"], val_loss=loss,
             )  # fmt: skip
     return url
 
@@ -295,9 +297,21 @@ def test_export_scale_to_prints_the_predicted_loss_its_interval_and_distance(url
     )
     assert "G training tokens (20 per parameter), on the ladder's corpus" in result.stdout
     assert "note: --tokens" not in result.stderr  # 26B at 1.3B is the ladder's ratio
+    assert "do not pin the floor" not in result.stderr  # E = 1.2, recovered
     with Storage.open(url) as db:
         found = predict_trial(db.ladder_rungs("tiny"), 1, scaled, 26 * 10**9)
     assert found.prediction.distance > 1000 and found.prediction.extrapolated
+
+
+def test_a_law_whose_floor_the_rungs_do_not_pin_is_said_to_predict_too_low_far_out(url, tmp_path):
+    _laddered(url, floor=False)
+    args = ["--study", "tiny", "--storage", url]
+    out = str(tmp_path / "o")
+    export = ["export", *args, "--trial", "1", "--scale-to", "1.3B", "--format", "json", "-o", out]
+    for command in (export, ["pareto", *args, "--at-size", "1.3B"]):
+        result = CliRunner().invoke(app, command)
+        assert result.exit_code == 0, result.output
+        assert "note: these rungs do not pin the floor E (fitted at its bound, 0)" in result.stderr
 
 
 def test_export_scale_to_without_a_ladder_says_how_to_get_one(url, tmp_path):

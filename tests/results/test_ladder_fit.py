@@ -37,6 +37,16 @@ def test_the_fit_recovers_a_known_exponent_floor_and_coefficients():
     assert p.loss == pytest.approx(E + A["b"] * 2e6**-ALPHA, rel=1e-6)
     assert p.distance == pytest.approx(4.0) and p.extrapolated
     assert math.isnan(p.low) and math.isnan(p.high)  # no resamples, no interval
+    assert fit.floor_pinned and fit.to_dict()["E_pinned"]
+
+
+def test_rungs_still_falling_faster_than_any_floor_allows_leave_e_unpinned():
+    """Losses that fall more steeply than a power law with a floor (short runs of tiny models, as
+    the quick start's ladder): the fit puts E on its bound, 0, and says it did not pin it."""
+    points = [RungPoint(d, n, a * n**-0.45) for d, a in A.items() for n in SIZES]
+    fit = fit_ladders(points, resamples=0)
+    assert fit.e == pytest.approx(0.0, abs=1e-4)
+    assert not fit.floor_pinned and fit.to_dict()["E_pinned"] is False
 
 
 def test_with_noise_the_interval_holds_the_truth_and_grows_with_the_distance():
