@@ -5,6 +5,7 @@ Also the ladder's lines in `export --scale-to` and the table of `pareto --at-siz
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -163,8 +164,27 @@ def _print_ladders(summary: Any) -> None:
             f"trial {p.design}: A {fit.coefficient(p.design):.4g}; at 4x its top rung ({si(p.n)} "
             f"non-embedding): {p.loss:.4f} [{p.low:.4f}, {p.high:.4f}], extrapolated"
         )
+    if line := backtest_line(fit):
+        console.print(line)
     if not fit.floor_pinned:
         typer.echo(UNPINNED_FLOOR, err=True)
+
+
+def backtest_line(fit: Any) -> str | None:
+    """The fit's backtest (`LadderFit.backtest`) in one line, or None where it has none."""
+    tested = fit.backtest()
+    if not tested:
+        return None
+    errors = {d: e for d, (e, _) in tested.items()}
+    worst = max(errors, key=lambda d: abs(errors[d]))
+    distances = [dist for _, dist in tested.values()]
+    median = statistics.median(abs(e) for e in errors.values())
+    return (
+        f"backtest: fitted without each design's top rung, the law predicts it ({min(distances):.1f}x-"
+        f"{max(distances):.1f}x past the rungs left) with median |error| "
+        f"{median:.1%}, worst {errors[worst]:+.1%} (trial {worst}) "
+        f"over {len(errors)} design{'s' * (len(errors) != 1)}"
+    )
 
 
 # Said wherever a law whose E sits on its bound is shown or used (`LadderFit.floor_pinned`).
@@ -204,6 +224,11 @@ def print_scaled_prediction(rungs: Any, study: str, trial: int, target: Any, tok
         f"  for {si(found.tokens)} training tokens ({found.tokens_per_param:g} per parameter), on the "
         "ladder's corpus and vocabulary: a loss in that tokenizer's units",
     ]
+    if tested := found.fit.backtest().get(trial):
+        lines.append(
+            f"  backtest: its top rung, predicted from the rungs below it ({tested[1]:.1f}x out) by the law "
+            f"fitted without every design's top rung: {tested[0]:+.1%}"
+        )
     typer.echo("\n".join(lines))
     if not found.fit.floor_pinned:
         typer.echo(UNPINNED_FLOOR, err=True)

@@ -112,6 +112,32 @@ class LadderFit:
         and the law then falls without limit: far past the rungs it predicts too low a loss."""
         return self.e > FLOOR_TOLERANCE * min(p.loss for p in self.points)
 
+    def backtest(self) -> dict[Hashable, tuple[float, float]]:
+        """The ladder's own check of its extrapolation: the law fitted again without the top rung of
+        every design that has 3 sizes or more, each of those top rungs predicted from the rest.
+
+        Returns:
+            By design: (predicted / measured - 1, the distance: the top rung over the largest one
+            left). Empty when no design has 3 sizes, or the rest cannot be fitted.
+        """
+        tops: dict[Hashable, RungPoint] = {}
+        for d in self.designs:
+            mine = [p for p in self.points if p.design == d]
+            if len({p.n for p in mine}) >= 3:
+                tops[d] = max(mine, key=lambda p: p.n)
+        rest = [p for p in self.points if not (p.design in tops and p.n == tops[p.design].n)]
+        try:
+            fit = fit_ladders(rest, n_ref=self.n_ref, resamples=0) if tops else None
+        except LadderFitError:
+            fit = None
+        if fit is None:
+            return {}
+        out = {}
+        for d, top in tops.items():
+            below = max(p.n for p in rest if p.design == d)
+            out[d] = (float(fit.loss(d, top.n)) / top.loss - 1, top.n / below)
+        return out
+
     def coefficient(self, design: Hashable) -> float:
         """A_d of `L = E + A_d N^-alpha` with N in parameters."""
         return math.exp(self.log_a[self._index(design)]) * self.n_ref**self.alpha
@@ -174,6 +200,10 @@ class LadderFit:
             "redraws": self.redraws,
             "E_interval": q(self.boot[:, 0]),
             "E_pinned": self.floor_pinned,
+            "backtest": [
+                {"design": d, "relative_error": err, "distance": dist}
+                for d, (err, dist) in self.backtest().items()
+            ],
             "alpha_interval": q(self.boot[:, 1]),
         }
 

@@ -298,6 +298,8 @@ def test_export_scale_to_prints_the_predicted_loss_its_interval_and_distance(url
     assert "G training tokens (20 per parameter), on the ladder's corpus" in result.stdout
     assert "note: --tokens" not in result.stderr  # 26B at 1.3B is the ladder's ratio
     assert "do not pin the floor" not in result.stderr  # E = 1.2, recovered
+    # 3 rungs each: without their top rungs, 2 designs of 2 rungs leave no more points than constants.
+    assert "backtest" not in result.stdout
     with Storage.open(url) as db:
         found = predict_trial(db.ladder_rungs("tiny"), 1, scaled, 26 * 10**9)
     assert found.prediction.distance > 1000 and found.prediction.extrapolated

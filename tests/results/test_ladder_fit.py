@@ -119,3 +119,17 @@ def test_two_designs_of_two_rungs_each_fit_when_one_has_a_third():
 
 def test_relative_errors():
     assert relative_errors([1.1, 0.9], [1.0, 1.0]).tolist() == pytest.approx([0.1, 0.1])
+
+
+def test_the_backtest_predicts_each_top_rung_from_the_rungs_below_it():
+    """On rungs of the law itself the top rungs come back exact, 2x past the rungs left; rungs that
+    fall faster at the top than below (the tiny ladders' steep middle) come back too high."""
+    tested = fit_ladders(_points(), resamples=0).backtest()
+    assert set(tested) == set(A)
+    assert all(abs(err) < 1e-6 and dist == pytest.approx(2.0) for err, dist in tested.values())
+    two_sizes = [p for p in _points(sizes=SIZES[:2]) if p.design != "c"] + _points(designs={"c": 45.0})
+    assert set(fit_ladders(two_sizes, resamples=0).backtest()) == {"c"}  # 2 sizes: not tested
+    steep = [RungPoint(p.design, p.n, p.loss - (0.2 if p.n == SIZES[-1] else 0.0)) for p in _points()]
+    fit = fit_ladders(steep, resamples=0)
+    assert all(err > 0.05 for err, _ in fit.backtest().values())
+    assert [b["design"] for b in fit.to_dict()["backtest"]] == list(A)
