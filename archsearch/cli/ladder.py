@@ -5,7 +5,6 @@ Also the ladder's lines in `export --scale-to` and the table of `pareto --at-siz
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -134,6 +133,8 @@ def _at_4x(fit: Any) -> list[Any]:
 
 
 def _print_ladders(summary: Any) -> None:
+    from archsearch.results.ladder import UNPINNED_FLOOR, backtest_line
+
     console = stdout()
     fit = summary.fit
     table = Table(title=f"Ladders of {summary.study!r} at {summary.tokens_per_param:g} tokens per parameter")
@@ -170,34 +171,10 @@ def _print_ladders(summary: Any) -> None:
         typer.echo(UNPINNED_FLOOR, err=True)
 
 
-def backtest_line(fit: Any) -> str | None:
-    """The fit's backtest (`LadderFit.backtest`) in one line, or None where it has none."""
-    tested = fit.backtest()
-    if not tested:
-        return None
-    errors = {d: e for d, (e, _) in tested.items()}
-    worst = max(errors, key=lambda d: abs(errors[d]))
-    distances = [dist for _, dist in tested.values()]
-    median = statistics.median(abs(e) for e in errors.values())
-    return (
-        f"backtest: fitted without each design's top rung, the law predicts it ({min(distances):.1f}x-"
-        f"{max(distances):.1f}x past the rungs left) with median |error| "
-        f"{median:.1%}, worst {errors[worst]:+.1%} (trial {worst}) "
-        f"over {len(errors)} design{'s' * (len(errors) != 1)}"
-    )
-
-
-# Said wherever a law whose E sits on its bound is shown or used (`LadderFit.floor_pinned`).
-UNPINNED_FLOOR = (
-    "note: these rungs do not pin the floor E (fitted at its bound, 0): the law falls without limit, so "
-    "its losses far past the top rung are likely too low; larger rungs or more designs pin it"
-)
-
-
 def print_scaled_prediction(rungs: Any, study: str, trial: int, target: Any, tokens: int | None) -> None:
     """`export --scale-to`'s ladder lines: the predicted loss at the scaled shape, its interval, the
     rungs it rests on and how far it extrapolates; a hint on stderr when the trial has no ladder."""
-    from archsearch.results.ladder import predict_trial
+    from archsearch.results.ladder import UNPINNED_FLOOR, predict_trial
     from archsearch.results.ladder_fit import LadderFitError
 
     try:
@@ -256,6 +233,8 @@ def reach(p: Any) -> str:
 
 def print_at_size(study: str, target: int, predictions: list[Any], notes: list[str]) -> None:
     """`pareto --at-size`: the laddered designs ranked by the loss predicted at `target`."""
+    from archsearch.results.ladder import UNPINNED_FLOOR
+
     console = stdout()
     ratio = predictions[0][1].tokens_per_param if predictions else None
     table = Table(

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -681,3 +682,27 @@ def predict_at_size(
     notes += [f"trial {n}: its ladder has one size so far" for n in left]
     ranked.sort(key=lambda pair: (pair[1].prediction.loss, pair[0].number))
     return ranked, notes
+
+
+# Said wherever a law whose E sits on its bound is shown or used (`LadderFit.floor_pinned`).
+UNPINNED_FLOOR = (
+    "note: these rungs do not pin the floor E (fitted at its bound, 0): the law falls without limit, so "
+    "its losses far past the top rung are likely too low; larger rungs or more designs pin it"
+)
+
+
+def backtest_line(fit: LadderFit) -> str | None:
+    """A study fit's backtest (`LadderFit.backtest`, designs being trial numbers) in one line, or None
+    where it has none."""
+    tested = fit.backtest()
+    if not tested:
+        return None
+    errors = {d: e for d, (e, _) in tested.items()}
+    worst = max(errors, key=lambda d: abs(errors[d]))
+    distances = [dist for _, dist in tested.values()]
+    median = statistics.median(abs(e) for e in errors.values())
+    return (
+        f"backtest: fitted without each design's top rung, the law predicts it ({min(distances):.1f}x-"
+        f"{max(distances):.1f}x past the rungs left) with median |error| {median:.1%}, worst "
+        f"{errors[worst]:+.1%} (trial {worst}) over {len(errors)} design{'s' * (len(errors) != 1)}"
+    )
