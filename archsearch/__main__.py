@@ -17,13 +17,34 @@ def _while_loading(signum: int, _frame: object) -> None:
     os._exit(128 + signum)
 
 
+# How long the interpreter may take to tear down once the command has ended, before SIGALRM's
+# default action ends it: torch's and pandas' modules unload in well under a second.
+TEARDOWN_BOUND_S = 30
+
+
+def _settled() -> None:
+    """The command has ended and said how: its output is whole, its line printed, its exit code
+    chosen. A signal while the interpreter then tears down (0.3 s with torch loaded, after Python
+    has put the default actions back) killed it silently with 130 or 143 after a complete run,
+    (issue 26 probe 6: `export` SIGTERMed as it exited, its folder written, exit 143 and no line).
+    Ignored from here, so the exit code stays the command's; a teardown that hangs is still ended
+    by SIGALRM after TEARDOWN_BOUND_S (Python leaves an ignored signal ignored while it finalises).
+    """
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)
+    signal.alarm(TEARDOWN_BOUND_S)
+
+
 def main() -> None:
     previous = {s: signal.signal(s, _while_loading) for s in (signal.SIGINT, signal.SIGTERM)}
     from archsearch.cli import main as run
 
     for s, handler in previous.items():
         signal.signal(s, handler)
-    run()
+    try:
+        run()
+    finally:
+        _settled()
 
 
 if __name__ == "__main__":

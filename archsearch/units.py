@@ -55,6 +55,13 @@ def ray_resources_problem(
         return f"--gpus-per-{per} must be 0 or a finite number >= {RAY_RESOURCE_UNIT:g}, got {gpus}"
     if workers < 1:
         return f"--workers must be at least 1, got {workers}"
+    gpus_here = local_gpu_count() if address is None and gpus > 0 else None
+    if gpus_here is not None and gpus > gpus_here:  # Ray queues such a task for ever, silently
+        return (
+            f"--gpus-per-{per} {gpus:g} is more than the {gpus_here} GPU{'s' if gpus_here != 1 else ''} "
+            f"a local Ray finds here: every {per} would wait for one without end; use --gpus-per-{per} 0, "
+            "or join a cluster with GPUs (--address)"
+        )
     most = max(LOCAL_RAY_MAX_CPUS, os.cpu_count() or 1)
     if address is None and workers * cpus > most:
         return (
@@ -62,6 +69,27 @@ def ray_resources_problem(
             "Ray starts with; join a cluster (--address) for more"
         )
     return None
+
+
+def local_gpu_count() -> int | None:
+    """GPUs a local Ray would find here, or None where that cannot be told without starting it.
+
+    CUDA_VISIBLE_DEVICES when set (Ray honours it); else NVIDIA's driver's list of GPUs; else 0
+    only where no GPU driver of any kind is present (no NVIDIA or AMD device node, no nvidia-smi
+    or rocm-smi): `search --gpus-per-trial 1` on such a machine waited for ever (issue 26 probe 6).
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "NoDevFiles"])
+    nvidia = "/proc/driver/nvidia/gpus"
+    if os.path.isdir(nvidia):
+        return len(os.listdir(nvidia))
+    import shutil
+
+    drivers = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
+    if any(os.path.exists(d) for d in drivers) or shutil.which("nvidia-smi") or shutil.which("rocm-smi"):
+        return None
+    return 0
 
 
 # What formatting uses, largest first; small quantities (seconds) get milli and micro too.

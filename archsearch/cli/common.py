@@ -8,6 +8,7 @@ exit code 1 (so does running out of memory); Ctrl-C one line and 130. A bug keep
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import sys
@@ -30,6 +31,9 @@ OUT_OF_MEMORY = (
     "out of memory: this process hit its memory limit (the machine's or GPU's, ulimit -v, a "
     "container's); raise it or use a smaller shape, batch or context"
 )
+# How the dynamic loader says a library did not fit the address space (ImportError's text):
+# `profile` under `ulimit -v 500000` ended in a traceback importing torch (issue 26 probe 6).
+_MAP_FAILURES = ("failed to map segment from shared object", "Cannot allocate memory")
 # Click's usage error class, from the Click that Typer runs: recent Typers vendor a copy whose
 # classes are not `click`'s. The public typer.BadParameter derives from it in both cases.
 _USAGE_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
@@ -42,6 +46,8 @@ def _allocation_failure(exc: BaseException) -> bool:
     loaded is `evaluators.device` (which imports it) asked."""
     if isinstance(exc, MemoryError):
         return True
+    if isinstance(exc, ImportError):  # a shared library that cannot be mapped: torch under `ulimit -v`
+        return any(text in str(exc) for text in _MAP_FAILURES)
     if "torch" not in sys.modules:
         return False
     from archsearch.evaluators.device import is_memory_error
@@ -53,7 +59,11 @@ def os_error_text(exc: OSError) -> str:
     """An `OSError` as `cannot use PATH: Permission denied`, the file named when known."""
     what = exc.strerror or type(exc).__name__
     paths = [p for p in (exc.filename, exc.filename2) if p is not None]
-    return f"cannot use {' -> '.join(map(str, paths))}: {what}" if paths else f"{what}: {exc}"
+    if paths:
+        return f"cannot use {' -> '.join(map(str, paths))}: {what}"
+    # No file named: a write to stdout (`> /dev/full`) said "No space left on device: [Errno 28]
+    # No space left on device".
+    return what if exc.strerror else f"{what}: {exc}"
 
 
 def interrupted(exc: KeyboardInterrupt) -> int:
@@ -100,8 +110,10 @@ class _Group(TyperGroup):
             raise typer.Exit(EXIT_USAGE) from None
         except OSError as exc:  # an output path that cannot be written, a full disk
             typer.echo(error_line(os_error_text(exc)), err=True)
-            raise typer.Exit(EXIT_ENVIRONMENT) from None
-        except (MemoryError, RuntimeError) as exc:  # a memory limit hit outside a trial, even on import
+            # A name longer than the file system takes is the input's fault, not the environment's.
+            raise typer.Exit(EXIT_USAGE if exc.errno == errno.ENAMETOOLONG else EXIT_ENVIRONMENT) from None
+        # A memory limit hit outside a trial, even on import (a library the loader could not map).
+        except (MemoryError, RuntimeError, ImportError) as exc:
             if not _allocation_failure(exc):
                 raise
             typer.echo(error_line(OUT_OF_MEMORY), err=True)  # the frames that held the memory are gone
@@ -158,8 +170,22 @@ def stdout() -> Console:
     return console if console.is_terminal else Console(highlight=False, width=160)
 
 
+def finite_json(obj: Any) -> Any:
+    """`obj` with every non-finite float (NaN, +-inf) as None: JSON has no NaN or Infinity, and
+    `json.dumps` wrote them as tokens strict parsers refuse (`pareto --json` printed
+    `"hypervolume": Infinity`)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    return obj
+
+
 def print_json(obj: Any) -> None:
-    typer.echo(json.dumps(obj, indent=2))
+    """`obj` as strict JSON on stdout: a non-finite number is null (`finite_json`)."""
+    typer.echo(json.dumps(finite_json(obj), indent=2, allow_nan=False))
 
 
 def si(value: float, unit: str = "") -> str:

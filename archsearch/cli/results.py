@@ -75,7 +75,7 @@ def pareto(
     from archsearch.space.objectives import parse_objectives
     from archsearch.storage import Storage, database_files
 
-    names = parse_objectives(objectives) if objectives else None
+    names = parse_objectives(objectives) if objectives is not None else None  # "" is refused, not the default
     ref = floats(reference, "--reference") if reference else None
     if plot is not None:
         check_writable(plot, inputs=database_files(storage))  # before the fronts are ranked and drawn

@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from archsearch.cli.common import (
+    EXIT_ENVIRONMENT,
     ConfigArg,
     FromStudyOpt,
     FromTrialOpt,
@@ -26,6 +27,7 @@ from archsearch.cli.common import (
     threads_text,
 )
 from archsearch.cli.progress import progress_bar
+from archsearch.errors import error_line
 from archsearch.trial import FAILED
 
 
@@ -106,5 +108,6 @@ def train(
         for row in rows:
             table.add_row(*row)
         console.print(table)
-    if result.status == FAILED:
-        raise typer.Exit(1)
+    if result.status == FAILED:  # the table says it on stdout; stderr gets the one error line too
+        typer.echo(error_line(f"the run failed: {result.reason or 'no reason recorded'}"), err=True)
+        raise typer.Exit(EXIT_ENVIRONMENT)

@@ -90,11 +90,18 @@ def records_from_benchmark(raw: dict[str, Any], launches: dict[str, int]) -> lis
                 continue
             report = entry["report"]
             rows = report["kernels"]
+            label, batch, real = entry["label"], entry["batch"], entry["train_step_s"]
+            if isinstance(batch, bool) or not (isinstance(batch, int) and batch > 0):
+                raise ValueError(f"shape {label!r}: batch must be a positive integer, got {batch!r}")
+            if isinstance(real, bool) or not (isinstance(real, (int, float)) and 0 < real < math.inf):
+                raise ValueError(
+                    f"shape {label!r}: train_step_s must be a positive number of seconds, got {real!r}"
+                )  # a NaN fitted NaN constants, a 0 divided by zero, a negative one fitted garbage
             records.append(
                 StepRecord(
                     label=entry["label"],
                     config=ArchConfig.from_dict(entry["config"]),
-                    batch=int(entry["batch"]),
+                    batch=batch,
                     dtype=report["dtype"],
                     gemms=tuple(
                         GemmMeasurement(r["m"], r["n"], r["k"], report["dtype"], r["time_s"])
@@ -102,7 +109,7 @@ def records_from_benchmark(raw: dict[str, Any], launches: dict[str, int]) -> lis
                         if r["kind"] == "gemm"
                     ),
                     attention=tuple((r["kind"], r["time_s"]) for r in rows if r["kind"].startswith("sdpa")),
-                    real_step_s=float(entry["train_step_s"]),
+                    real_step_s=float(real),
                     launches=launches[entry["label"]],
                     copy_bandwidth=report.get("bandwidth_bytes_per_s"),
                 )

@@ -23,6 +23,7 @@ of its own, `fidelity.size_adjusted_losses`'s equal-weight beta over the trials 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -177,12 +178,19 @@ def pareto_front(
     ref = tuple(reference) if reference is not None else reference_point(finite, objectives)
     front_values = values[idx]
     scaled_ref = scaled(np.asarray([ref]), objectives)[0]
+    with np.errstate(over="ignore", invalid="ignore"):  # said below, not as numpy's warning on stderr
+        volume = hypervolume(scaled(front_values, objectives), scaled_ref)
+    if not math.isfinite(volume):  # `--reference 1e308,1e308`: inf, printed as JSON's invalid Infinity
+        raise ArchsearchError(
+            f"the hypervolume against the reference point {tuple(float(r) for r in ref)} overflows a float: "
+            "give a reference nearer the front"
+        )
     return Front(
         objectives=tuple(objectives),
         numbers=tuple(int(numbers[i]) for i in idx),
         values=front_values,
         knee=int(numbers[idx[knee_index(front_values, objectives)]]),
-        hypervolume=hypervolume(scaled(front_values, objectives), scaled_ref),
+        hypervolume=volume,
         reference=ref,
     )
 

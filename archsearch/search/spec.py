@@ -626,6 +626,11 @@ def _parse(text: str, source: str, base_dir: Path) -> SearchSpec:
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
+        # Notepad's UTF-8 starts with a byte-order mark: "Invalid statement (at line 1, column 1)".
+        if text.startswith("\ufeff"):
+            raise SpecError(
+                "invalid TOML: the file starts with a byte-order mark (U+FEFF); save it without one"
+            ) from None
         raise SpecError(f"invalid TOML: {exc}") from None
     except RecursionError:  # tomllib recurses per nested array or inline table: `[` * 100_000
         raise SpecError("invalid TOML: nested too deeply to be a search spec") from None
@@ -652,6 +657,8 @@ def _parse(text: str, source: str, base_dir: Path) -> SearchSpec:
         settings = _read(tables["proxy"], _PROXY)
         data = settings.pop("data", None)
         if data is not None:
+            if not data.strip() or "\x00" in data:  # "" was the space file's own folder, read whole
+                raise SpecError(f"must name a file or folder, got {quoted(data)}", "data")
             try:
                 resolved = (base_dir / Path(data).expanduser()).resolve()
             except RuntimeError as exc:  # a loop of symlinks, or `~user` of no user: a traceback before

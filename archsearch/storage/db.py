@@ -155,6 +155,8 @@ def database_failure(exc: BaseException) -> bool:
 
 def storage_url(url: str | None = None) -> str:
     """The URL to use: `url`, else `$ARCHSEARCH_STORAGE`, else `sqlite:///archsearch.db`."""
+    if url is not None and not url.strip():  # `--storage ""` was the default database, silently
+        raise StorageError("--storage is empty: give a database URL (e.g. sqlite:///archsearch.db)")
     return url or os.environ.get(STORAGE_ENV) or DEFAULT_STORAGE_URL
 
 
@@ -431,6 +433,24 @@ _SQLITE_BUSY = 5
 _SQLITE_CORRUPT = 11
 _SQLITE_ENVIRONMENT = {10, 13}  # SQLITE_IOERR, SQLITE_FULL
 _PG_LOCK_NOT_AVAILABLE = "55P03"
+# The tables Optuna's RDB storage makes: a SQLite file holding only these (and archsearch's) may
+# become an archsearch database; one holding any other table is another application's file.
+_OPTUNA_TABLES = frozenset(
+    {
+        "alembic_version", "version_info", "studies", "study_directions", "study_user_attributes",
+        "study_system_attributes", "trials", "trial_user_attributes", "trial_system_attributes",
+        "trial_params", "trial_values", "trial_intermediate_values", "trial_heartbeats",
+    }
+)  # fmt: skip
+# A PostgreSQL server that is down, restarting or full: libpq's connection failures carry no
+# SQLSTATE, only their text. The environment's fault, exit 1, as the same server stopping
+# mid-search is (a missing database or role, a bad password stay the input's: exit 2).
+_PG_UNREACHABLE = re.compile(
+    r"Connection refused|timeout expired|No route to host|Network is unreachable|Connection reset|"
+    r"server closed the connection|the database system is (?:starting up|shutting down|in recovery)|"
+    r"too many (?:connections|clients)|remaining connection slots",
+    re.IGNORECASE,
+)
 
 
 def _read_only(exc: DBAPIError) -> bool:
@@ -440,6 +460,11 @@ def _read_only(exc: DBAPIError) -> bool:
     if code is not None:
         return code & 0xFF in _SQLITE_READ_ONLY  # extended codes keep the primary in the low byte
     return getattr(orig, "sqlstate", None) in _PG_READ_ONLY
+
+
+def _unreachable(exc: DBAPIError) -> bool:
+    """Whether a PostgreSQL connection failed because the server is not there to answer."""
+    return getattr(exc.orig, "sqlite_errorcode", None) is None and bool(_PG_UNREACHABLE.search(str(exc.orig)))
 
 
 def _busy(exc: DBAPIError) -> bool:
@@ -528,6 +553,8 @@ class Storage:
                         f"for more than {BUSY_TIMEOUT_S} s)",
                         cause,
                     ) from None
+                if _unreachable(exc):  # a server down, restarting or full: the environment's fault
+                    raise self._unreachable_error(exc) from None
                 code = (getattr(exc.orig, "sqlite_errorcode", None) or 0) & 0xFF
                 if code == _SQLITE_CORRUPT:  # as `check_intact` finds it: the file's fault, not the input's
                     raise self._damaged(_one_line(exc)) from None
@@ -566,6 +593,13 @@ class Storage:
         if schema.Meta.__tablename__ not in tables:
             if not create:
                 raise StorageError(f"{self.display_url} holds no archsearch database")
+            others = sorted(t for t in tables if t not in _OPTUNA_TABLES and not t.startswith("archsearch_"))
+            if self.is_sqlite and others:  # a file is one application's: another's is not extended
+                shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+                raise StorageError(
+                    f"{self.display_url} holds no archsearch database but another application's tables "
+                    f"({shown}): give a new file as --storage"
+                )
             schema.Base.metadata.create_all(conn)
             conn.execute(
                 schema.Meta.__table__.insert().values(key="schema_version", value=str(SCHEMA_VERSION))
@@ -630,10 +664,9 @@ class Storage:
                     conn.execute(text("SELECT pg_advisory_unlock(:id)"), {"id": _PG_INIT_LOCK})
                     conn.commit()
         except DBAPIError as exc:
-            raise StorageError(
-                f"cannot reach the database {self.display_url} (waited up to {CONNECT_TIMEOUT_S} s): "
-                f"{_one_line(exc)}"
-            ) from None
+            if _unreachable(exc):
+                raise self._unreachable_error(exc) from None
+            raise StorageError(f"cannot use the database {self.display_url}: {_one_line(exc)}") from None
 
     def require_writable(self) -> None:
         """Check, before any work that will need it, that this process can write the database.
@@ -684,6 +717,13 @@ class Storage:
             found = _one_line(exc)
         if found != "ok":
             raise self._damaged(f"SQLite's quick_check: {found}")
+
+    def _unreachable_error(self, exc: DBAPIError) -> StorageUnavailableError:
+        cause = failure_cause(exc)
+        return StorageUnavailableError(
+            f"cannot reach the database {self.display_url} (waited up to {CONNECT_TIMEOUT_S} s): {cause}",
+            cause,
+        )
 
     def _damaged(self, why: str) -> DamagedStorageError:
         return DamagedStorageError(
@@ -775,6 +815,8 @@ class Storage:
             if isinstance(exc, (OperationalError, InterfaceError)):
                 cause = failure_cause(exc)
                 message = f"the database {self.display_url} failed: {cause}"
+                if _busy(exc):  # the bound the wait ran out of, as `Storage.open` says it
+                    message += f" (another process held its lock for more than {BUSY_TIMEOUT_S} s)"
                 raise StorageUnavailableError(message, cause) from None
             raise StorageError(f"database error on {self.display_url}: {_one_line(exc)}") from None
         except OverflowError as exc:  # pysqlite binds integers only up to 2**63 - 1
@@ -901,9 +943,18 @@ class Storage:
 
     @staticmethod
     def _study_record(row: schema.Study, counts: dict[str, int] | None) -> StudyRecord:
-        spec = json.loads(row.spec_json)
-        if not isinstance(spec, dict):  # JSON of another shape is as damaged as no JSON
-            raise _DamagedValue(f"the spec of study {row.name!r} is not a JSON object")
+        spec = _json_of(row.spec_json, dict, f"the spec of study {row.name!r}")
+        _checked(row, f"study {row.name!r}")
+        if not (isinstance(row.created_at, (int, float)) and math.isfinite(row.created_at)):
+            raise _DamagedValue(f"the created_at of study {row.name!r} is {row.created_at!r}, not a time")
+        if not isinstance(row.objectives, str):
+            raise _DamagedValue(f"the objectives of study {row.name!r} are {row.objectives!r}, not text")
+        for key in ("size_beta", "extrapolate"):  # its loss rule, which every reader of its fronts applies
+            if spec.get(key) is not None and not _non_negative(spec[key]):
+                raise _DamagedValue(
+                    f"the spec of study {row.name!r} gives {key} {quoted(str(spec[key]))}, "
+                    "not a finite number >= 0"
+                )
         return StudyRecord(
             name=row.name,
             spec_fingerprint=row.spec_fingerprint,
@@ -1226,6 +1277,7 @@ class Storage:
                 .where(schema.Curve.trial_id == trial_id)
                 .order_by(schema.Curve.kind, schema.Curve.tokens)
             ).all()
+            _check_numbers(rows, [schema.Curve.kind, schema.Curve.tokens, schema.Curve.loss], "a curve point")
         out: dict[str, list[tuple[int, float]]] = {"train": [], "val": []}
         for kind, tokens, loss in rows:
             out.setdefault(kind, []).append((tokens, loss))
@@ -1234,6 +1286,7 @@ class Storage:
     def profiles(self, trial_id: int) -> list[dict[str, Any]]:
         with self._session(read_only=True) as s:
             rows = s.scalars(select(schema.Profile).where(schema.Profile.trial_id == trial_id)).all()
+            rows = [_checked(r, f"trial {trial_id}'s profile on {r.device!r}") for r in rows]
             return [
                 dict(
                     device=r.device,
@@ -1242,7 +1295,7 @@ class Storage:
                     batch=r.batch,
                     step_time_s=r.step_time_s,
                     tokens_per_second=r.tokens_per_second,
-                    report=json.loads(r.report_json),
+                    report=_json_of(r.report_json, dict, f"trial {trial_id}'s profile on {r.device!r}"),
                 )
                 for r in rows
             ]
@@ -1320,10 +1373,10 @@ class Storage:
                     study=r.study,
                     multiplier=r.multiplier,
                     seeds=r.seeds,
-                    report=json.loads(r.report_json),
+                    report=_json_of(r.report_json, dict, f"validation {r.id} of {study!r}"),
                     created_at=r.created_at,
                 )
-                for r in rows
+                for r in (_checked(row, f"validation {row.id} of {study!r}") for row in rows)
             ]
 
     # --- size ladders (`archsearch ladder`) ---------------------------------------------------------
@@ -1394,8 +1447,12 @@ class Storage:
         with self._session(read_only=True) as s:
             rows = self._oldest_first(s, schema.LadderFitRow, study, schema.LadderFitRow.created_at)
             return [
-                dict(tokens_per_param=r.tokens_per_param, fit=json.loads(r.fit_json), created_at=r.created_at)
-                for r in rows
+                dict(
+                    tokens_per_param=r.tokens_per_param,
+                    fit=_json_of(r.fit_json, dict, f"ladder fit {r.id} of {study!r}"),
+                    created_at=r.created_at,
+                )
+                for r in (_checked(row, f"ladder fit {row.id} of {study!r}") for row in rows)
             ]
 
     def _add_once(self, table: Any, key: Mapping[str, Any], columns: Mapping[str, Any]) -> bool:
@@ -1438,8 +1495,12 @@ class Storage:
         with self._session(read_only=True) as s:
             rows = self._oldest_first(s, schema.SearchRun, study, schema.SearchRun.started_at)
             return [
-                {"host": r.host, "started_at": r.started_at, "settings": json.loads(r.settings_json)}
-                for r in rows
+                {
+                    "host": r.host,
+                    "started_at": r.started_at,
+                    "settings": _json_of(r.settings_json, dict, f"search run {r.id} of {study!r}"),
+                }
+                for r in (_checked(row, f"search run {row.id} of {study!r}") for row in rows)
             ]
 
     # --- kernel measurements (the profiler's shared cache) ----------------------------------------
@@ -1449,7 +1510,16 @@ class Storage:
             q = select(schema.Kernel.key, schema.Kernel.seconds)
             if fingerprint is not None:
                 q = q.where(schema.Kernel.device_fingerprint == fingerprint)
-            return {key: seconds for key, seconds in s.execute(q)}
+            measured = dict(s.execute(q).all())
+        for key, seconds in measured.items():  # a profile divides by them
+            if isinstance(seconds, bool) or not (
+                isinstance(seconds, (int, float)) and 0 < seconds < math.inf
+            ):
+                raise self._damaged(
+                    f"a stored value is damaged: kernel {quoted(str(key))} took {quoted(str(seconds))} s, "
+                    "not a positive number"
+                )
+        return measured
 
     def add_measurements(
         self, measurements: Sequence[Mapping[str, Any]], device: Mapping[str, Any] | None
@@ -1498,7 +1568,10 @@ class Storage:
 
     def devices(self) -> list[dict[str, Any]]:
         with self._session(read_only=True) as s:
-            return [json.loads(r.info_json) for r in s.scalars(select(schema.Device)).all()]
+            return [
+                _json_of(r.info_json, dict, f"device {r.fingerprint!r}")
+                for r in s.scalars(select(schema.Device)).all()
+            ]
 
 
 def _add_columns(conn: Any, engine: Any) -> None:
@@ -1563,17 +1636,59 @@ class _DamagedValue(ValueError):
 _POSITIVE_COLUMNS = frozenset({"params_total", "flops_forward_per_token", "flops_train_per_token"})
 
 
-def _check_numbers(rows: Sequence[Sequence[Any]], columns: Sequence[Any]) -> None:
+def _check_numbers(rows: Sequence[Sequence[Any]], columns: Sequence[Any], owner: str = "a trial") -> None:
     """Raises `_DamagedValue` for a value in a number column of `rows` that is not a number, or a
-    size (`_POSITIVE_COLUMNS`) that is not positive."""
+    size (`_POSITIVE_COLUMNS`) that is not positive; `owner` names the row in the message."""
     numeric = [i for i, c in enumerate(columns) if isinstance(c.type, (Integer, Float, schema.Real))]
     for row in rows:
         for i in numeric:
             value, name = row[i], columns[i].key
             if not (value is None or isinstance(value, (int, float))):
-                raise _DamagedValue(f"a trial's {name} is {quoted(str(value))}, not a number")
+                raise _DamagedValue(f"the {name} of {owner} is {quoted(str(value))}, not a number")
             if value is not None and name in _POSITIVE_COLUMNS and not value > 0:
-                raise _DamagedValue(f"a trial's {name} is {value!r}, not a positive number")
+                raise _DamagedValue(f"the {name} of {owner} is {value!r}, not a positive number")
+
+
+def _checked(row: Any, owner: str) -> Any:
+    """An ORM row whose number columns hold numbers (`_check_numbers`), returned as it is.
+
+    Every reader of a stored row goes through it (or `_check_numbers`), as through `_json_of` for
+    its JSON: SQLite keeps whatever a column is given, so text in a number column, or JSON of
+    another shape, reached the readers' arithmetic and ended in a traceback (issue 26 probe 6).
+    """
+    columns = list(type(row).__table__.columns)
+    _check_numbers([tuple(getattr(row, c.key) for c in columns)], columns, owner)
+    return row
+
+
+def _json_of(text: Any, kind: type, what: str) -> Any:
+    """A stored JSON column parsed, which must be a JSON object (`kind` dict) or list (list)."""
+    if not isinstance(text, str):
+        raise _DamagedValue(f"{what} is not JSON text")
+    value = json.loads(text)  # JSONDecodeError: `Storage._session` says the database is damaged
+    if not isinstance(value, kind):
+        raise _DamagedValue(f"{what} is not a JSON {'object' if kind is dict else 'list'}")
+    return value
+
+
+def _curve_of(text: Any, what: str) -> tuple[tuple[int, float], ...]:
+    """A stored curve: a JSON list of (tokens, loss) points."""
+    try:
+        return tuple((int(t), float(v)) for t, v in _json_of(text, list, what))
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, _DamagedValue):
+            raise
+        raise _DamagedValue(f"{what} is not a list of (tokens, loss) points") from None
+
+
+def _non_negative(value: Any) -> bool:
+    """A finite real number >= 0 (not a bool): a loss rule's size_beta or extrapolate."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )
 
 
 def _trial_record(row: schema.Trial) -> TrialRecord:
@@ -1590,7 +1705,7 @@ def _trial_record(row: schema.Trial) -> TrialRecord:
         status=row.status,
         reason=row.reason,
         attempts=row.attempts,
-        params=json.loads(row.params_json) if row.params_json else {},
+        params=_json_of(row.params_json, dict, f"trial {row.number}'s params") if row.params_json else {},
         config=config,
         values=values,
     )
@@ -1618,20 +1733,26 @@ def _run_columns(
 
 
 def _ladder_rung_record(row: schema.LadderRung) -> LadderRungRecord:
+    what = f"ladder rung {row.id} of {row.study!r}"
+    _checked(row, what)
+    try:
+        config = ArchConfig.from_json(row.config_json)
+    except ArchsearchError as exc:
+        raise _DamagedValue(f"the config of {what}: {exc}") from None
     return LadderRungRecord(
         study=row.study,
         trial_number=row.trial_number,
         tokens_per_param=row.tokens_per_param,
         target_params=row.target_params,
         shape_key=row.shape_key,
-        config=ArchConfig.from_json(row.config_json),
+        config=config,
         params_total=row.params_total,
         params_non_embedding=row.params_non_embedding,
         seed=row.seed,
         tokens=row.tokens,
         val_loss=row.val_loss,
-        val_curve=tuple((int(t), float(v)) for t, v in json.loads(row.val_curve_json)),
-        settings=json.loads(row.settings_json),
+        val_curve=_curve_of(row.val_curve_json, f"the curve of {what}"),
+        settings=_json_of(row.settings_json, dict, f"the settings of {what}"),
         device_fingerprint=row.device_fingerprint,
         corpus_fingerprint=row.corpus_fingerprint,
         wall_time_s=row.wall_time_s,
@@ -1640,6 +1761,8 @@ def _ladder_rung_record(row: schema.LadderRung) -> LadderRungRecord:
 
 
 def _long_run_record(row: schema.LongRun) -> LongRunRecord:
+    what = f"long run {row.id} of {row.study!r}"
+    _checked(row, what)
     return LongRunRecord(
         study=row.study,
         trial_number=row.trial_number,
@@ -1647,8 +1770,8 @@ def _long_run_record(row: schema.LongRun) -> LongRunRecord:
         seed=row.seed,
         tokens=row.tokens,
         val_loss=row.val_loss,
-        val_curve=tuple((int(t), float(v)) for t, v in json.loads(row.val_curve_json)),
-        settings=json.loads(row.settings_json),
+        val_curve=_curve_of(row.val_curve_json, f"the curve of {what}"),
+        settings=_json_of(row.settings_json, dict, f"the settings of {what}"),
         device_fingerprint=row.device_fingerprint,
         corpus_fingerprint=row.corpus_fingerprint,
         wall_time_s=row.wall_time_s,

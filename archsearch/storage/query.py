@@ -559,8 +559,13 @@ def _csv(table: TrialTable) -> bytes:
 def _json(table: TrialTable) -> bytes:
     # Our own encoding, not pandas' `to_json`: that rounds floats to 10 significant digits.
     # One record per line: readable, and json's C encoder runs only without `indent`.
+    # JSON has no Infinity: a stored +-inf (a failed trial's bits_per_byte) is null, as NaN is.
     names = table.columns
-    lines = (json.dumps(dict(zip(names, row, strict=True)), allow_nan=False) for row in _rows(table))
+    rows = (
+        tuple(None if isinstance(v, float) and not math.isfinite(v) else v for v in row)
+        for row in _rows(table)
+    )
+    lines = (json.dumps(dict(zip(names, row, strict=True)), allow_nan=False) for row in rows)
     return ("[\n" + ",\n".join(lines) + "\n]\n").encode()
 
 

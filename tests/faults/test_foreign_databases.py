@@ -196,9 +196,9 @@ def test_a_damaged_json_column_is_a_damaged_database_and_left_as_it_was(tmp_path
 @pytest.mark.parametrize(
     ("column", "stored", "why"),
     [
-        ("loss", "abc", "a trial's loss is 'abc', not a number"),
+        ("loss", "abc", "the loss of a trial is 'abc', not a number"),
         ("config_json", "not json{", "trial 0's config: invalid JSON at line 1 column 1: Expecting value"),
-        ("params_total", -5, "a trial's params_total is -5, not a positive number"),
+        ("params_total", -5, "the params_total of a trial is -5, not a positive number"),
     ],
     ids=["text-in-a-number-column", "config-not-json", "negative-size"],
 )
