@@ -34,8 +34,9 @@ RAY_RESOURCE_UNIT = 1e-4
 
 
 # Logical CPUs a local Ray is started with at most (`workers x cpus-per-trial`, or the cores when
-# more): Ray 2.60 started with 256 here in 12 s, and with 1,024 or 100 billion (`--workers
-# 99999999999`) its start-up timed out, blaming an overloaded GCS (issue 26 probe 5).
+# more): Ray 2.60 started with 256 here (2 cores) in 12 s; with 1,024, 10,000 or 100 billion
+# (`--workers 99999999999`), each tried under a `ulimit -v` of 8 GB, its start-up did not finish
+# in 1-2 minutes and blamed an overloaded GCS (issue 26 probe 5).
 LOCAL_RAY_MAX_CPUS = 256
 
 
