@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.postgres import postgres_database
+from tests.storage.test_query import fill_study
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -19,3 +20,14 @@ def backend_url(request, tmp_path) -> Iterator[str]:
         return
     with postgres_database() as url:
         yield url
+
+
+@pytest.fixture
+def study_url(tmp_path) -> str:
+    """A SQLite URL of `tmp_path / "trials.db"` holding the filled study "s" (`fill_study`)."""
+    from archsearch.storage import Storage
+
+    url = f"sqlite:///{tmp_path / 'trials.db'}"
+    with Storage.open(url) as db:
+        fill_study(db)
+    return url

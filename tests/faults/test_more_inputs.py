@@ -77,14 +77,6 @@ def test_a_space_file_with_a_byte_order_mark_says_so(tmp_path):
 
 
 # --- empty values are refused, not replaced by the default ------------------------------------------------
-@pytest.fixture
-def study_url(tmp_path) -> str:
-    url = f"sqlite:///{tmp_path / 't.db'}"
-    with Storage.open(url) as db:
-        fill_study(db)
-    return url
-
-
 def test_empty_objectives_are_refused_not_the_default(study_url):
     """Probe 6: `pareto --objectives ''` ranked the study's own objectives, exit 0."""
     result = CliRunner().invoke(app, ["pareto", "--study", "s", "--objectives", "", "--storage", study_url])

@@ -15,11 +15,9 @@ from typer.testing import CliRunner
 
 from archsearch.cli import app
 from archsearch.errors import quoted
-from archsearch.storage import Storage
 from tests.faults.test_inputs import _one_line
 from tests.faults.test_real_storage_failures import _fill, small_disk  # noqa: F401 (a fixture)
 from tests.specs import TINY_TOML
-from tests.storage.test_query import fill_study
 
 PROFILE_CACHE = ["profile", "--preset", "byte-1m", "--device", "cpu", "--steps", "1", "--cache"]  # probe 4
 
@@ -76,14 +74,6 @@ def test_a_folder_given_as_the_space_still_says_so(tmp_path):
 
 
 # --- outputs onto a full disk -------------------------------------------------------------------------
-@pytest.fixture
-def study_db(tmp_path) -> str:
-    url = f"sqlite:///{tmp_path / 'trials.db'}"
-    with Storage.open(url) as db:
-        fill_study(db)
-    return url
-
-
 OUTPUTS = {  # command, and the output's name
     "report": (["report", "--study", "s", "-o", "{out}"], "report.html"),
     "export": (["export", "--study", "s", "--trial", "0", "--format", "json", "-o", "{out}"], "export"),
@@ -93,10 +83,10 @@ OUTPUTS = {  # command, and the output's name
 
 
 @pytest.mark.parametrize(("command", "name"), OUTPUTS.values(), ids=OUTPUTS.keys())
-def test_an_output_onto_a_full_disk_is_one_line_naming_it_exit_1(study_db, small_disk, command, name):  # noqa: F811
+def test_an_output_onto_a_full_disk_is_one_line_naming_it_exit_1(study_url, small_disk, command, name):  # noqa: F811
     _fill(small_disk)
     out = small_disk / name
-    result = CliRunner().invoke(app, [*(a.format(out=out) for a in command), "--storage", study_db])
+    result = CliRunner().invoke(app, [*(a.format(out=out) for a in command), "--storage", study_url])
     assert _one_line(result, 1) == f"error: cannot use {out}: No space left on device"
     assert [p.name for p in small_disk.iterdir()] == ["filler"]  # no hidden scratch file or folder
 
@@ -110,12 +100,12 @@ FIFO_OUTPUTS = {  # probe 4: each replaced the FIFO with a regular file, exit 0 
 
 
 @pytest.mark.parametrize("command", FIFO_OUTPUTS.values(), ids=FIFO_OUTPUTS.keys())
-def test_an_output_that_is_a_fifo_is_refused_and_left_as_it_was(study_db, tmp_path, command):
+def test_an_output_that_is_a_fifo_is_refused_and_left_as_it_was(study_url, tmp_path, command):
     out = tmp_path / "out"
     args = [a.format(out=out) for a in command]
     fifo = Path(args[-1])
     os.mkfifo(fifo)
-    storage = ["--storage", study_db] if command[0] != "config" else []
+    storage = ["--storage", study_url] if command[0] != "config" else []
     result = CliRunner().invoke(app, [*args, *storage])
     assert _one_line(result, 2) == (
         f"error: cannot write {fifo}: not a regular file (a device, a FIFO or a socket), which the output "
@@ -126,7 +116,7 @@ def test_an_output_that_is_a_fifo_is_refused_and_left_as_it_was(study_db, tmp_pa
 
 
 @pytest.mark.parametrize("command", FIFO_OUTPUTS.values(), ids=FIFO_OUTPUTS.keys())
-def test_an_output_through_a_symlink_writes_the_file_it_points_to(study_db, tmp_path, command):
+def test_an_output_through_a_symlink_writes_the_file_it_points_to(study_url, tmp_path, command):
     """Probe 5: the rename that writes an output whole replaced the link itself, exit 0, and the
     file it pointed to kept its old contents."""
     args = [a.format(out=tmp_path / "out") for a in command]
@@ -135,7 +125,7 @@ def test_an_output_through_a_symlink_writes_the_file_it_points_to(study_db, tmp_
     target.parent.mkdir()
     target.write_text("old")
     link.symlink_to(target)
-    storage = ["--storage", study_db] if command[0] != "config" else []
+    storage = ["--storage", study_url] if command[0] != "config" else []
     result = CliRunner().invoke(app, [*args, *storage])
     assert result.exit_code == 0, result.output
     assert link.is_symlink() and link.resolve() == target
@@ -144,13 +134,13 @@ def test_an_output_through_a_symlink_writes_the_file_it_points_to(study_db, tmp_
 
 
 @pytest.mark.parametrize("command", FIFO_OUTPUTS.values(), ids=FIFO_OUTPUTS.keys())
-def test_a_loop_of_symlinks_as_an_output_is_one_line_and_left_as_it_was(study_db, tmp_path, command):
+def test_a_loop_of_symlinks_as_an_output_is_one_line_and_left_as_it_was(study_url, tmp_path, command):
     """Probe 5: a link to a link back to it was replaced by a regular file, exit 0."""
     args = [a.format(out=tmp_path / "out") for a in command]
     link, other = Path(args[-1]), tmp_path / "other"
     link.symlink_to(other)
     other.symlink_to(link)
-    storage = ["--storage", study_db] if command[0] != "config" else []
+    storage = ["--storage", study_url] if command[0] != "config" else []
     result = CliRunner().invoke(app, [*args, *storage])
     assert _one_line(result, 2) == f"error: cannot write {link}: a loop of symbolic links"
     assert link.is_symlink() and other.is_symlink()
