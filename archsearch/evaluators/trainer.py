@@ -225,6 +225,11 @@ def param_groups(model: ProxyLM, lr: float, base_width: int, weight_decay: float
     ]
 
 
+def logits_bytes(tokens: int, vocab_size: int) -> int:
+    """One fp32 copy of a step's logits: a floor under any shape's training memory at that vocab."""
+    return 4 * tokens * vocab_size
+
+
 def train_memory_bytes(cfg: ArchConfig, batch_size: int, seq_len: int) -> int:
     """A rough upper bound of training memory: fp32 weights, grads, two Adam moments, activations.
 
@@ -234,7 +239,7 @@ def train_memory_bytes(cfg: ArchConfig, batch_size: int, seq_len: int) -> int:
     tokens = batch_size * seq_len
     params = param_counts(cfg).total
     per_layer = tokens * (34 * cfg.d_model + 5 * cfg.n_heads * seq_len + 3 * cfg.d_ff)
-    activations = 4 * (cfg.n_layers * per_layer + 3 * tokens * cfg.vocab_size)
+    activations = 4 * cfg.n_layers * per_layer + 3 * logits_bytes(tokens, cfg.vocab_size)
     return 16 * params + activations
 
 

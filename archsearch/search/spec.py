@@ -243,9 +243,9 @@ class SearchSpec:
 
     def check_batch_memory(self) -> None:
         """Refuse a `[proxy] batch_size` whose logits alone outgrow the device the proxy trains on
-        here: 4 bytes x batch_size x seq_len x vocab_size, a floor under every shape's training
-        memory (`evaluators.trainer.train_memory_bytes` counts them three times besides the
-        weights and activations), so every trial would fail the trainer's own memory check.
+        here (`evaluators.trainer.logits_bytes`, a floor under every shape's training memory:
+        `train_memory_bytes` counts them three times besides the weights and activations), so
+        every trial would fail the trainer's own memory check.
 
         Skipped where the device cannot be described here (CUDA asked for on a driver without one:
         the workers may have it) or its memory is unknown.
@@ -254,10 +254,11 @@ class SearchSpec:
             SpecError: naming the bytes needed and the device's.
         """
         from archsearch.evaluators.device import DeviceError, resolve_device
+        from archsearch.evaluators.trainer import logits_bytes
 
         knobs = self.space.knob_values()
         seq_len = self.proxy.seq_len or knobs["seq_len"]
-        need = 4 * self.proxy.batch_size * seq_len * knobs["vocab_size"]
+        need = logits_bytes(self.proxy.batch_size * seq_len, knobs["vocab_size"])
         try:
             info = resolve_device(self.proxy.device)
         except DeviceError:
