@@ -217,6 +217,13 @@ def _print_scaled(result: Any) -> None:
             f"  fitted on {fit.shapes} shapes of {fit.data}: a shape left out of the fit was predicted "
             f"within {fit.holdout_median:.0%} at the median, {fit.holdout_worst:.0%} at worst"
         )
+    memory = (
+        f"memory: activations {result.activation_bytes / 1e9:,.1f} GB at micro-batch {request.micro_batch} "
+        f"(bf16, flash attention), weights, gradients and Adam state {result.state_bytes / 1e9:,.1f} GB"
+    )
+    lines.append(
+        memory + (f"; the device holds {result.memory_bytes / 1e9:.0f} GB" if result.memory_bytes else "")
+    )
     lines.append(
         f"chosen among {len(result.closest)} of {result.considered} candidates within "
         f"{request.tolerance:.0%} (the closest to the target, most tokens/s)"
@@ -227,6 +234,8 @@ def _print_scaled(result: Any) -> None:
             f"-> {g.aligned_step_s * 1e3:.1f} ms ({g.gain_pct:+.1f}%)"
         )
     typer.echo("\n".join(lines))
+    for note in result.memory_notes():
+        typer.echo(f"note: {note}", err=True)
     if request.vocab_size is None:
         typer.echo(
             f"note: vocab_size {cfg.vocab_size} is the trial's"

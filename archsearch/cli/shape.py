@@ -23,6 +23,7 @@ from archsearch.cli.common import (
     stdout,
 )
 from archsearch.errors import ConfigError
+from archsearch.fileio import check_writable
 from archsearch.space import (
     PRESETS,
     ArchConfig,
@@ -166,6 +167,8 @@ def config_new(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write here, else stdout.")] = None,
 ) -> None:
     """Write an ArchConfig JSON from flags, deriving n_layers, heads and d_ff from ratios."""
+    if output is not None:
+        check_writable(output)  # a folder, a path below a file: one line, exit 2
     if from_preset is not None:
         base = preset(from_preset).to_dict()
         given = {n for n, v in ctx.params.items() if ctx.get_parameter_source(n).name != "DEFAULT"}

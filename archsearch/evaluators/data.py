@@ -14,7 +14,8 @@ Sources, by what `path` is:
 - any other file: byte-level text; the last `val_fraction` of its bytes is the validation split.
 - any other folder: byte-level text from every non-hidden, non-empty, non-binary file under it,
   recursively (binary: a NUL byte in its first 8000 bytes, git's test), concatenated once into
-  the cache like the bundled corpus.
+  the cache like the bundled corpus. Folders on another file system (`find -xdev`) are left out,
+  and more than `MAX_TEXT_FILES` files is an error.
 
 Splits. Folders of text (the bundled corpus too) are split by file: a stable hash of each file's
 relative path sends about `val_fraction` of the files to validation, so the validation text is
@@ -69,6 +70,9 @@ FORMAT_VERSION = 1
 BYTE_VOCAB = 256  # byte-level text: every byte value is a token
 VAL_FRACTION = 0.02  # of the files: in Python 3.11's stdlib 7 files, 90 KB, 350 windows of 256
 DEFAULT_CORPUS_BYTES = 32 * 2**20  # cap on the bundled corpus; Python 3.11's filtered stdlib is ~8.6 MB
+# A text folder of more files is refused: a proxy trains on megabytes, and `data = "/"` (or a home
+# folder) would otherwise be read whole before the first step. Bigger corpora come as train.bin.
+MAX_TEXT_FILES = 100_000
 # Ends every document of a text folder, as GPT-2's <|endoftext|> does. Text files never contain
 # NUL (a file with one is skipped as binary), so the separator is unambiguous.
 DOC_SEPARATOR = b"\x00"
@@ -381,15 +385,29 @@ def _is_user_file(rel: str) -> bool:
 
 
 def _list_files(
-    root: Path, keep: Callable[[str], bool], skip_dirs: frozenset[str]
+    root: Path, keep: Callable[[str], bool], skip_dirs: frozenset[str], max_files: int | None = None
 ) -> list[tuple[str, Path, int, int]]:
     """Files under `root` as (relative posix path, path, size, mtime_ns), sorted by relative path.
 
-    Hidden folders (".git") and `skip_dirs` are pruned before descending into them.
+    Hidden folders (".git") and `skip_dirs` are pruned before descending into them, and so is
+    every folder on another file system than `root` (`find -xdev`): `data = "/"` went on into
+    /proc and /sys. More than `max_files` files under `root` is a DataError.
     """
     found = []
+    device = root.stat().st_dev
+    seen = 0
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in skip_dirs and not d.startswith(".")]
+        dirnames[:] = [
+            d
+            for d in dirnames
+            if d not in skip_dirs and not d.startswith(".") and _same_device(dirpath, d, device)
+        ]
+        seen += len(filenames)
+        if max_files is not None and seen > max_files:
+            raise DataError(
+                f"data folder {root} holds more than {max_files:,} files: give the folder of the corpus, "
+                "or tokenize it into train.bin and val.bin"
+            )
         for filename in filenames:
             path = Path(dirpath, filename)
             rel = path.relative_to(root).as_posix()
@@ -405,8 +423,16 @@ def _list_files(
     return sorted(found, key=lambda f: f[0])
 
 
+def _same_device(dirpath: str, name: str, device: int) -> bool:
+    """Whether the folder `name` in `dirpath` is on the file system `device` (unreadable: no)."""
+    try:
+        return os.lstat(os.path.join(dirpath, name)).st_dev == device
+    except OSError:
+        return False
+
+
 def _text_folder(root: Path, val_fraction: float) -> Dataset:
-    files = _list_files(root, _is_user_file, frozenset({"__pycache__"}))
+    files = _list_files(root, _is_user_file, frozenset({"__pycache__"}), MAX_TEXT_FILES)
     if not files:
         raise DataError(f"no files in folder {root}")
     return _text_corpus(root.name, root, files, None, val_fraction)

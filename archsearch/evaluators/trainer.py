@@ -76,7 +76,7 @@ class TrainResult:
     steps: int
     wall_time_s: float  # training plus evaluation
     tokens_per_second: float  # training steps only
-    achieved_flops_per_second: float  # cost-model training FLOPs / training time
+    achieved_flops_per_second: float  # causal training FLOPs (costs.FlopCounts.train_causal) / time
     mfu: float | None  # achieved / measured peak matmul rate in the same dtype
     peak_flops_per_second: float | None
     precision: str  # "bf16" or "fp32", as used
@@ -449,7 +449,7 @@ def _train(
         torch.cuda.synchronize(device)
     wall = time.perf_counter() - start
     trained_s = wall - eval_time
-    achieved = flops_per_token * tokens / trained_s if trained_s > 0 else 0.0
+    achieved = flop_counts(cfg).train_causal * tokens / trained_s if trained_s > 0 else 0.0
     peak = peak_matmul_flops(info, precision, cache) if tokens else None
     step_time, step_time_steps = clock.median()
     val_loss = val_curve[-1][1] if val_curve else None

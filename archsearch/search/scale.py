@@ -29,7 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 from archsearch.errors import ArchsearchError
 from archsearch.space.config import ArchConfig
-from archsearch.space.costs import flop_counts, param_counts
+from archsearch.space.costs import (
+    TRAIN_STATE_BYTES_PER_PARAM,
+    flop_counts,
+    param_counts,
+    train_activation_bytes_per_token,
+)
 from archsearch.space.scale import naive_d_ff, naive_d_model, pad_vocab, scaled_candidates
 
 if TYPE_CHECKING:
@@ -84,7 +89,7 @@ class Scored:
     params: int  # exact, param_counts(config).total
     step_time_s: float  # modelled kernel sum of one micro-batch step
     tokens_per_second: float
-    mfu: float  # flops_train_per_token * tokens/s over the device's dense bf16 peak
+    mfu: float  # causal training FLOPs per token * tokens/s over the device's dense bf16 peak
 
 
 @dataclass(frozen=True)
@@ -182,6 +187,7 @@ class ScaleResult:
     request: ScaleRequest
     device_name: str
     peak_flops: float  # the MFU denominator: dense bf16 peak, from the catalogue
+    memory_bytes: int  # the device's memory, from the catalogue (0: not stated)
     chosen: Scored
     closest: tuple[Scored, ...]  # the candidates the pick was made among, fastest first
     considered: int  # candidates within the tolerance, all scored
@@ -194,6 +200,46 @@ class ScaleResult:
         low, high = EAGER_OVER_KERNEL_SUM
         return self.chosen.mfu / high, self.chosen.mfu / low
 
+    @property
+    def activation_bytes(self) -> int:
+        """What the chosen shape's micro-batch keeps for its backward (bf16, flash attention)."""
+        cfg = self.chosen.config
+        return self.request.micro_batch * cfg.seq_len * train_activation_bytes_per_token(cfg, DTYPE)
+
+    @property
+    def state_bytes(self) -> int:
+        """Weights, gradients and Adam moments of the chosen shape, unsharded."""
+        return TRAIN_STATE_BYTES_PER_PARAM * self.chosen.params
+
+    def memory_notes(self) -> list[str]:
+        """What does not fit the device: the micro-batch's activations alone (no sharding helps:
+        lower the micro-batch or recompute), or the optimizer state beside them (shard it)."""
+        free = self.memory_bytes - self.activation_bytes
+        if not self.memory_bytes:
+            return []
+        gb = 1e9
+        if free <= 0:
+            per_sequence = self.activation_bytes // self.request.micro_batch
+            fits = self.memory_bytes // per_sequence
+            activations = self.activation_bytes / gb
+            return [
+                f"micro-batch {self.request.micro_batch:,}'s activations ({activations:,.1f} GB) "
+                f"are over the device's {self.memory_bytes / gb:.0f} GB: "
+                + (
+                    f"give --batch {fits} or less"
+                    if fits
+                    else "not one sequence fits; give a shorter --seq-len"
+                )
+                + ", or recompute activations"
+            ]
+        if self.state_bytes > free:
+            shards = -(-self.state_bytes // free)
+            return [
+                f"weights, gradients and Adam state ({self.state_bytes / gb:,.1f} GB) fit beside the "
+                f"activations when sharded over {shards} or more GPUs (FSDP, ZeRO)"
+            ]
+        return []
+
     def provenance(self) -> dict[str, Any]:
         """The JSON-ready record of the scaling, for export provenance."""
         return {
@@ -205,6 +251,8 @@ class ScaleResult:
             "modelled_step_time_s": self.chosen.step_time_s,
             "modelled_tokens_per_second": self.chosen.tokens_per_second,
             "modelled_mfu": self.chosen.mfu,
+            "activation_bytes": self.activation_bytes,
+            "optimizer_state_bytes": self.state_bytes,
             "candidates_scored": self.considered,
             "alignment_gains": [{**dataclasses.asdict(g), "gain_pct": g.gain_pct} for g in self.gains],
             **({"serve": self.serve.to_dict()} if self.serve is not None else {}),
@@ -219,7 +267,7 @@ def score(model: DeviceModel, cfg: ArchConfig, batch: int) -> Scored:
 
     report = predict_step(model, step_kernels(cfg, batch, DTYPE), DTYPE, eager_kernel_count(cfg))
     tokens_per_second = report.tokens_per_second
-    mfu = flop_counts(cfg).train * tokens_per_second / model.device.peak_flops(DTYPE)
+    mfu = flop_counts(cfg).train_causal * tokens_per_second / model.device.peak_flops(DTYPE)
     return Scored(cfg, param_counts(cfg).total, report.step_time_s, tokens_per_second, mfu)
 
 
@@ -258,6 +306,7 @@ def scale_config(cfg: ArchConfig, request: ScaleRequest) -> ScaleResult:
         request=request,
         device_name=model.device.name,
         peak_flops=model.device.peak_flops(DTYPE),
+        memory_bytes=model.device.memory_bytes,
         chosen=chosen,
         closest=tuple(closest),
         considered=len(scored),

@@ -72,6 +72,13 @@ class FlopCounts:
         """Forward plus backward, 3x the full-square forward."""
         return 3 * self.forward
 
+    @property
+    def train_causal(self) -> int:
+        """Forward plus backward, 3x the causal forward: the FLOPs MFU counts. Causal attention
+        kernels skip the masked half of the square, so over the full count a step at long
+        context (a 1B shape at 131k tokens) would read past 100% of the peak."""
+        return 3 * self.forward_causal
+
 
 def _norm_params(cfg: ArchConfig, width: int) -> int:
     """One norm's parameters: a scale, plus a shift for LayerNorm with biases."""
@@ -189,6 +196,35 @@ def max_serve_batch(
         raise ValueError(f"context must be positive, got {context}")
     free = memory_bytes - weight_bytes(cfg, weight_dtype) - working_bytes
     return max(0, free // kv_cache_bytes(cfg, context, 1, cache_dtype))
+
+
+# --- a training step's memory on an accelerator ---
+# Mixed-precision Adam holds 16 bytes a parameter: bf16 weights and gradients, fp32 master
+# weights and two fp32 moments (Rajbhandari et al. 2020, ZeRO, section 3.1: "16 Psi").
+TRAIN_STATE_BYTES_PER_PARAM = 16
+
+
+def train_activation_bytes_per_token(cfg: ArchConfig, dtype: str = "bf16") -> int:
+    """Activations a training step keeps for its backward, per token, in `dtype`, without
+    recomputation and with a fused (flash) attention kernel, which keeps no score matrix. Per layer:
+    the two norms' inputs (2 d_model), the attention's input, queries, keys, values and output
+    (d_model + 2 q_dim + 2 kv_dim), the MLP's input, its up (and gate) outputs and the activation
+    it feeds the down projection (d_model + 2 or 3 d_ff); then the LM head's logits, in `dtype` and
+    once more in fp32 for the loss. For GPT-3's layer (d_ff = 4 d_model, MHA) that is 32 bytes per
+    d_model in bf16, Korthikanti et al. 2022's 34 less the two dropout masks."""
+    per_layer = 4 * cfg.d_model + 2 * cfg.q_dim + 2 * cfg.kv_dim + _mlp_matrices(cfg) * cfg.d_ff
+    logits = cfg.vocab_size * (DTYPE_BYTES[dtype] + 4)
+    return cfg.n_layers * per_layer * DTYPE_BYTES[dtype] + logits
+
+
+def train_step_memory_bytes(cfg: ArchConfig, batch: int, dtype: str = "bf16") -> int:
+    """Memory one data-parallel rank holds to train `batch` sequences of `cfg.seq_len` tokens:
+    optimizer state (`TRAIN_STATE_BYTES_PER_PARAM` a parameter) plus the step's activations
+    (`train_activation_bytes_per_token`). Allocator slack and the runtime come on top."""
+    tokens = batch * cfg.seq_len
+    return TRAIN_STATE_BYTES_PER_PARAM * param_counts(cfg).total + tokens * train_activation_bytes_per_token(
+        cfg, dtype
+    )
 
 
 def relu_feature_loss_log10(cfg: ArchConfig) -> float | None:

@@ -481,6 +481,35 @@ def _busy(exc: DBAPIError) -> bool:
 # ------------------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _lock_file(path: Path) -> Iterator[None]:
+    """Hold an exclusive flock on `path`, and remove the file before letting go, so no lock file
+    is left behind (one per database in the temp folder, probe 6). A process that waited on the
+    removed file finds, once it holds it, that the path names another file or none: it opens the
+    path again, so two processes never both hold the lock on different files."""
+    while True:
+        handle = open(path, "ab")  # closed below on every path
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            held = os.fstat(handle.fileno())
+            try:
+                current = os.stat(path)
+            except FileNotFoundError:
+                current = None
+        except BaseException:
+            handle.close()
+            raise
+        if current is not None and (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
+            break
+        handle.close()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        handle.close()  # the flock goes with it
+
+
 class Storage:
     """archsearch's tables (and Optuna's) in one database.
 
@@ -647,12 +676,8 @@ class Storage:
             # realpath, not Path.resolve: a symlink loop raises there (SQLite then says it cannot open it).
             path = Path(os.path.realpath(_sqlite_path(self._url)))
             digest = hashlib.sha256(str(path).encode()).hexdigest()[:16]
-            with open(Path(tempfile.gettempdir()) / f"archsearch-{digest}.lock", "ab") as handle:
-                fcntl.flock(handle, fcntl.LOCK_EX)
-                try:
-                    yield
-                finally:
-                    fcntl.flock(handle, fcntl.LOCK_UN)
+            with _lock_file(Path(tempfile.gettempdir()) / f"archsearch-{digest}.lock"):
+                yield
             return
         try:
             with self._engine.connect() as conn:

@@ -389,6 +389,41 @@ def test_scale_to_as_json_names_the_trial_target_and_device(db_url, tmp_path):
     assert "serve" not in prov["scaled"] and "serving" not in result.stdout
 
 
+def test_scale_to_prints_the_step_memory_and_notes_a_micro_batch_over_the_device(db_url, tmp_path):
+    """Probe 6: `--batch 1e15` printed a step and an MFU for a micro-batch no GPU holds, no note."""
+    fits = run(
+        db_url,
+        "--study",
+        "s",
+        "--trial",
+        "2",
+        "--scale-to",
+        "350M",
+        "--format",
+        "json",
+        "-o",
+        str(tmp_path / "a"),
+    )
+    assert fits.exit_code == 0, fits.output
+    assert "memory: activations " in fits.stdout and "; the device holds 80 GB" in fits.stdout
+    assert "note: micro-batch" not in fits.stderr
+    prov = json.loads((tmp_path / "a" / "archsearch.json").read_text())["provenance"]["scaled"]
+    assert prov["activation_bytes"] > 0 and prov["optimizer_state_bytes"] == 16 * prov_params(tmp_path / "a")
+    huge = run(
+        db_url, "--study", "s", "--trial", "2", "--scale-to", "350M", "--batch", str(10**15),
+        "--format", "json", "-o", str(tmp_path / "b"),
+    )  # fmt: skip
+    assert huge.exit_code == 0, huge.output
+    note = next(line for line in huge.stderr.splitlines() if line.startswith("note: micro-batch"))
+    assert "are over the device's 80 GB: give --batch " in note and note.endswith(
+        ", or recompute activations"
+    )
+
+
+def prov_params(folder):
+    return json.loads((folder / "archsearch.json").read_text())["results"]["params_total"]
+
+
 SCALE_BAD = [
     pytest.param(
         ["--knee", "--scale-to", "1.3X"], "--scale-to '1.3X' must be a positive number", id="bad-target"

@@ -169,6 +169,29 @@ def test_text_folder_of_one_file_splits_by_bytes(tmp_path):
     assert (ds.n_train_tokens, ds.n_val_tokens) == (981, 20)  # 1000 bytes + separator, 2% held out
 
 
+def test_text_folder_of_too_many_files_is_refused_before_reading_them(tmp_path, monkeypatch):
+    """Probe 6: `[proxy] data = "/"` went on to read the whole file system."""
+    monkeypatch.setattr(data, "MAX_TEXT_FILES", 5)
+    for i in range(3):
+        (tmp_path / "a" / str(i)).mkdir(parents=True)
+        for j in range(2):
+            (tmp_path / "a" / str(i) / f"{j}.txt").write_text("text " * 200)
+    with pytest.raises(DataError, match=f"^data folder {tmp_path} holds more than 5 files: give the folder"):
+        load_dataset(tmp_path)
+    monkeypatch.setattr(data, "MAX_TEXT_FILES", 6)
+    assert load_dataset(tmp_path).n_train_tokens > 0
+
+
+@pytest.mark.skipif(
+    os.stat("/proc").st_dev == os.stat("/").st_dev, reason="/proc is not mounted apart from /"
+)
+def test_a_text_folder_does_not_descend_into_another_file_system():
+    assert not data._same_device("/", "proc", os.stat("/").st_dev)
+    assert data._same_device("/", "etc", os.stat("/").st_dev) == (
+        os.stat("/etc").st_dev == os.stat("/").st_dev
+    )
+
+
 def test_text_folder_rebuilds_when_a_file_changes(tmp_path):
     for i in range(3):
         (tmp_path / f"{i}.txt").write_bytes(b"abc" * 100)

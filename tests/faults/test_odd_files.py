@@ -147,6 +147,18 @@ def test_a_loop_of_symlinks_as_an_output_is_one_line_and_left_as_it_was(study_ur
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["trials.db", link.name, "other"])
 
 
+@pytest.mark.parametrize("command", FIFO_OUTPUTS.values(), ids=FIFO_OUTPUTS.keys())
+def test_an_output_that_is_a_folder_is_one_line_exit_2(study_url, tmp_path, command):
+    """Probe 6: `config new -o FOLDER` ran, then failed at the write with exit 1."""
+    args = [a.format(out=tmp_path / "out") for a in command]
+    folder = Path(args[-1])
+    (folder / "kept").mkdir(parents=True)
+    storage = ["--storage", study_url] if command[0] != "config" else []
+    result = CliRunner().invoke(app, [*args, *storage])
+    assert _one_line(result, 2) == f"error: cannot write {folder}: it is a folder"
+    assert [p.name for p in folder.iterdir()] == ["kept"]
+
+
 # --- a memory limit -----------------------------------------------------------------------------------
 def test_running_out_of_memory_outside_a_trial_is_one_line_exit_1(tmp_path, monkeypatch):
     """A `ulimit -v` hit while a command imports torch or builds a shape raises MemoryError there."""
