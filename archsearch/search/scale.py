@@ -214,9 +214,9 @@ class ScaleResult:
     def memory_notes(self) -> list[str]:
         """What does not fit the device: the micro-batch's activations alone (no sharding helps:
         lower the micro-batch or recompute), or the optimizer state beside them (shard it)."""
-        free = self.memory_bytes - self.activation_bytes
-        if not self.memory_bytes:
+        if not self.memory_bytes:  # a device the catalogue states no memory for
             return []
+        free = self.memory_bytes - self.activation_bytes
         gb = 1e9
         if free <= 0:
             per_sequence = self.activation_bytes // self.request.micro_batch
