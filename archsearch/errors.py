@@ -46,6 +46,11 @@ def on_sigterm(signum: int, _frame: object) -> None:
     raise Terminated
 
 
+# What a JSON or TOML reader's ValueError means once its own decode errors are caught: Python
+# converts no integer of more than 4,300 digits (`sys.get_int_max_str_digits`).
+HUGE_INTEGER = "a number of more than 4,300 digits"
+
+
 def quoted(text: str, limit: int = 40) -> str:
     """User text quoted for a one-line message: escapes for control characters, shortened."""
     shown = text if len(text) <= limit else text[: limit - 3] + "..."

@@ -132,8 +132,21 @@ _MAX_TEXT = "the database stores at most 2**63 - 1 (9.2e18)"
 def _short(text: str | int) -> str:
     """A parsed value as messages quote it: a huge integer by its number of digits."""
     if isinstance(text, int):
-        return f"a {len(str(text))}-digit number" if text > MAX_WHOLE else str(text)
+        return short_number(text)
     return quoted(text)
+
+
+def short_number(value: float) -> str:
+    """A number as a message shows it: an integer past 2**63 - 1 by its number of digits (`str`
+    refuses integers of more than 4,300 digits, and 400 flood a line), else in full or `.4g`."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > MAX_WHOLE:
+            # Exact below the 4,300 digits `str` converts; about, from the logarithm, past them.
+            exact = abs(value).bit_length() < 14_000
+            digits = len(str(abs(value))) if exact else math.floor(math.log10(abs(value))) + 1
+            return f"a {digits}-digit number"
+        return str(value)
+    return f"{value:.4g}"
 
 
 _COUNT = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]?)\s*")

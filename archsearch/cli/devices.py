@@ -22,7 +22,7 @@ from archsearch.cli.common import (
     stdout,
 )
 from archsearch.cli.progress import steps_bar
-from archsearch.errors import ConfigError
+from archsearch.errors import HUGE_INTEGER, ConfigError
 
 
 @app.command()
@@ -106,6 +106,8 @@ def fit_device(
         raw = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:
         raise ConfigError(f"{data}: not JSON: {exc}") from None
+    except ValueError:
+        raise ConfigError(f"{data}: not JSON: {HUGE_INTEGER}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{data}: not a recorded gpu_model_accuracy run (a JSON object with 'shapes')")
     with steps_bar("fitting") as update:

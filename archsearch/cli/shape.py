@@ -34,6 +34,7 @@ from archsearch.space import (
     relu_feature_loss,
     save_config,
 )
+from archsearch.space.config import check_size
 from archsearch.space.knobs import DEFAULT_MULTIPLE_OF, config_from_knobs
 from archsearch.space.width import gated_d_ff
 
@@ -119,6 +120,8 @@ def width(
     as_json: JsonFlag = False,
 ) -> None:
     """MLP width analysis: gated parity size and the ReLU feature-loss risk by expansion ratio."""
+    check_size("d_model", d_model)  # 400 digits overflowed the risk's float arithmetic
+    check_size("--multiple-of", multiple_of)
     rows = []
     for ratio in (1, 2, 3, 4, 8):
         loss = relu_feature_loss(d_model, ratio * d_model)

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils import benchmark
 
-from archsearch.errors import quoted
+from archsearch.errors import HUGE_INTEGER, quoted
 from archsearch.evaluators import kernels
 from archsearch.evaluators.device import (
     DeviceError,
@@ -171,6 +171,10 @@ class JsonFileCache:
         except RecursionError:  # json's decoder recurses per nesting level: `[` * 100_000
             raise ProfilerError(
                 f"measurement cache {self.path} is nested too deeply to be a cache; delete it to start afresh"
+            ) from None
+        except ValueError:
+            raise ProfilerError(
+                f"measurement cache {self.path} holds {HUGE_INTEGER}; delete it to start afresh"
             ) from None
         entries = data.get("entries") if isinstance(data, dict) else None
         valid = (

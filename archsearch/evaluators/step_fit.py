@@ -43,6 +43,9 @@ from archsearch.evaluators.hardware import (
 from archsearch.evaluators.kernels import step_kernels
 from archsearch.space.config import ArchConfig
 
+# The longest real training step a recorded run may hold: the benchmark's shapes step in
+# milliseconds to seconds on a GPU; an hour is no step of theirs.
+MAX_STEP_S = 3600.0
 FIT_FIELDS = (
     "compute_efficiency",
     "bandwidth_efficiency",
@@ -93,9 +96,11 @@ def records_from_benchmark(raw: dict[str, Any], launches: dict[str, int]) -> lis
             label, batch, real = entry["label"], entry["batch"], entry["train_step_s"]
             if isinstance(batch, bool) or not (isinstance(batch, int) and batch > 0):
                 raise ValueError(f"shape {label!r}: batch must be a positive integer, got {batch!r}")
-            if isinstance(real, bool) or not (isinstance(real, (int, float)) and 0 < real < math.inf):
+            # At most an hour: a recorded step of 1e308 s overflowed to inf ms and was fitted (probe 7).
+            if isinstance(real, bool) or not (isinstance(real, (int, float)) and 0 < real <= MAX_STEP_S):
                 raise ValueError(
-                    f"shape {label!r}: train_step_s must be a positive number of seconds, got {real!r}"
+                    f"shape {label!r}: train_step_s must be a positive number of seconds up to "
+                    f"{MAX_STEP_S:g}, got {real!r}"
                 )  # a NaN fitted NaN constants, a 0 divided by zero, a negative one fitted garbage
             records.append(
                 StepRecord(

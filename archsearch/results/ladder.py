@@ -244,8 +244,21 @@ def default_top(cfg: ArchConfig, own: int, rungs: int, params_max: int | None = 
 
 
 def ladder_settings(proxy: dict[str, Any], tokens: int, seed: int) -> dict[str, Any]:
-    """A rung's `TrainSettings` fields: the proxy's, with a token budget, the cosine schedule, `seed`."""
-    return {**proxy, "tokens": int(tokens), "flops": None, "seconds": None, **LADDER_SCHEDULE, "seed": seed}
+    """A rung's `TrainSettings` fields: the proxy's, with a token budget, the cosine schedule, `seed`.
+
+    Raises:
+        LadderError: the settings cannot train (`--tokens-per-param 1e300` started rungs that never
+            end: probe 7).
+    """
+    from archsearch.evaluators.settings import TrainError, TrainSettings
+
+    settings = {**proxy, "tokens": int(tokens), "flops": None, "seconds": None, **LADDER_SCHEDULE}
+    settings["seed"] = seed
+    try:
+        TrainSettings(**settings)
+    except TrainError as exc:
+        raise LadderError(f"a rung cannot train: {exc}; give a smaller --tokens-per-param") from None
+    return settings
 
 
 def rung_tokens(cfg: ArchConfig, tokens_per_param: float) -> int:

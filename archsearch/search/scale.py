@@ -49,6 +49,9 @@ MICRO_BATCH_TOKENS = 16384  # batch * seq_len per micro-batch: 8 x 2048, a commo
 DEFAULT_SEQ_LEN = 2048  # GPT-3, OPT, Pythia and TinyLlama pretrain 1B-class models at 2048
 # Measured on an H100 SXM (eager PyTorch, bf16): a real step over its kernel sum (BRIEF.md 10).
 EAGER_OVER_KERNEL_SUM = (1.4, 1.9)
+# The largest target scaled: 5x the largest dense models trained (~2T). Each candidate is scored
+# (~1 ms); 10T has ~9,000 candidates, 1P ~200,000 (probe 7: minutes with no output).
+MAX_TARGET_PARAMS = 10**13
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,8 @@ class ScaleRequest:
     """The size, device and data a scaled shape is for.
 
     Raises:
-        ArchsearchError: a non-positive size, an unknown device (the message lists them).
+        ArchsearchError: a non-positive size, one past `MAX_TARGET_PARAMS`, an unknown device (the
+            message lists them).
     """
 
     target_params: int
@@ -74,6 +78,14 @@ class ScaleRequest:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise ArchsearchError(f"{name} must be a positive integer, got {value!r}")
+        if self.target_params > MAX_TARGET_PARAMS:
+            from archsearch.units import format_si
+
+            most = format_si(MAX_TARGET_PARAMS)
+            raise ArchsearchError(
+                f"--scale-to {format_si(self.target_params)} parameters is past {most}, the largest size "
+                "scaled to (dense models trained so far reach about 2T)"
+            )
         ACCELERATORS[self.device]  # UnknownNameError lists the catalogue
 
     @property

@@ -79,7 +79,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from archsearch.errors import ArchsearchError, ConfigError, quoted
+from archsearch.errors import HUGE_INTEGER, ArchsearchError, ConfigError, quoted
 from archsearch.evaluators.catalogue import ACCELERATORS
 from archsearch.evaluators.settings import TrainError, TrainSettings
 from archsearch.fileio import read_text
@@ -87,7 +87,7 @@ from archsearch.search.samplers import SAMPLERS
 from archsearch.space.objectives import DEFAULT_OBJECTIVES, SERVE_TIME_OBJECTIVES, LossRule, parse_objectives
 from archsearch.space.search_space import KNOBS, Budget, Domain, SearchSpace, SpaceError, check_export_formats
 from archsearch.space.serve import ServeError, ServeScenario
-from archsearch.units import SEED_MAX, format_si, parse_bytes
+from archsearch.units import MAX_WHOLE, SEED_MAX, format_si, parse_bytes, short_number
 
 
 class SpecError(ConfigError):
@@ -623,6 +623,21 @@ def _budget(table: dict[str, Any]) -> Budget:
     return Budget(**bounds)
 
 
+def _refuse_huge_integers(value: Any, key: str = "") -> None:
+    """No integer past 2**63 - 1 anywhere in the file (the most the database stores): a 400-digit
+    `seq_len` or budget went on into float arithmetic and ended in an OverflowError traceback."""
+    if isinstance(value, dict):
+        for name, inner in value.items():
+            _refuse_huge_integers(inner, f"{key}.{name}" if key else name)
+    elif isinstance(value, list):
+        for inner in value:
+            _refuse_huge_integers(inner, key)
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_WHOLE:
+        table, _, name = key.rpartition(".")
+        where = f"[{table}].{name}" if table else name
+        raise SpecError(f"{where}: {short_number(value)} is past 2**63 - 1, the most the database stores")
+
+
 def _parse(text: str, source: str, base_dir: Path) -> SearchSpec:
     try:
         doc = tomllib.loads(text)
@@ -635,6 +650,9 @@ def _parse(text: str, source: str, base_dir: Path) -> SearchSpec:
         raise SpecError(f"invalid TOML: {exc}") from None
     except RecursionError:  # tomllib recurses per nested array or inline table: `[` * 100_000
         raise SpecError("invalid TOML: nested too deeply to be a search spec") from None
+    except ValueError:
+        raise SpecError(f"invalid TOML: {HUGE_INTEGER}") from None
+    _refuse_huge_integers(doc)
     for key, value in doc.items():
         if key not in _TABLES:
             raise SpecError(f"unknown table [{key}]; valid: {', '.join(_TABLES)}")

@@ -214,7 +214,12 @@ def long_settings(proxy: dict[str, Any], multiplier: float, seed: int, tokens_tr
 
     A tokens or FLOPs budget is multiplied; a seconds budget is not reproducible, so the long run
     trains `multiplier` x the tokens the trial's proxy run actually trained.
+
+    Raises:
+        ValidateError: the settings cannot train (a budget past `TrainSettings`' bounds).
     """
+    from archsearch.evaluators.settings import TrainError, TrainSettings
+
     settings = dict(proxy)
     if settings.get("tokens") is not None:
         settings["tokens"] = round(settings["tokens"] * multiplier)
@@ -224,7 +229,12 @@ def long_settings(proxy: dict[str, Any], multiplier: float, seed: int, tokens_tr
         if not tokens_trained:
             raise ValidateError("a seconds-budget proxy run without a token count cannot be scaled")
         settings["tokens"], settings["seconds"] = round(tokens_trained * multiplier), None
-    return {**settings, **LONG_SCHEDULE, "seed": seed}
+    settings = {**settings, **LONG_SCHEDULE, "seed": seed}
+    try:  # before Ray starts: `--multiplier 1e300` started runs that never end (probe 7)
+        TrainSettings(**settings)
+    except TrainError as exc:
+        raise ValidateError(f"--multiplier {multiplier:g} makes long runs that cannot train: {exc}") from None
+    return settings
 
 
 def long_run(request: dict[str, Any]) -> dict[str, Any]:

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from archsearch.errors import ConfigError, quoted
+from archsearch.errors import HUGE_INTEGER, ConfigError, quoted
 from archsearch.fileio import read_text, write_atomic
 from archsearch.registry import Registry
+from archsearch.units import short_number
 
 # Largest size a field may take: integers up to 2**53 are exact as float64, which the cost model
 # and JSON readers use; a larger one (d_model = 10**400) overflowed the float conversion.
@@ -161,9 +162,7 @@ class ArchConfig:
                     raise ConfigError(f"{field.name} must be an integer, got {value!r}")
                 if value <= 0:
                     raise ConfigError(f"{field.name} must be positive, got {value}")
-                if value > MAX_SIZE:  # a 400-digit value in full would flood the line: its length
-                    digits = len(str(value))
-                    raise ConfigError(f"{field.name} must be at most 2**53, got a {digits}-digit number")
+                check_size(field.name, value)
             elif field.type == "bool":
                 if not isinstance(value, bool):
                     raise ConfigError(f"{field.name} must be true or false, got {value!r}")
@@ -314,6 +313,13 @@ def _derived_head_dim(d_model: Any, n_heads: Any) -> Any:
     return d_model // n_heads
 
 
+def check_size(name: str, value: int | None) -> None:
+    """A size (an `ArchConfig` integer, or a knob that derives one) is at most `MAX_SIZE`; a
+    huge one is named by its number of digits, not echoed (400 digits would flood the line)."""
+    if value is not None and value > MAX_SIZE:
+        raise ConfigError(f"{name} must be at most 2**53, got {short_number(value)}")
+
+
 def _parse_json(text: str, source: str) -> Any:
     """JSON text as Python data, or a one-line `ConfigError` naming `source`."""
     try:
@@ -325,6 +331,8 @@ def _parse_json(text: str, source: str) -> Any:
     except RecursionError:
         # json's decoder recurses once per nesting level: `[` * 100_000 exhausts the stack.
         raise ConfigError(f"{source}: invalid JSON: nested too deeply to be a config") from None
+    except ValueError:  # Python converts no integer of more than 4,300 digits (probe 7: a traceback)
+        raise ConfigError(f"{source}: invalid JSON: {HUGE_INTEGER}") from None
 
 
 # The document `archsearch export --format json` writes (`space.export.JsonFormat`): the config

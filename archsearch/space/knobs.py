@@ -13,7 +13,7 @@ from fractions import Fraction
 from typing import Any
 
 from archsearch.errors import ConfigError
-from archsearch.space.config import ACTIVATIONS, ArchConfig
+from archsearch.space.config import ACTIVATIONS, ArchConfig, check_size
 from archsearch.space.width import gated_d_ff
 
 ARCH_FIELDS = frozenset(f.name for f in dataclasses.fields(ArchConfig))
@@ -79,6 +79,12 @@ def config_from_knobs(
     unknown = sorted(set(fields) - ARCH_FIELDS)
     if unknown:
         raise ConfigError(f"unknown ArchConfig field(s): {', '.join(unknown)}")
+    sizes = dict(
+        d_model=d_model, n_layers=n_layers, n_heads=n_heads, head_dim=head_dim, n_kv_heads=n_kv_heads,
+        d_ff=d_ff, multiple_of=multiple_of,
+    )  # fmt: skip
+    for name, value in sizes.items():  # before any arithmetic: 400 digits overflowed a float division
+        check_size(name, value)
     if n_layers is None:
         if aspect_ratio is None:
             raise ConfigError("give n_layers or aspect_ratio (d_model / n_layers)")

@@ -160,15 +160,19 @@ def scaled_candidates(
             if heads is None:
                 continue
             for d_ff in d_ff_options(cfg, d_model, d_ff_multiples):
-                for n_layers in depths:
-                    shape = ArchConfig(
-                        vocab_size=vocab_size, seq_len=seq_len, d_model=d_model, n_layers=n_layers,
-                        n_heads=heads[0], n_kv_heads=heads[1], head_dim=head_dim, d_ff=d_ff, **kept,
-                    )  # fmt: skip
-                    params = param_counts(shape).total
-                    smallest = params if smallest is None else min(smallest, params)
-                    if low <= params <= high:
-                        out.append(shape)
+                base = ArchConfig(
+                    vocab_size=vocab_size, seq_len=seq_len, d_model=d_model, n_layers=depths[0],
+                    n_heads=heads[0], n_kv_heads=heads[1], head_dim=head_dim, d_ff=d_ff, **kept,
+                )  # fmt: skip
+                # Parameters are exactly linear in depth (every block is the same): the depths in
+                # the window follow from two counts, not one shape per depth (probe 7: --scale-to 1P
+                # built every depth of every width and ran for minutes).
+                first = param_counts(base).total
+                per_layer = param_counts(dataclasses.replace(base, n_layers=depths[0] + 1)).total - first
+                smallest = first if smallest is None else min(smallest, first)
+                lo = depths[0] + max(0, math.ceil((low - first) / per_layer))
+                hi = min(depths[-1], depths[0] + math.floor((high - first) / per_layer))
+                out.extend(dataclasses.replace(base, n_layers=n) for n in range(lo, hi + 1))
         # Parameters grow with d_model at the shallowest depth: stop once that passes the window.
         if smallest is not None and smallest > high:
             break

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from archsearch.errors import ConfigError
+from archsearch.errors import ConfigError, quoted
 from archsearch.registry import Registry
 from archsearch.space.config import ACTIVATIONS, NORM_PLACEMENTS, NORMS, POSITIONS, ArchConfig
 from archsearch.space.costs import flop_counts, max_serve_batch, param_counts, serve_memory_bytes
@@ -86,7 +86,8 @@ def _name_in(registry: Registry[Any]) -> Callable[[Any], str | None]:
 def _gqa_group(layout: str) -> int | None:
     """G of "gqa:G" (query heads per KV head), or None when `layout` has another form."""
     prefix, _, group = layout.partition(":")
-    return int(group) if prefix == "gqa" and group.isdecimal() else None
+    # More than 18 digits is no head count (and `int` refuses 4,300: probe 7's traceback).
+    return int(group) if prefix == "gqa" and group.isdecimal() and len(group) <= 18 else None
 
 
 def layout_knob(n_heads: int, n_kv_heads: int) -> str:
@@ -104,7 +105,7 @@ def _layout(v: Any) -> str | None:
         return None
     group = _gqa_group(v)
     if group is None:
-        return f"unknown layout {v!r}; valid: mha, mqa, gqa:G (G query heads per KV head, G >= 2)"
+        return f"unknown layout {quoted(v)}; valid: mha, mqa, gqa:G (G query heads per KV head, G >= 2)"
     return None if group >= 2 else f"{v!r} has one query head per KV head: write 'mha'"
 
 

@@ -430,6 +430,7 @@ SCALE_BAD = [
     ),
     pytest.param(["--knee", "--scale-to", "1B", "--device", "tpu"], "unknown accelerator 'tpu'", id="device"),
     pytest.param(["--front", "--scale-to", "1B"], "--scale-to scales one trial", id="front"),
+    pytest.param(["--knee", "--scale-to", "1P"], "--scale-to 1P parameters is past 10T", id="past-10T"),
     pytest.param(["--knee", "--device", "h100-sxm"], "--device only go with --scale-to", id="no-scale-to"),
     pytest.param(["--knee", "--scale-to", "1k"], "has 1,000 parameters within 10%", id="too-small"),
     pytest.param(

@@ -4,6 +4,7 @@ the choice of CPU threads."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -101,3 +102,22 @@ def test_threads_must_be_a_positive_integer(threads):
     with pytest.raises(TrainError, match=f"threads must be a positive integer .*, got {threads!r}"):
         TrainSettings(tokens=10, threads=threads)
     assert TrainSettings(tokens=10).threads is None and TrainSettings(tokens=10, threads=3).threads == 3
+
+
+@pytest.mark.parametrize(
+    "budget, message",
+    [
+        (
+            dict(tokens=10**23),
+            "tokens budget a 24-digit number is past 2**63 - 1, the most the database stores",
+        ),
+        (dict(tokens=10**5000), "tokens budget a 5001-digit number is past 2**63 - 1"),
+        (dict(flops=1e30), "flops budget 1e+30 is past 1e27, 10x the largest training runs published"),
+        (dict(seconds=1e300), "seconds budget 1e+300 is past a year"),
+    ],
+    ids=["tokens", "5000-digit-tokens", "flops", "seconds"],
+)
+def test_a_budget_that_never_ends_is_refused(budget, message):
+    """Probe 7: `train --seconds 1e300` and `--tokens 1e23` trained until killed."""
+    with pytest.raises(TrainError, match=f"^{re.escape(message)}"):
+        TrainSettings(**budget)

@@ -178,3 +178,12 @@ def test_a_reference_point_whose_hypervolume_overflows_is_refused(tmp_path):
         "reference nearer the front"
     )
     assert result.stdout == ""
+
+
+def test_a_reference_point_no_trial_beats_says_why_the_hypervolume_is_0(tmp_path):
+    """Probe 7: `pareto --reference 0,0` printed hypervolume 0, exit 0, with nothing to say why."""
+    _, url = _study(tmp_path)
+    result = CliRunner().invoke(app, ["pareto", "--study", "s", "--reference", "0,0", "--storage", url])
+    assert result.exit_code == 0, result.output
+    assert "hypervolume 0 against reference (0, 0)" in result.stdout
+    assert result.stderr.startswith("note: no trial of the front is better than the reference point")

@@ -32,12 +32,17 @@ RECORDED = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_model_accur
     [
         ("batch", 0, "batch must be a positive integer, got 0"),
         ("batch", -8, "batch must be a positive integer, got -8"),
-        ("train_step_s", float("nan"), "train_step_s must be a positive number of seconds, got nan"),
-        ("train_step_s", 0, "train_step_s must be a positive number of seconds, got 0"),
-        ("train_step_s", -1.0, "train_step_s must be a positive number of seconds, got -1.0"),
-        ("train_step_s", True, "train_step_s must be a positive number of seconds, got True"),
+        (
+            "train_step_s",
+            float("nan"),
+            "train_step_s must be a positive number of seconds up to 3600, got nan",
+        ),
+        ("train_step_s", 0, "train_step_s must be a positive number of seconds up to 3600, got 0"),
+        ("train_step_s", -1.0, "train_step_s must be a positive number of seconds up to 3600, got -1.0"),
+        ("train_step_s", True, "train_step_s must be a positive number of seconds up to 3600, got True"),
+        ("train_step_s", 1e308, "train_step_s must be a positive number of seconds up to 3600, got 1e+308"),
     ],
-    ids=["batch-0", "batch-negative", "step-nan", "step-0", "step-negative", "step-bool"],
+    ids=["batch-0", "batch-negative", "step-nan", "step-0", "step-negative", "step-bool", "step-1e308"],
 )
 def test_a_recorded_run_with_an_impossible_shape_is_refused(tmp_path, field, value, why):
     """Probe 6: a batch of 0 was a ValueError traceback; a NaN, zero or negative real step was

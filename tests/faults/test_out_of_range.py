@@ -139,16 +139,22 @@ def test_a_rung_below_one_parameter_is_the_ladder_s_own_error():
 
 
 @pytest.mark.parametrize(
-    ("memory", "shown"), [('"1e400GB"', "'1e400GB'"), ("99999999999999999999", "a 20-digit number")]
+    ("memory", "why"),
+    [
+        (
+            '"1e400GB"',
+            "memory '1e400GB' is too large: the database stores at most 2**63 - 1 (9.2e18) (bytes)",
+        ),
+        # Any integer of the file past 2**63 - 1 is refused as it is read (probe 7).
+        ("99999999999999999999", "a 20-digit number is past 2**63 - 1, the most the database stores"),
+    ],
+    ids=["string", "integer"],
 )
-def test_a_serve_memory_past_the_bound_is_refused_by_space_check(tmp_path, memory, shown):
+def test_a_serve_memory_past_the_bound_is_refused_by_space_check(tmp_path, memory, why):
     space = tmp_path / "space.toml"
     space.write_text(tiny_toml(serve=f"batch = 1\nprompt_len = 16\ngen_len = 16\nmemory = {memory}"))
     result = CliRunner().invoke(app, ["space", "check", str(space)])
-    assert _one_line(result, 2) == (
-        f"error: {space}: [serve].memory: memory {shown} is too large: the database stores at most "
-        "2**63 - 1 (9.2e18) (bytes)"
-    )
+    assert _one_line(result, 2) == f"error: {space}: [serve].memory: {why}"
 
 
 def test_a_proxy_seed_out_of_range_is_refused_by_space_check(tmp_path):
@@ -199,12 +205,13 @@ def test_both_bounds_from_the_environment_read_alike(monkeypatch, name):
 
 
 @pytest.mark.parametrize(
-    "args", [["width", str(10**23)], ["cost", "{config}"]], ids=["width-1e23", "cost-relu-2**40"]
+    "args", [["width", str(2**53)], ["cost", "{config}"]], ids=["width-2**53", "cost-relu-2**40"]
 )
 def test_the_relu_risk_of_a_huge_width_takes_a_bounded_number_of_terms(tmp_path, monkeypatch, args):
     """The ReLU feature-loss risk summed one lgamma per unit of d_model into a list: `width 1e23`
     and `cost` of a ReLU shape 2**40 wide ran out of memory after minutes (issue 26 probe 5). The
-    sum now stops where its terms stop counting: a few hundred terms at any size."""
+    sum now stops where its terms stop counting: a few hundred terms at any size (`width` takes
+    up to 2**53, as a shape's sizes; past it, one line: probe 7)."""
     import math
 
     from archsearch.space import ArchConfig

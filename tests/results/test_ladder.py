@@ -168,9 +168,11 @@ def _run(*args: str):
         (("--trial", "0", "--tokens-per-param", "0"), "--tokens-per-param must be a finite number > 0"),
         (("--trial", "0", "--top", "2k"), "trial 0: no shape keeping the design (mha, head_dim 32"),
         (("--trial", "0", "--plot", "x.svg"), "cannot plot ladders to 'x.svg': use a .png file"),
+        (("--trial", "0", "--tokens-per-param", "1e300"),
+         "a rung cannot train: tokens budget a 30"),  # probe 7: trained until killed
     ],
     ids=["one-rung", "no-design", "unknown-trial", "past-budget", "too-few-rungs", "two-selectors",
-         "no-tokens", "too-small", "plot-suffix"],
+         "no-tokens", "too-small", "plot-suffix", "endless-rungs"],
 )  # fmt: skip
 def test_bad_ladders_exit_2_with_one_line_and_store_nothing(tmp_path, args, message):
     url = _study(f"sqlite:///{tmp_path / 't.db'}", tiny_spec(budget="params = { max = 2e6 }"))

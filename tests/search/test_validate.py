@@ -100,8 +100,12 @@ def test_too_few_complete_trials_is_one_error_line(tmp_path):
         (("--seeds", "0"), "--seeds must be in 1..100, got 0"),
         (("--seeds", "101"), "--seeds must be in 1..100, got 101"),
         (("--size-beta", "-0.1"), "--size-beta must be a finite number >= 0"),
+        (
+            ("--multiplier", "1e300"),
+            "--multiplier 1e+300 makes long runs that cannot train: tokens budget a ",
+        ),
     ],
-    ids=["one", "below-one", "nan", "inf", "no-seeds", "too-many-seeds", "negative-size-beta"],
+    ids=["one", "below-one", "nan", "inf", "no-seeds", "too-many-seeds", "negative-size-beta", "endless"],
 )
 def test_bad_options_exit_2_and_leave_the_database_unchanged(url, tmp_path, args, match):
     before = _files(tmp_path)

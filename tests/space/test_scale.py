@@ -55,6 +55,22 @@ def test_every_candidate_keeps_the_design_and_the_size(name, target):
         assert (cfg.seq_len, cfg.vocab_size) == (2048, 50304)
 
 
+@pytest.mark.parametrize("name", SOURCES)
+def test_the_candidates_are_every_depth_in_the_window_as_one_shape_per_depth_finds_them(name):
+    # The depths are solved from two counts a width (parameters are linear in depth); built one
+    # shape per depth, every width, depth, head_dim and d_ff in the window, they are the same.
+    source, target = SOURCES[name], 300_000_000
+    shapes = scaled_candidates(source, target, seq_len=2048, vocab_size=50304)
+    low, high = aspect_range(target)
+    brute = set()
+    for cfg in {replace(s, n_layers=1) for s in shapes}:  # every (width, heads, d_ff) that fits
+        for depth in range(max(1, -(-cfg.d_model // high)), cfg.d_model // low + 1):
+            deeper = replace(cfg, n_layers=depth)
+            if abs(param_counts(deeper).total / target - 1) <= 0.1:
+                brute.add(deeper)
+    assert set(shapes) == brute and len(shapes) == len(brute)
+
+
 def test_a_fast_head_dim_is_kept_and_mqa_stays_mqa():
     shapes = scaled_candidates(SOURCES["mqa-qknorm-parallel"], 10**9, seq_len=2048, vocab_size=256)
     assert {c.head_dim for c in shapes} == {64} and {c.n_kv_heads for c in shapes} == {1}
