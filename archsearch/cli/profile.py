@@ -29,6 +29,7 @@ from archsearch.space import ArchConfig
 
 @app.command()
 def profile(
+    ctx: typer.Context,
     config: ConfigArg = None,
     preset_name: PresetOpt = None,
     device: Annotated[
@@ -81,8 +82,11 @@ def profile(
     --batch on this machine now (or --threads); --json's "threads" is the count used.
     --serve: prefill and per-token decode at --context instead (see `archsearch.cli.serve`).
     """
+    given = {name for name in ctx.params if ctx.get_parameter_source(name).name != "DEFAULT"}
     if memory is not None and not serve:
         raise ConfigError("--memory only goes with --serve")
+    if "context" in given and not serve:  # probe 7: ignored, exit 0
+        raise ConfigError("--context only goes with --serve")
     cfg = resolve_config(config, preset_name)
     if serve:  # archsearch.cli.serve prints it
         from archsearch.cli.serve import serve_profile
@@ -93,7 +97,7 @@ def profile(
     batch = batch or 8
     if cache is not None and storage is not None:
         raise ConfigError("give --cache FILE or --storage URL, not both")
-    report, used = _profile(cfg, device, batch, dtype, steps, cache, storage, min_run_time, threads)
+    report, used = _profile(cfg, device, batch, dtype, steps, cache, storage, min_run_time, threads, given)
     note_if_unfit(cfg, device, batch)
     if as_json:
         print_json({**report.to_dict(), "threads": used})
@@ -119,9 +123,10 @@ def profile(
 
 def _profile(
     cfg: ArchConfig, device: str, batch: int, dtype: str, steps: int, cache: Path | None, storage: str | None,
-    min_run_time: float, threads: int | None,
+    min_run_time: float, threads: int | None, given: set[str],
 ) -> tuple[Any, int | None]:  # fmt: skip
-    """The `ProfileReport` and the CPU threads it ran on (None: modelled, or on a GPU)."""
+    """The `ProfileReport` and the CPU threads it ran on (None: modelled, or on a GPU); `given`
+    names the options the user gave."""
     from archsearch.evaluators.hardware import check_device
     from archsearch.evaluators.step_time import step_profile
 
@@ -129,8 +134,11 @@ def _profile(
         step_profile, cfg, device, batch, dtype, steps=steps, min_run_time=min_run_time
     )
     if check_device(device):  # modelled: nothing to time, no cache, no threads
-        if threads is not None:
-            raise ConfigError(f"--threads is for a step measured here; {device} is modelled")
+        timing = [n for n in ("threads", "steps", "min_run_time", "cache", "storage") if n in given]
+        if timing:  # probe 7: `--cache --min-run-time --steps` were ignored, exit 0
+            flags = ", ".join("--" + n.replace("_", "-") for n in timing)
+            verb = "is" if len(timing) == 1 else "are"
+            raise ConfigError(f"{flags} {verb} for a step measured here; {device} is modelled")
         return measure(), None
     from archsearch.evaluators.profiler import InMemoryCache, JsonFileCache
     from archsearch.evaluators.trainer import intra_op_threads, step_threads

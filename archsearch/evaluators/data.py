@@ -476,7 +476,7 @@ def _read_index(index_path: Path) -> dict[str, Any] | None:
         size = (index_path.parent / index["file"]).stat().st_size
         if size == index["n_train"] + index["n_val"]:
             return index
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # not built (or no cache folder: the build says why)
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         logger.warning("rebuilding the corpus: its cache index %s is unusable (%s)", index_path, exc)
