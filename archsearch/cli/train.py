@@ -46,7 +46,9 @@ def train(
         typer.Option(help="Text file or folder (bytes), or .bin token file(s); default: bundled corpus."),
     ] = None,
     vocab_size: Annotated[int | None, typer.Option(help="Vocabulary of .bin token files.")] = None,
-    token_dtype: Annotated[str, typer.Option(help="dtype of .bin token files.")] = "uint16",
+    token_dtype: Annotated[
+        str | None, typer.Option(help="dtype of .bin token files [default: uint16].")
+    ] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.")] = "auto",
     precision: Annotated[str, typer.Option(help="bf16, fp32 or auto.")] = "auto",
     batch_size: Annotated[int, typer.Option(help="Sequences per step.")] = 16,

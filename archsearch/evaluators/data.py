@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
-from archsearch.errors import ArchsearchError
+from archsearch.errors import ArchsearchError, quoted
 from archsearch.fileio import owned, sweep_orphans, write_atomic
 from archsearch.registry import Registry
 
@@ -294,7 +294,7 @@ class Dataset:
 def load_dataset(
     path: str | Path | None = None,
     vocab_size: int | None = None,
-    dtype: str = "uint16",
+    dtype: str | None = None,
     *,
     seq_len: int | None = None,
     val_fraction: float = VAL_FRACTION,
@@ -307,7 +307,8 @@ def load_dataset(
             token file or a folder with `train.bin` and `val.bin` (see the module docstring).
         vocab_size: required for `.bin` files (the tokenizer's vocabulary, e.g. 50257 for GPT-2);
             for text it must be None or 256.
-        dtype: the ids' type in `.bin` files, a TOKEN_DTYPES name; unused for text.
+        dtype: the ids' type in `.bin` files, a TOKEN_DTYPES name (None: uint16); refused for
+            text, where it would do nothing (probe 7: `train --token-dtype` on text, exit 0).
         seq_len: when given, both splits must hold at least `seq_len + 1` tokens; otherwise 2.
         val_fraction: share of the files (text folders) or tokens (single files) held out.
             Ignored for `train.bin`/`val.bin`, which are split already.
@@ -324,7 +325,7 @@ def load_dataset(
     if not 0 < val_fraction < 1:
         raise DataError(f"val_fraction must be between 0 and 1, got {val_fraction}")
     if path is None:
-        _check_byte_vocab(vocab_size, "the bundled corpus")
+        _check_byte_vocab(vocab_size, dtype, "the bundled corpus")
         dataset = stdlib_corpus(max_bytes=max_corpus_bytes, val_fraction=val_fraction)
     else:
         p = Path(path).expanduser()
@@ -332,15 +333,16 @@ def load_dataset(
             raise DataError(f"data path not found: {p}")
         if not (p.is_dir() or p.is_file()):  # a FIFO or a device: a read could wait or never end
             raise DataError(f"data path {p} is neither a file nor a folder")
+        ids = dtype or "uint16"
         if p.is_dir() and ((p / "train.bin").exists() or (p / "val.bin").exists()):
-            dataset = _split_token_files(p, _check_token_vocab(vocab_size, dtype, p), dtype)
+            dataset = _split_token_files(p, _check_token_vocab(vocab_size, ids, p), ids)
         elif p.is_dir():
-            _check_byte_vocab(vocab_size, str(p))
+            _check_byte_vocab(vocab_size, dtype, str(p))
             dataset = _text_folder(p, val_fraction)
         elif p.suffix == ".bin":
-            dataset = _token_file(p, _check_token_vocab(vocab_size, dtype, p), dtype, val_fraction)
+            dataset = _token_file(p, _check_token_vocab(vocab_size, ids, p), ids, val_fraction)
         else:
-            _check_byte_vocab(vocab_size, str(p))
+            _check_byte_vocab(vocab_size, dtype, str(p))
             dataset = _text_file(p, val_fraction)
     dataset.check_seq_len(1 if seq_len is None else seq_len)
     logger.info(
@@ -771,11 +773,14 @@ def _check_positive(name: str, value: Any) -> None:
         raise DataError(f"{name} must be a positive integer, got {value!r}")
 
 
-def _check_byte_vocab(vocab_size: int | None, what: str) -> None:
+def _check_byte_vocab(vocab_size: int | None, dtype: str | None, what: str) -> None:
+    """Text is bytes: no other vocabulary, and no token dtype (that is for `.bin` files)."""
     if vocab_size is not None and vocab_size != BYTE_VOCAB:
         raise DataError(
             f"{what} is byte-level text with vocab_size {BYTE_VOCAB}, got vocab_size={vocab_size}"
         )
+    if dtype is not None:
+        raise DataError(f"{what} is byte-level text: a token dtype ({quoted(dtype)}) is for .bin token files")
 
 
 def _check_token_vocab(vocab_size: int | None, dtype: str, path: Path) -> int:

@@ -45,3 +45,27 @@ def test_a_cache_folder_that_is_a_file_is_one_line(tmp_path, monkeypatch):
         app, ["train", str(tmp_path / "ok.json"), "--device", "cpu", "--tokens", "2000"]
     )
     _one_line(result, 2, "cannot write the corpus cache in /dev/null/corpus: Not a directory")
+
+
+@pytest.mark.parametrize("data", ["text.txt", None], ids=["text-file", "bundled-corpus"])
+def test_a_token_dtype_for_text_is_refused(tmp_path, data):
+    """Probe 7: `train --token-dtype uint32` on text was ignored, exit 0 (`--vocab-size` was refused)."""
+    (tmp_path / "ok.json").write_text(json.dumps(CONFIG))
+    (tmp_path / "text.txt").write_text("hello world " * 500)
+    where = ["--data", str(tmp_path / data)] if data else []
+    args = [
+        "train",
+        str(tmp_path / "ok.json"),
+        "--device",
+        "cpu",
+        "--tokens",
+        "2000",
+        *where,
+        "--token-dtype",
+        "uint32",
+    ]
+    _one_line(
+        CliRunner().invoke(app, args),
+        2,
+        "is byte-level text: a token dtype ('uint32') is for .bin token files",
+    )
