@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from archsearch.errors import ArchsearchError
 from archsearch.registry import Registry
 from archsearch.space.config import ArchConfig
-from archsearch.units import SEED_MAX, short_number
+from archsearch.units import MAX_WHOLE, SEED_MAX, short_number
 
 
 class TrainError(ArchsearchError):
@@ -69,9 +69,9 @@ DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 # 4 evaluations of 1 to 8 batches; 10,000 of either is past any use.
 MAX_EVALS = 10_000
 # Budgets past these never end (probe 7: `ladder --tokens-per-param 1e300` and `train --seconds
-# 1e300` started runs that trained until killed): the token count is what the database stores at
-# most, the FLOPs 10x the largest training runs published (~2e25), the seconds a year.
-MAX_TOKENS = 2**63 - 1
+# 1e300` started runs that trained until killed): the tokens are bounded by what the database
+# stores (units.MAX_WHOLE), the FLOPs at 10x the largest training runs published (~2e25), the
+# seconds at a year.
 MAX_FLOPS = 1e27
 MAX_SECONDS = 365 * 24 * 3600.0
 
@@ -118,7 +118,7 @@ class TrainSettings:
         if budgets[0] <= 0:
             raise TrainError(f"the budget must be positive, got {budgets[0]}")
         for name, most, what in (
-            ("tokens", MAX_TOKENS, "2**63 - 1, the most the database stores"),
+            ("tokens", MAX_WHOLE, "2**63 - 1, the most the database stores"),
             ("flops", MAX_FLOPS, "1e27, 10x the largest training runs published"),
             ("seconds", MAX_SECONDS, "a year"),
         ):

@@ -304,7 +304,8 @@ def _train(
         raise TrainError(f"seq_len={seq_len} is longer than the config's seq_len={cfg.seq_len}")
     if data.vocab_size > cfg.vocab_size:
         raise TrainError(f"data has vocab_size={data.vocab_size} but the config only {cfg.vocab_size}")
-    flops_per_token = flop_counts(cfg).train
+    flops = flop_counts(cfg)
+    flops_per_token = flops.train
     tokens_per_step = settings.batch_size * seq_len
     if settings.tokens is not None:
         total_tokens = settings.tokens
@@ -449,7 +450,7 @@ def _train(
         torch.cuda.synchronize(device)
     wall = time.perf_counter() - start
     trained_s = wall - eval_time
-    achieved = flop_counts(cfg).train_causal * tokens / trained_s if trained_s > 0 else 0.0
+    achieved = flops.train_causal * tokens / trained_s if trained_s > 0 else 0.0
     peak = peak_matmul_flops(info, precision, cache) if tokens else None
     step_time, step_time_steps = clock.median()
     val_loss = val_curve[-1][1] if val_curve else None

@@ -217,16 +217,6 @@ def train_activation_bytes_per_token(cfg: ArchConfig, dtype: str = "bf16") -> in
     return cfg.n_layers * per_layer * DTYPE_BYTES[dtype] + logits
 
 
-def train_step_memory_bytes(cfg: ArchConfig, batch: int, dtype: str = "bf16") -> int:
-    """Memory one data-parallel rank holds to train `batch` sequences of `cfg.seq_len` tokens:
-    optimizer state (`TRAIN_STATE_BYTES_PER_PARAM` a parameter) plus the step's activations
-    (`train_activation_bytes_per_token`). Allocator slack and the runtime come on top."""
-    tokens = batch * cfg.seq_len
-    return TRAIN_STATE_BYTES_PER_PARAM * param_counts(cfg).total + tokens * train_activation_bytes_per_token(
-        cfg, dtype
-    )
-
-
 def relu_feature_loss_log10(cfg: ArchConfig) -> float | None:
     """log10 of the ReLU feature-loss risk with n = d_model, m = d_ff; None for smooth activations."""
     if not cfg.activation_spec.hard_gated:
