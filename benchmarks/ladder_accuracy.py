@@ -4,13 +4,15 @@
 2. At least 8 designs: the study's Pareto front, then other complete trials spread over their
    parameter counts, one trial per design (`space.scale.design_choices`), each kept only when all
    its rungs and its 4x shape exist (`results.ladder.rung_shape`).
-3. Their ladders: `archsearch ladder --trial ... --top 500k --rungs 4 --tokens-per-param 20`
-   (rungs of about 62k-500k parameters; 3 rungs from 125k when fewer than 8 designs can be built
-   down to 62k), stored in the study's database and resumed like any ladder.
-4. A real run of each design at 2M parameters, its shape built as a rung's would be, at the same
+3. A real run of each design at 2M parameters, its shape built as a rung's would be, at the same
    tokens per parameter, the same settings (`results.ladder.ladder_settings`) and the same run
    function as a rung (`search.validate.long_run`); each run is appended to `real_runs.jsonl` in
-   the work folder as it finishes, so a rerun trains only the missing ones.
+   the work folder as it finishes, so a rerun trains only the missing ones, and keeps a checkpoint
+   every 5 minutes (`checkpoints/` there), so a run stopped part-way goes on where it was.
+4. Their ladders: `archsearch ladder --trial ... --top 500k --rungs 4 --tokens-per-param 20`
+   (rungs of about 62k-500k parameters; 3 rungs from 125k when fewer than 8 designs can be built
+   down to 62k), stored in the study's database and resumed like any ladder. `--batch-size B`
+   trains the rungs and the real runs at B sequences per step instead of the proxy's.
 5. The comparison: the law fitted over the ladders (`results.ladder.fit_study_ladders`) predicts
    each design's loss at its 2M shape; the median and worst absolute error of those predictions
    (relative to the real loss), how many real losses fall inside the 95% intervals, and the
@@ -216,6 +218,10 @@ def main() -> None:
     parser.add_argument("--top", default="500k", help="the largest rung's parameters")
     parser.add_argument("--real", default="2M", help="the size of the real runs")
     parser.add_argument("--tokens-per-param", type=float, default=20.0)
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="sequences per step of every rung and real run "
+        "(default: the study's proxy batch)"
+    )  # fmt: skip
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument(
         "--out", type=Path, default=None, help=f"the record (default {OUT.relative_to(ROOT)})"
@@ -278,22 +284,28 @@ def main() -> None:
     if len(chosen) < designs:
         raise SystemExit(f"ladder_accuracy: only {len(chosen)} designs can be laddered; run more --trials")
     numbers = [a for t in chosen for a in ("--trial", str(t.number))]
-    step(archsearch(
-        "ladder", "--study", args.study, "--storage", url, *numbers, "--rungs", str(rungs), "--top", str(top),
-        "--tokens-per-param", f"{ratio:g}", "--workers", workers,
-    ))  # fmt: skip
 
-    # The real runs: each design at `real_size`, built and trained as a rung would be.
+    # The real runs first (the hours of the benchmark; each keeps a checkpoint, so a stopped run
+    # goes on where it was): each design at `real_size`, built and trained as a rung would be.
     shapes = {t.number: rung_shape(t.config, real_size) for t in chosen}
     requests = {}
     for t in chosen:
         cfg = shapes[t.number]
-        settings = ladder_settings(proxy, rung_tokens(cfg, ratio), 0)
-        key = f"{shape_key(cfg)}-{settings['tokens']}"
-        requests[key] = dict(config=cfg.to_dict(), settings=settings, data=data_path, cpus=1.0)
+        settings = ladder_settings(proxy, rung_tokens(cfg, ratio), 0, args.batch_size)
+        key = f"{shape_key(cfg)}-{settings['tokens']}-b{settings['batch_size']}"
+        checkpoint = work / "checkpoints" / f"{key}.pt"
+        requests[key] = dict(
+            config=cfg.to_dict(), settings=settings, data=data_path, cpus=1.0, checkpoint=str(checkpoint)
+        )
     started = time.monotonic()
     results = real_runs(requests, work / f"{args.study}-real_runs.jsonl", args.workers)
     print(f"real runs: {time.monotonic() - started:.0f} s", flush=True)
+
+    batch = [] if args.batch_size is None else ["--batch-size", str(args.batch_size)]
+    step(archsearch(
+        "ladder", "--study", args.study, "--storage", url, *numbers, "--rungs", str(rungs), "--top", str(top),
+        "--tokens-per-param", f"{ratio:g}", *batch, "--workers", workers,
+    ))  # fmt: skip
 
     with Storage.open(url, create=False) as storage:
         rungs_stored = [r for r in storage.ladder_rungs(args.study, ratio) if r.trial_number in shapes]

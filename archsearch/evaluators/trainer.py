@@ -8,10 +8,15 @@ The loss of a short run ranks candidates (BRIEF.md section 6). What keeps the ra
 
 Failures (a NaN or infinite loss, running out of memory, a shape too large for the device) end the
 run with `status="failed"` and the reason; they never raise out of `train`.
+
+A long run can keep a `Checkpoint`: every few minutes its whole state (weights, optimizer, step,
+curves, the place in the batch stream) goes to one file, and a run of the same shape, settings and
+data that finds the file goes on from there, to the same losses as a run never stopped.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import statistics
@@ -19,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -41,6 +47,7 @@ from archsearch.evaluators.settings import (
     check_threads,
     choose_threads,
 )
+from archsearch.fileio import write_atomic
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts, param_counts
 from archsearch.trial import COMPLETE, FAILED, OUTCOMES, PRUNED, check_state
@@ -243,6 +250,68 @@ def train_memory_bytes(cfg: ArchConfig, batch_size: int, seq_len: int) -> int:
     return 16 * params + activations
 
 
+CHECKPOINT_EVERY_S = 300.0  # a run stopped loses at most this much training
+_CHECKPOINT_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where a run keeps its state, and how often (seconds of wall time) it writes it.
+
+    The file is written atomically at a step boundary, read back by a run of the same config,
+    settings (threads aside) and corpus, and removed once the run ends (complete, pruned or
+    failed); a file of another run, or one that cannot be read, is set aside with a warning and the
+    run starts from step 0.
+    """
+
+    path: Path
+    every_s: float = CHECKPOINT_EVERY_S
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path))
+        if not (math.isfinite(self.every_s) and self.every_s >= 0):
+            raise TrainError(
+                f"a checkpoint interval must be a finite number of seconds >= 0, not {self.every_s}"
+            )
+
+
+def _run_identity(
+    cfg: ArchConfig, settings: TrainSettings, data: TokenData, device: torch.device
+) -> dict[str, Any]:
+    """What a checkpoint must match to be resumed: the threads may differ (they change no result
+    beyond float rounding), nothing else may."""
+    return dict(
+        format=_CHECKPOINT_FORMAT,
+        config=cfg.to_dict(),
+        settings={k: v for k, v in asdict(settings).items() if k != "threads"},
+        corpus=data.fingerprint,
+        device=device.type,
+    )
+
+
+def _load_checkpoint(checkpoint: Checkpoint, identity: dict[str, Any]) -> dict[str, Any] | None:
+    """The saved state of this run, or None (no file, another run's, unreadable: warned)."""
+    path = checkpoint.path
+    if not path.exists():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a torn or foreign file: the run starts again rather than fail
+        log.warning("checkpoint %s cannot be read (%s); training from step 0", path, str(exc).splitlines()[0])
+        return None
+    if not isinstance(state, dict) or state.get("identity") != identity:
+        log.warning("checkpoint %s belongs to another run; training from step 0", path)
+        return None
+    return state
+
+
+def _save_checkpoint(checkpoint: Checkpoint, state: dict[str, Any]) -> None:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    checkpoint.path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(checkpoint.path, buffer.getvalue())
+
+
 class _Stop(Exception):
     """Ends the training loop early with a status and reason."""
 
@@ -258,6 +327,7 @@ def train(
     on_eval: Callable[[int, float], bool] | None = None,
     progress: Callable[[int, int, float, float], None] | None = None,
     cache: MeasurementCache | None = None,
+    checkpoint: Checkpoint | None = None,
 ) -> TrainResult:
     """Train `cfg`'s proxy on `data` within the budget; return its held-out loss and speed.
 
@@ -274,6 +344,8 @@ def train(
             few steps, for progress bars. For a seconds budget, `total_tokens` is an estimate.
         cache: where the matmul peak behind MFU is cached (the trial database's kernel table via
             `storage.KernelCache`); None: per process.
+        checkpoint: where the run keeps its state to go on after a stop (`Checkpoint`); None:
+            a stopped run starts again.
 
     Returns:
         A TrainResult; failures come back as `status="failed"` with the reason, not as exceptions.
@@ -283,7 +355,7 @@ def train(
     """
     threads = run_threads(cfg, settings)
     with intra_op_threads(threads):
-        return _train(cfg, data, settings, threads, on_eval, progress, cache)
+        return _train(cfg, data, settings, threads, on_eval, progress, cache, checkpoint)
 
 
 def _train(
@@ -294,6 +366,7 @@ def _train(
     on_eval: Callable[[int, float], bool] | None,
     progress: Callable[[int, int, float, float], None] | None,
     cache: MeasurementCache | None,
+    checkpoint: Checkpoint | None,
 ) -> TrainResult:
     """`train` on the thread count already set: the device (and so the MFU peak's cache key) is
     described with the threads the run uses."""
@@ -378,7 +451,21 @@ def _train(
     status, reason = COMPLETE, None
     pending_loss, pending_steps = torch.zeros((), device=device), 0
     clock = StepClock(device)
-    start = time.perf_counter()
+    identity = _run_identity(cfg, settings, data, device) if checkpoint is not None else {}
+    saved = _load_checkpoint(checkpoint, identity) if checkpoint is not None else None
+    if saved is not None:
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        torch.set_rng_state(saved["torch_rng"])
+        steps, tokens, next_eval = saved["steps"], saved["tokens"], saved["next_eval"]
+        eval_time = saved["eval_s"]
+        loss_curve = [tuple(p) for p in saved["loss_curve"]]
+        val_curve = [tuple(p) for p in saved["val_curve"]]
+        for _ in range(steps):  # the stream goes on where it stopped: the same batches as one run
+            next(batches)
+        log.info("resuming from %s at step %d of %d", checkpoint.path, steps, total_steps)  # type: ignore[union-attr]
+    start = time.perf_counter() - (saved["train_s"] + saved["eval_s"] if saved is not None else 0.0)
+    last_saved = time.perf_counter()
 
     def flush_loss() -> None:
         nonlocal pending_steps
@@ -398,6 +485,17 @@ def _train(
 
     def train_time() -> float:
         return time.perf_counter() - start - eval_time
+
+    def keep_state(optimizer: torch.optim.Optimizer) -> None:
+        """Write the checkpoint, at a step boundary with no loss pending."""
+        nonlocal last_saved
+        _save_checkpoint(checkpoint, dict(  # type: ignore[arg-type]
+            identity=identity, model=model.state_dict(), optimizer=optimizer.state_dict(),
+            torch_rng=torch.get_rng_state(), steps=steps, tokens=tokens, next_eval=next_eval,
+            eval_s=eval_time, train_s=train_time(), loss_curve=[list(p) for p in loss_curve],
+            val_curve=[list(p) for p in val_curve],
+        ))  # fmt: skip
+        last_saved = time.perf_counter()
 
     try:
         while True:
@@ -436,6 +534,8 @@ def _train(
             tokens += tokens_per_step
             if pending_steps == log_every:
                 flush_loss()
+                if checkpoint is not None and time.perf_counter() - last_saved >= checkpoint.every_s:
+                    keep_state(optimizer)
     except _Stop as stop:
         status, reason = stop.status, stop.reason
     except Exception as exc:
@@ -448,6 +548,8 @@ def _train(
             torch.cuda.empty_cache()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    if checkpoint is not None:  # the run ended: its result, not its state, is what a caller keeps
+        checkpoint.path.unlink(missing_ok=True)
     wall = time.perf_counter() - start
     trained_s = wall - eval_time
     achieved = flops.train_causal * tokens / trained_s if trained_s > 0 else 0.0

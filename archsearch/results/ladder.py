@@ -243,8 +243,11 @@ def default_top(cfg: ArchConfig, own: int, rungs: int, params_max: int | None = 
     return own  # plan_ladder reports why the trial's own size does not ladder
 
 
-def ladder_settings(proxy: dict[str, Any], tokens: int, seed: int) -> dict[str, Any]:
-    """A rung's `TrainSettings` fields: the proxy's, with a token budget, the cosine schedule, `seed`.
+def ladder_settings(
+    proxy: dict[str, Any], tokens: int, seed: int, batch_size: int | None = None
+) -> dict[str, Any]:
+    """A rung's `TrainSettings` fields: the proxy's, with a token budget, the cosine schedule, `seed`
+    and `batch_size` (None: the proxy's).
 
     Raises:
         LadderError: the settings cannot train (`--tokens-per-param 1e300` started rungs that never
@@ -254,6 +257,8 @@ def ladder_settings(proxy: dict[str, Any], tokens: int, seed: int) -> dict[str, 
 
     settings = {**proxy, "tokens": int(tokens), "flops": None, "seconds": None, **LADDER_SCHEDULE}
     settings["seed"] = seed
+    if batch_size is not None:
+        settings["batch_size"] = batch_size
     try:
         TrainSettings(**settings)
     except TrainError as exc:

@@ -243,14 +243,16 @@ def long_run(request: dict[str, Any]) -> dict[str, Any]:
     Args:
         request: "config" (`ArchConfig.to_dict()`), "settings" (`TrainSettings` fields), "data"
             (the corpus path, None for the bundled corpus), "cpus" (the CPUs Ray gave the run:
-            with no `threads` in the settings, they cap the chosen thread count, as in a search).
+            with no `threads` in the settings, they cap the chosen thread count, as in a search),
+            optionally "checkpoint" (a file where the run keeps its state every few minutes and
+            from which a stopped run goes on: `evaluators.trainer.Checkpoint`).
 
     Returns:
         status ("complete" or "failed"), reason, val_loss (nats per token), tokens, val_curve,
         wall_time_s, corpus_fingerprint, device_fingerprint. Deterministic on CPU for one request.
     """
     from archsearch.evaluators.settings import TrainSettings
-    from archsearch.evaluators.trainer import intra_op_threads, resolve_device, run_threads, train
+    from archsearch.evaluators.trainer import Checkpoint, intra_op_threads, resolve_device, run_threads, train
     from archsearch.search.worker import _dataset, trial_cores
     from archsearch.space.config import ArchConfig
 
@@ -261,7 +263,8 @@ def long_run(request: dict[str, Any]) -> dict[str, Any]:
         settings = dataclasses.replace(settings, threads=threads)
     data = _dataset(request.get("data"), cfg.vocab_size, settings.seq_len or cfg.seq_len)
     with intra_op_threads(threads):  # so the device fingerprint counts the threads it trained on
-        result = train(cfg, data, settings)
+        keep = Checkpoint(request["checkpoint"]) if request.get("checkpoint") else None
+        result = train(cfg, data, settings, checkpoint=keep)
         device = resolve_device(settings.device)
     return dict(
         status=result.status,
