@@ -308,7 +308,10 @@ def main() -> None:
     ))  # fmt: skip
 
     with Storage.open(url, create=False) as storage:
-        rungs_stored = [r for r in storage.ladder_rungs(args.study, ratio) if r.trial_number in shapes]
+        real_batch = next(iter(requests.values()))["settings"]["batch_size"]  # the rungs' too
+        rungs_stored = [
+            r for r in storage.ladder_rungs(args.study, ratio, real_batch) if r.trial_number in shapes
+        ]
     fit = fit_study_ladders(rungs_stored)
     rows = []
     for t, key in zip(chosen, requests, strict=True):
@@ -339,7 +342,7 @@ def main() -> None:
         "what": (
             f"Ladder accuracy (issue 23): {len(chosen)} designs of {args.study}, ladders of {rungs} rungs "
             f"up to {top:,} parameters and a real run at {real_size:,}, all at {ratio:g} tokens per "
-            "parameter; losses in nats/token on the study's corpus"
+            f"parameter and batch {real_batch}; losses in nats/token on the study's corpus"
         ),
         "measured": f"archsearch {__version__}, {_cpu_description()}",
         "updated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -34,6 +34,13 @@ def ladder(
     tokens_per_param: Annotated[
         float, typer.Option(help="Training tokens per parameter of every rung (Chinchilla: 20).")
     ] = 20.0,
+    batch_size: Annotated[
+        int | None,
+        typer.Option(
+            help="Sequences per step of every rung (default: the study's proxy batch); small rungs need "
+            "a few hundred steps to follow the law."
+        ),
+    ] = None,
     workers: Annotated[int, typer.Option(help="Rungs trained at once.")] = 1,
     seed: Annotated[int, typer.Option(help="Training seed of the rungs.")] = 0,
     address: Annotated[
@@ -50,12 +57,13 @@ def ladder(
     """Train chosen designs at several sizes and fit L(N) = E + A_d N^-alpha across them.
 
     Each rung keeps the trial's design with widths and depth re-chosen as --scale-to does, and trains
-    on the study's corpus for --tokens-per-param x its parameters, cosine schedule. Rungs are stored
+    on the study's corpus for --tokens-per-param x its parameters at --batch-size, cosine schedule;
+    the ratio and the batch make the ladder's recipe, one law per recipe. Rungs are stored
     as they finish: a rerun (or one after Ctrl-C, exit 130) trains only what is missing. Then
     `export --scale-to` prints the predicted loss and `pareto --at-size` ranks the laddered designs.
     """
     from archsearch.fileio import check_writable
-    from archsearch.results.ladder import LadderOptions, run_ladder
+    from archsearch.results.ladder import LadderOptions, few_steps_note, plan_ladder, run_ladder
     from archsearch.storage import Storage, database_files
     from archsearch.units import parse_count
 
@@ -67,10 +75,14 @@ def ladder(
     options = LadderOptions(
         study=study, numbers=tuple(trial or ()), knee=knee, front=front, rungs=rungs,
         top=parse_count(top, "--top") if top is not None else None, tokens_per_param=tokens_per_param,
-        seed=seed, workers=workers, address=address, cpus_per_trial=cpus_per_run, gpus_per_trial=gpus_per_run,
+        batch_size=batch_size, seed=seed, workers=workers, address=address, cpus_per_trial=cpus_per_run,
+        gpus_per_trial=gpus_per_run,
     )  # fmt: skip
-    with Storage.open(storage, create=False) as db, ladder_display() as update:
-        summary = run_ladder(db, options, on_update=update)
+    with Storage.open(storage, create=False) as db:
+        if note := few_steps_note(plan_ladder(db, options)):
+            typer.echo(note, err=True)
+        with ladder_display() as update:
+            summary = run_ladder(db, options, on_update=update)
     for line in summary.failed:
         typer.echo(f"failed: {line}", err=True)
     if summary.signal is not None:
@@ -109,6 +121,7 @@ def _summary_dict(summary: Any) -> dict[str, Any]:
     return {
         "study": summary.study,
         "tokens_per_param": summary.tokens_per_param,
+        "batch_size": summary.batch_size,
         "trained": summary.trained,
         "skipped": summary.skipped,
         FAILED: list(summary.failed),
@@ -137,7 +150,10 @@ def _print_ladders(summary: Any) -> None:
 
     console = stdout()
     fit = summary.fit
-    table = Table(title=f"Ladders of {summary.study!r} at {summary.tokens_per_param:g} tokens per parameter")
+    table = Table(
+        title=f"Ladders of {summary.study!r} at {summary.tokens_per_param:g} tokens per parameter, batch "
+        f"{summary.batch_size}"
+    )
     for column in ("trial", "shape", "params", "non-emb", "tokens", "loss", "fitted", "residual"):
         table.add_column(column, justify="left" if column == "shape" else "right")
     for r in summary.rungs:
@@ -195,7 +211,8 @@ def print_scaled_prediction(rungs: Any, study: str, trial: int, target: Any, tok
         f"rungs), {reach(p)} in non-embedding parameters ({si(found.target_non_embedding)} against "
         f"{si(p.n_low)}-{si(p.n_high)})",
         f"  from the ladder of trial {trial}: {len(found.rungs)} rungs of {si(min(sizes))} to "
-        f"{si(max(sizes))} parameters at {found.tokens_per_param:g} tokens per parameter, fitted with "
+        f"{si(max(sizes))} parameters at {found.tokens_per_param:g} tokens per parameter and batch "
+        f"{found.batch_size}, fitted with "
         f"{found.designs - 1} other design{'s' * (found.designs != 2)} (shared E {found.fit.e:.3f}, "
         f"alpha {found.fit.alpha:.3f})",
         f"  for {si(found.tokens)} training tokens ({found.tokens_per_param:g} per parameter), on the "
@@ -236,10 +253,10 @@ def print_at_size(study: str, target: int, predictions: list[Any], notes: list[s
     from archsearch.results.ladder import UNPINNED_FLOOR
 
     console = stdout()
-    ratio = predictions[0][1].tokens_per_param if predictions else None
+    recipe = (predictions[0][1].tokens_per_param, predictions[0][1].batch_size) if predictions else None
     table = Table(
         title=f"Laddered designs of {study!r} at {si(target)} parameters, ranked by predicted loss"
-        + (f" ({ratio:g} tokens per parameter)" if ratio is not None else "")
+        + (f" ({recipe[0]:g} tokens per parameter, batch {recipe[1]})" if recipe is not None else "")
     )
     for column in (
         "rank",

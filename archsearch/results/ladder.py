@@ -17,11 +17,14 @@ trial's design at several sizes and fits a law across ladders (`ladder_fit`):
    a design's rungs form one family; the fit uses each shape's exact count.
 3. Training: the study's `[proxy]` settings and corpus with `tokens_per_param` x the rung's total
    parameters tokens (Chinchilla's 20 by default: `--scale-to 1.3B --tokens 26B` is that ratio),
-   with the cosine schedule and floor that `validate`'s long runs use (how users train), on Ray
-   tasks (`search.validate.long_run`). Every rung is stored as it finishes
+   with the cosine schedule and floor that `validate`'s long runs use (how users train), at the
+   proxy's batch or `--batch-size`, on Ray tasks (`search.validate.long_run`). A ratio and a batch
+   size make a recipe: rungs of one recipe share one law, and a rung is stored per recipe. The
+   batch matters at these sizes: at the tiny study's batch of 16 its 62k rungs train 150 steps,
+   too few for their loss to follow the law (`MIN_RUNG_STEPS`). Every rung is stored as it finishes
    (`Storage.add_ladder_rung`); a rerun trains only the rungs not yet stored, and Ctrl-C keeps
    what finished.
-4. The fit: every design of the study laddered at that ratio with 2 sizes or more, fitted
+4. The fit: every design of the study laddered with that recipe with 2 sizes or more, fitted
    jointly on non-embedding parameters (Kaplan et al. 2020: embeddings bend the law at small
    sizes; at byte-level vocabularies they are 10-30% of a rung); stored with its residuals
    (`Storage.add_ladder_fit`).
@@ -59,6 +62,10 @@ TOLERANCE = 0.25  # a rung within 25% of its target: 2x apart, neighbours never 
 ASPECT_SLACK = 2.0  # the published aspect window, widened 2x each way for tiny shapes (rung_shape)
 D_MODEL_GRID = 32  # finer than the GPU tile (128): 2x in parameters is about 1.4x in width
 D_FF_GRID = 16
+# Fewer optimizer steps than this on a rung, and its loss sits above the law (measured: a ladder of
+# 8 designs at batch 16, its small rungs at 150-300 steps, backtested at 16.7% median error and
+# fitted no floor; at batch 4, 600+ steps, 5.0%: docs/guide/ladder.md).
+MIN_RUNG_STEPS = 500
 # Default top rungs tried, as multiples of the trial's size (`default_top`): 1 first, then up.
 TOP_SHIFTS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0)
 LADDER_SCHEDULE = dict(schedule="cosine", min_lr=0.1)  # as `validate`'s long runs: how users train
@@ -80,6 +87,7 @@ class LadderOptions:
     rungs: int = DEFAULT_RUNGS
     top: int | None = None  # the largest rung's total parameters; None: the trial's own size
     tokens_per_param: float = DEFAULT_TOKENS_PER_PARAM
+    batch_size: int | None = None  # sequences per step of every rung; None: the study's proxy batch
     seed: int = 0  # the training seed of every rung
     workers: int = 1  # rungs at once
     # Ray, as `SearchOptions` names them (the driver's pool reads these four).
@@ -116,6 +124,8 @@ class LadderOptions:
             raise LadderError(f"--tokens-per-param must be a finite number > 0, got {t}")
         if self.top is not None and self.top <= 0:
             raise LadderError(f"--top must be a positive parameter count, got {self.top}")
+        if self.batch_size is not None and not 1 <= self.batch_size <= MAX_WHOLE:
+            raise LadderError(f"--batch-size must be a positive number of sequences, got {self.batch_size}")
         if not 0 <= self.seed <= SEED_MAX:
             raise LadderError(f"--seed must be in 0..{SEED_MAX}, got {self.seed}")
         if problem := ray_resources_problem(
@@ -139,6 +149,16 @@ class PlannedRung:
     def params(self) -> int:
         return param_counts(self.config).total
 
+    @property
+    def batch_size(self) -> int:
+        return int(self.settings["batch_size"])
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps the rung trains."""
+        seq_len = self.settings.get("seq_len") or self.config.seq_len
+        return math.ceil(self.settings["tokens"] / (self.batch_size * seq_len))
+
 
 @dataclass(frozen=True)
 class LadderProgress:
@@ -155,8 +175,9 @@ class LadderProgress:
 class LadderSummary:
     study: str
     tokens_per_param: float
+    batch_size: int
     planned: tuple[PlannedRung, ...]
-    rungs: tuple[LadderRungRecord, ...]  # every stored rung of the study at this ratio
+    rungs: tuple[LadderRungRecord, ...]  # every stored rung of the study with this recipe
     fit: LadderFit | None  # None when interrupted or when the rungs cannot be fitted
     fit_error: str | None  # why there is no fit
     trained: int
@@ -350,10 +371,25 @@ def plan_ladder(storage: Storage, options: LadderOptions) -> list[PlannedRung]:
             )
         for target, shape in zip(rung_targets(top, options.rungs), shapes, strict=True):
             tokens = rung_tokens(shape, options.tokens_per_param)
-            planned.append(
-                PlannedRung(trial.number, target, shape, ladder_settings(proxy, tokens, options.seed))
-            )  # type: ignore[arg-type]
+            settings = ladder_settings(proxy, tokens, options.seed, options.batch_size)
+            planned.append(PlannedRung(trial.number, target, shape, settings))  # type: ignore[arg-type]
     return planned
+
+
+def few_steps_note(planned: Sequence[PlannedRung]) -> str | None:
+    """A note when the smallest rung trains fewer than `MIN_RUNG_STEPS` steps, naming the batch
+    that would give it enough; None when every rung has enough (or no smaller batch helps)."""
+    if not planned:
+        return None
+    short = min(planned, key=lambda p: p.steps)
+    if short.steps >= MIN_RUNG_STEPS or short.batch_size == 1:
+        return None
+    batch = max(1, short.batch_size * short.steps // MIN_RUNG_STEPS)
+    return (
+        f"note: the smallest rung ({_rung_name(short)}) trains {short.steps} steps at batch "
+        f"{short.batch_size}, fewer than the {MIN_RUNG_STEPS} a rung needs to follow the law; "
+        f"--batch-size {batch} gives it enough"
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -391,7 +427,8 @@ def run_ladder(
     storage.require_writable()  # before training rungs whose results could not be stored
     planned = plan_ladder(storage, options)
     ratio = float(options.tokens_per_param)
-    records = storage.ladder_rungs(options.study, ratio)
+    batch = planned[0].batch_size  # one recipe: every rung's settings come from one proxy
+    records = storage.ladder_rungs(options.study, ratio, batch)
     stored = {r.key for r in records}
     # A shape trained for another trial of the same design (two trials differing only in size,
     # laddered to the same --top) is the same run: its result is stored for this trial too.
@@ -399,7 +436,7 @@ def run_ladder(
     todo, twins = [], {}  # twins: shape key -> rungs of other trials waiting on its run
     for p in planned:
         key = shape_key(p.config)
-        if (p.trial, ratio, key, options.seed) in stored:
+        if (p.trial, ratio, batch, key, options.seed) in stored:
             continue
         if (key, options.seed) in known:
             _store_twin(storage, options, p, known[(key, options.seed)])
@@ -448,11 +485,12 @@ def run_ladder(
                 for r in todo
             ]
             pool.run_each(requests, retries=options.retries, stop=stop, done=done)
-    rungs = tuple(storage.ladder_rungs(options.study, ratio))
+    rungs = tuple(storage.ladder_rungs(options.study, ratio, batch))
     if stop.signum is not None:
         return LadderSummary(
             options.study,
             ratio,
+            batch,
             tuple(planned),
             rungs,
             None,
@@ -468,9 +506,9 @@ def run_ladder(
     except LadderFitError as exc:
         fit_error = str(exc)
     if fit is not None:
-        storage.add_ladder_fit(options.study, tokens_per_param=ratio, fit=fit.to_dict())
+        storage.add_ladder_fit(options.study, tokens_per_param=ratio, batch_size=batch, fit=fit.to_dict())
     return LadderSummary(
-        options.study, ratio, tuple(planned), rungs, fit, fit_error, trained, skipped, tuple(failed)
+        options.study, ratio, batch, tuple(planned), rungs, fit, fit_error, trained, skipped, tuple(failed)
     )
 
 
@@ -480,6 +518,7 @@ def _store_twin(storage: Storage, options: LadderOptions, rung: PlannedRung, twi
         options.study,
         trial_number=rung.trial,
         tokens_per_param=options.tokens_per_param,
+        batch_size=rung.batch_size,
         target_params=rung.target,
         config=rung.config,
         seed=options.seed,
@@ -514,6 +553,7 @@ def _store(
         options.study,
         trial_number=rung.trial,
         tokens_per_param=options.tokens_per_param,
+        batch_size=rung.batch_size,
         target_params=rung.target,
         config=rung.config,
         seed=options.seed,
@@ -532,15 +572,17 @@ def _store(
 # Reading ladders: the fit and its predictions
 # ------------------------------------------------------------------------------------------------
 def fit_study_ladders(rungs: Sequence[LadderRungRecord], *, resamples: int | None = None) -> LadderFit:
-    """The law over stored rungs of one tokens-per-parameter ratio: every design with at least 2
-    sizes, on non-embedding parameters; deterministic (the bootstrap is seeded).
+    """The law over stored rungs of one recipe (tokens per parameter and batch size): every design
+    with at least 2 sizes, on non-embedding parameters; deterministic (the bootstrap is seeded).
 
     Raises:
-        LadderFitError: no design has 2 sizes, rungs of several ratios, or too few rungs.
+        LadderFitError: no design has 2 sizes, rungs of several recipes, or too few rungs.
     """
-    ratios = {r.tokens_per_param for r in rungs}
-    if len(ratios) > 1:
-        raise LadderFitError(f"rungs of {len(ratios)} tokens-per-parameter ratios cannot share one law")
+    recipes = {r.recipe for r in rungs}
+    if len(recipes) > 1:
+        raise LadderFitError(
+            f"rungs of {len(recipes)} recipes (tokens per parameter, batch size) cannot share one law"
+        )
     sizes: dict[int, set[int]] = {}
     for r in rungs:
         sizes.setdefault(r.trial_number, set()).add(r.params_non_embedding)
@@ -561,6 +603,7 @@ class LadderPrediction:
 
     trial: int
     tokens_per_param: float
+    batch_size: int  # the rungs' (with the ratio, the recipe)
     target_params: int  # total
     target_non_embedding: int  # what the law is evaluated at
     prediction: Prediction
@@ -577,6 +620,7 @@ class LadderPrediction:
         return {
             "trial": self.trial,
             "tokens_per_param": self.tokens_per_param,
+            "batch_size": self.batch_size,
             "tokens": self.tokens,
             "target_params": self.target_params,
             "target_non_embedding": self.target_non_embedding,
@@ -596,21 +640,23 @@ class LadderPrediction:
         }
 
 
-def choose_ratio(
+def choose_recipe(
     rungs: Sequence[LadderRungRecord], trial: int, tokens_per_param: float | None
-) -> float | None:
-    """The tokens-per-parameter ratio whose ladder of `trial` to use: the one nearest (log scale)
-    `tokens_per_param` when given, else the one with the most rungs of the trial (ties: larger);
-    None when the trial has no ladder."""
-    counts: dict[float, int] = {}
+) -> tuple[float, int] | None:
+    """The recipe (tokens per parameter, batch size) whose ladder of `trial` to use: of the ratio
+    nearest (log scale) `tokens_per_param` when given, else of any, the one with the most rungs of
+    the trial (ties: the larger ratio, then the smaller batch: more steps per rung); None when the
+    trial has no ladder."""
+    counts: dict[tuple[float, int], int] = {}
     for r in rungs:
         if r.trial_number == trial:
-            counts[r.tokens_per_param] = counts.get(r.tokens_per_param, 0) + 1
+            counts[r.recipe] = counts.get(r.recipe, 0) + 1
     if not counts:
         return None
     if tokens_per_param is not None and tokens_per_param > 0:
-        return min(counts, key=lambda t: (abs(math.log(t / tokens_per_param)), -t))
-    return max(counts, key=lambda t: (counts[t], t))
+        near = min({t for t, _ in counts}, key=lambda t: (abs(math.log(t / tokens_per_param)), -t))
+        counts = {k: n for k, n in counts.items() if k[0] == near}
+    return max(counts, key=lambda k: (counts[k], k[0], -k[1]))
 
 
 def predict_trial(
@@ -627,20 +673,20 @@ def predict_trial(
     """
     counts = param_counts(target)
     wanted = tokens / counts.total if tokens else None
-    ratio = choose_ratio(rungs, trial, wanted)
-    if ratio is None:
+    recipe = choose_recipe(rungs, trial, wanted)
+    if recipe is None:
         return None
-    same = [r for r in rungs if r.tokens_per_param == ratio]
+    same = [r for r in rungs if r.recipe == recipe]
     mine = tuple(r for r in same if r.trial_number == trial)
     if len({r.params_non_embedding for r in mine}) < 2:
         raise LadderFitError(
-            f"trial {trial}'s ladder at {ratio:g} tokens per parameter has one size so far: rerun its "
-            "`archsearch ladder` to train the rest"
+            f"trial {trial}'s ladder at {recipe[0]:g} tokens per parameter and batch {recipe[1]} has one "
+            "size so far: rerun its `archsearch ladder` to train the rest"
         )
     fit = fit_study_ladders(same)
     prediction = fit.predict(trial, float(counts.non_embedding))
     return LadderPrediction(
-        trial, ratio, counts.total, counts.non_embedding, prediction, mine, len(fit.designs), fit
+        trial, *recipe, counts.total, counts.non_embedding, prediction, mine, len(fit.designs), fit
     )
 
 
@@ -664,17 +710,18 @@ def predict_at_size(
         raise LadderError(
             f"study {study!r} has no ladder: run `archsearch ladder --study {study} --knee` first"
         )
-    if tokens_per_param is None:
-        designs = {t: len({r.trial_number for r in rungs if r.tokens_per_param == t}) for t in ratios}
-        ratio = max(ratios, key=lambda t: (designs[t], t))
-    elif float(tokens_per_param) in ratios:
-        ratio = float(tokens_per_param)
-    else:
+    if tokens_per_param is not None and float(tokens_per_param) not in ratios:
         have = ", ".join(f"{t:g}" for t in ratios)
         raise LadderError(
             f"study {study!r} has no ladder at {tokens_per_param:g} tokens per parameter (it has {have})"
         )
-    same = [r for r in rungs if r.tokens_per_param == ratio]
+    # The recipe with the most designs (ties: the larger ratio, then the smaller batch).
+    designs: dict[tuple[float, int], set[int]] = {}
+    for r in rungs:
+        if tokens_per_param is None or r.tokens_per_param == float(tokens_per_param):
+            designs.setdefault(r.recipe, set()).add(r.trial_number)
+    recipe = max(designs, key=lambda k: (len(designs[k]), k[0], -k[1]))
+    same = [r for r in rungs if r.recipe == recipe]
     fit = fit_study_ladders(same)
     trials = {t.number: t for t in storage.trials_by_number(study, list(fit.designs))}
     ranked, notes = [], []
@@ -692,7 +739,7 @@ def predict_at_size(
             (
                 trial,
                 LadderPrediction(
-                    number, ratio, counts.total, counts.non_embedding, p, mine, len(fit.designs), fit
+                    number, *recipe, counts.total, counts.non_embedding, p, mine, len(fit.designs), fit
                 ),
             )
         )

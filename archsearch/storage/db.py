@@ -243,6 +243,7 @@ class LadderRungRecord:
     study: str
     trial_number: int
     tokens_per_param: float
+    batch_size: int  # sequences per training step
     target_params: int
     shape_key: str  # sha256 of the config's JSON: one rung per shape
     config: ArchConfig
@@ -259,9 +260,15 @@ class LadderRungRecord:
     created_at: float
 
     @property
-    def key(self) -> tuple[int, float, str, int]:
-        """(trial number, tokens per parameter, shape key, seed): what a rerun matches to skip it."""
-        return (self.trial_number, self.tokens_per_param, self.shape_key, self.seed)
+    def key(self) -> tuple[int, float, int, str, int]:
+        """(trial number, tokens per parameter, batch size, shape key, seed): what a rerun matches to
+        skip it."""
+        return (self.trial_number, self.tokens_per_param, self.batch_size, self.shape_key, self.seed)
+
+    @property
+    def recipe(self) -> tuple[float, int]:
+        """(tokens per parameter, batch size): the rungs of one recipe share one law."""
+        return (self.tokens_per_param, self.batch_size)
 
 
 def shape_key(cfg: ArchConfig) -> str:
@@ -651,6 +658,8 @@ class Storage:
             _add_columns(conn, self._engine)
             if found < schema.LOSS_CHANGE_SINCE:
                 _fill_loss_changes(conn)
+            if found < schema.LADDER_BATCH_SINCE:
+                _rebuild_ladder_rungs(conn)
             conn.execute(
                 update(schema.Meta.__table__)
                 .where(schema.Meta.key == "schema_version")
@@ -1411,6 +1420,7 @@ class Storage:
         *,
         trial_number: int,
         tokens_per_param: float,
+        batch_size: int,
         target_params: int,
         config: ArchConfig,
         seed: int,
@@ -1423,14 +1433,14 @@ class Storage:
         wall_time_s: float | None = None,
     ) -> bool:
         """Record one trained rung, in one transaction; the first of a (trial, tokens per parameter,
-        shape, seed) wins.
+        batch size, shape, seed) wins.
 
         Returns:
             True when written, False when that rung was already stored (it is left as it was).
         """
         key = dict(
             study=study, trial_number=trial_number, tokens_per_param=float(tokens_per_param),
-            shape_key=shape_key(config), seed=seed,
+            batch_size=int(batch_size), shape_key=shape_key(config), seed=seed,
         )  # fmt: skip
         counts = param_counts(config)
         rung = dict(
@@ -1442,24 +1452,33 @@ class Storage:
         )  # fmt: skip
         return self._add_once(schema.LadderRung, key, rung)
 
-    def ladder_rungs(self, study: str, tokens_per_param: float | None = None) -> list[LadderRungRecord]:
-        """`study`'s stored rungs (at one tokens-per-parameter, or all), by trial, ratio, size, seed."""
+    def ladder_rungs(
+        self, study: str, tokens_per_param: float | None = None, batch_size: int | None = None
+    ) -> list[LadderRungRecord]:
+        """`study`'s stored rungs (of one tokens-per-parameter and batch size, or all), by trial,
+        ratio, batch, size, seed."""
         with self._session(read_only=True) as s:
             table = schema.LadderRung
             q = select(table).where(table.study == study)
             if tokens_per_param is not None:
                 q = q.where(table.tokens_per_param == float(tokens_per_param))
+            if batch_size is not None:
+                q = q.where(table.batch_size == int(batch_size))
             q = q.order_by(
-                table.trial_number, table.tokens_per_param, table.params_total, table.seed, table.id
-            )
+                table.trial_number, table.tokens_per_param, table.batch_size, table.params_total, table.seed,
+                table.id,
+            )  # fmt: skip
             return [_ladder_rung_record(r) for r in s.scalars(q).all()]
 
-    def add_ladder_fit(self, study: str, *, tokens_per_param: float, fit: Mapping[str, Any]) -> int:
+    def add_ladder_fit(
+        self, study: str, *, tokens_per_param: float, batch_size: int, fit: Mapping[str, Any]
+    ) -> int:
         """Store one fit of `study`'s ladders (`LadderFit.to_dict()`); returns its id."""
         with self._session() as s:
             row = schema.LadderFitRow(
                 study=study,
                 tokens_per_param=float(tokens_per_param),
+                batch_size=int(batch_size),
                 fit_json=json.dumps(dict(fit), sort_keys=True),
                 created_at=time.time(),
             )
@@ -1468,12 +1487,14 @@ class Storage:
             return row.id
 
     def ladder_fits(self, study: str) -> list[dict[str, Any]]:
-        """`study`'s stored ladder fits, oldest first: {"tokens_per_param", "fit", "created_at"}."""
+        """`study`'s stored ladder fits, oldest first: {"tokens_per_param", "batch_size" (None for a fit
+        stored before schema version 7), "fit", "created_at"}."""
         with self._session(read_only=True) as s:
             rows = self._oldest_first(s, schema.LadderFitRow, study, schema.LadderFitRow.created_at)
             return [
                 dict(
                     tokens_per_param=r.tokens_per_param,
+                    batch_size=r.batch_size,
                     fit=_json_of(r.fit_json, dict, f"ladder fit {r.id} of {study!r}"),
                     created_at=r.created_at,
                 )
@@ -1630,6 +1651,33 @@ def _fill_loss_changes(conn: Any) -> None:
         )
 
 
+def _rebuild_ladder_rungs(conn: Any) -> None:
+    """Give an older database's ladder rungs their batch size (schema version 7), read from each
+    row's stored settings (`TrainSettings`' default where they name none), in the rebuilt table
+    whose key includes it: a unique constraint cannot be altered on SQLite. The rows are read,
+    the table dropped (its index and id sequence with it) and made again, in the caller's
+    transaction."""
+    from archsearch.evaluators.settings import TrainSettings
+
+    table = schema.LadderRung.__table__
+    old = [c["name"] for c in conn.dialect.get_columns(conn, table.name)]
+    if "batch_size" in old:  # made by `create_all` just now, from an older version without ladders
+        return
+    rows = [dict(r) for r in conn.execute(text(f"SELECT * FROM {table.name}")).mappings()]
+    table.drop(conn)
+    table.create(conn)
+    default = TrainSettings.__dataclass_fields__["batch_size"].default
+    for row in rows:
+        row.pop("id")
+        try:
+            batch = json.loads(row["settings_json"]).get("batch_size", default)
+        except (ValueError, AttributeError):
+            batch = default
+        row["batch_size"] = int(batch) if isinstance(batch, int) else default
+    if rows:
+        conn.execute(table.insert(), rows)
+
+
 # Trial order: by number, unnumbered (claimed, not yet asked) rows last on every backend, the row
 # id breaking ties.
 _BY_NUMBER = (schema.Trial.number.is_(None), schema.Trial.number, schema.Trial.id)
@@ -1768,6 +1816,7 @@ def _ladder_rung_record(row: schema.LadderRung) -> LadderRungRecord:
         study=row.study,
         trial_number=row.trial_number,
         tokens_per_param=row.tokens_per_param,
+        batch_size=row.batch_size,
         target_params=row.target_params,
         shape_key=row.shape_key,
         config=config,

@@ -34,16 +34,20 @@ from sqlalchemy.types import TypeDecorator
 
 # 2: archsearch_long_runs, archsearch_validations; 3: archsearch_search_runs; 4: archsearch_ladder_rungs,
 # archsearch_ladder_fits; 5: archsearch_trials.prefill_time_s and decode_time_s; 6:
-# archsearch_trials.loss_change (older rows filled from their stored held-out curves on opening)
-SCHEMA_VERSION = 6
+# archsearch_trials.loss_change (older rows filled from their stored held-out curves on opening); 7:
+# archsearch_ladder_rungs.batch_size, part of a rung's key (the table is rebuilt on opening, each row's
+# batch read from its stored settings), archsearch_ladder_fits.batch_size
+SCHEMA_VERSION = 7
 ADDITIVE_SINCE = 1  # versions 1 .. SCHEMA_VERSION - 1 differ from this one only by missing tables
 # ... and by these nullable columns, added to existing tables on opening: (table, column).
 ADDED_COLUMNS = (
     ("archsearch_trials", "prefill_time_s"),
     ("archsearch_trials", "decode_time_s"),
     ("archsearch_trials", "loss_change"),
+    ("archsearch_ladder_fits", "batch_size"),
 )
 LOSS_CHANGE_SINCE = 6  # a database older than this gets loss_change from its curves when opened
+LADDER_BATCH_SINCE = 7  # ... and its ladder rungs' table rebuilt with their batch sizes
 
 
 class Real(TypeDecorator[float]):
@@ -259,16 +263,20 @@ class LadderRung(Base):
     """One rung of a size ladder (`archsearch ladder`): a trial's design at one size, its widths and
     depth re-chosen, trained with tokens in proportion to its parameters.
 
-    One row per (study, trial, tokens per parameter, shape, seed); a rerun skips the rows it finds.
+    One row per (study, trial, tokens per parameter, batch size, shape, seed); a rerun skips the rows
+    it finds.
     """
 
     __tablename__ = "archsearch_ladder_rungs"
-    __table_args__ = (UniqueConstraint("study", "trial_number", "tokens_per_param", "shape_key", "seed"),)
+    __table_args__ = (
+        UniqueConstraint("study", "trial_number", "tokens_per_param", "batch_size", "shape_key", "seed"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     study: Mapped[str] = mapped_column(ForeignKey("archsearch_studies.name", ondelete="CASCADE"), index=True)
     trial_number: Mapped[int] = mapped_column(Integer)  # the trial whose design the ladder keeps
     tokens_per_param: Mapped[float] = mapped_column(Real)  # training tokens / total parameters
+    batch_size: Mapped[int] = mapped_column(Integer)  # sequences per step: with the ratio, the recipe
     target_params: Mapped[int] = mapped_column(BigInteger)  # the size asked for; the shape's is exact
     shape_key: Mapped[str] = mapped_column(String(64))  # sha256 of the rung's ArchConfig JSON
     config_json: Mapped[str] = mapped_column(Text)  # the rung's ArchConfig
@@ -286,13 +294,14 @@ class LadderRung(Base):
 
 
 class LadderFitRow(Base):
-    """One fit of the law across a study's ladders at one tokens-per-parameter, with its residuals,
-    as JSON (`results.ladder_fit.LadderFit.to_dict`)."""
+    """One fit of the law across a study's ladders at one tokens-per-parameter and batch size, with
+    its residuals, as JSON (`results.ladder_fit.LadderFit.to_dict`)."""
 
     __tablename__ = "archsearch_ladder_fits"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     study: Mapped[str] = mapped_column(ForeignKey("archsearch_studies.name", ondelete="CASCADE"), index=True)
     tokens_per_param: Mapped[float] = mapped_column(Real)
+    batch_size: Mapped[int | None] = mapped_column(Integer)  # None: a fit stored before version 7
     fit_json: Mapped[str] = mapped_column(Text)
     created_at: Mapped[float] = mapped_column(Real)

@@ -4,8 +4,10 @@ API; the Ray tests train with a stand-in run function (a known law) unless they 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
+import math
 import os
 import signal
 from pathlib import Path
@@ -15,15 +17,19 @@ from typer.testing import CliRunner
 
 from archsearch.cli import app
 from archsearch.results.ladder import (
+    MIN_RUNG_STEPS,
     LadderError,
     LadderOptions,
     default_top,
+    few_steps_note,
+    fit_study_ladders,
     plan_ladder,
     predict_trial,
     run_ladder,
     rung_shape,
     rung_targets,
 )
+from archsearch.results.ladder_fit import LadderFitError
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import param_counts
 from archsearch.space.knobs import config_from_knobs
@@ -170,9 +176,10 @@ def _run(*args: str):
         (("--trial", "0", "--plot", "x.svg"), "cannot plot ladders to 'x.svg': use a .png file"),
         (("--trial", "0", "--tokens-per-param", "1e300"),
          "a rung cannot train: tokens budget a 30"),  # probe 7: trained until killed
+        (("--trial", "0", "--batch-size", "0"), "--batch-size must be a positive number of sequences, got 0"),
     ],
     ids=["one-rung", "no-design", "unknown-trial", "past-budget", "too-few-rungs", "two-selectors",
-         "no-tokens", "too-small", "plot-suffix", "endless-rungs"],
+         "no-tokens", "too-small", "plot-suffix", "endless-rungs", "no-batch"],
 )  # fmt: skip
 def test_bad_ladders_exit_2_with_one_line_and_store_nothing(tmp_path, args, message):
     url = _study(f"sqlite:///{tmp_path / 't.db'}", tiny_spec(budget="params = { max = 2e6 }"))
@@ -221,6 +228,43 @@ def test_ctrl_c_keeps_finished_rungs_and_a_rerun_trains_the_rest_once(url, tmp_p
     assert again.fit.alpha == pytest.approx(ALPHA, rel=1e-3) and again.fit.e == pytest.approx(E, rel=1e-3)
     assert again.fit.coefficient(0) == pytest.approx(A["gelu"], rel=1e-2)
     assert again.fit.coefficient(1) == pytest.approx(A["swiglu"], rel=1e-2)
+
+
+def test_another_batch_size_is_another_recipe_with_rungs_and_a_law_of_its_own(url, tmp_path, ray_session):
+    log = tmp_path / "runs.log"
+    with Storage.open(url) as db:
+        first = run_ladder(db, OPTIONS, run_fn=_logged(log))  # the study's proxy batch: 4
+        small = dataclasses.replace(OPTIONS, batch_size=2)
+        second = run_ladder(db, small, run_fn=_logged(log))
+        assert (first.batch_size, second.batch_size) == (4, 2)
+        assert (second.trained, second.skipped) == (6, 0)  # the same shapes, trained again at batch 2
+        assert len(_lines(log)) == 12
+        assert {r.settings["batch_size"] for r in second.rungs} == {2} and len(second.rungs) == 6
+        assert [f["batch_size"] for f in db.ladder_fits("tiny")] == [4, 2]
+        rungs = db.ladder_rungs("tiny")
+    assert sorted({r.recipe for r in rungs}) == [(20.0, 2), (20.0, 4)]
+    with pytest.raises(LadderFitError, match=r"rungs of 2 recipes \(tokens per parameter, batch size\)"):
+        fit_study_ladders(rungs)
+    # A prediction rests on one recipe: of equal ladders, the smaller batch's (more steps per rung).
+    found = predict_trial(rungs, 1, rung_shape(_cfg(*SHAPES[1][:3]), 2_000_000))
+    assert found.batch_size == 2 and {r.batch_size for r in found.rungs} == {2}
+
+
+def test_a_rung_of_too_few_steps_is_noted_with_the_batch_that_gives_enough(url):
+    with Storage.open(url) as db:
+        # The smallest rung of trial 0 (82k) at 0.2 tokens per parameter: 16k tokens, 129 steps of 4 x 32.
+        short = plan_ladder(db, LadderOptions("tiny", numbers=(0,), rungs=4, tokens_per_param=0.2))
+        enough = plan_ladder(db, LadderOptions("tiny", numbers=(0,), rungs=4, tokens_per_param=20))
+    smallest = min(short, key=lambda p: p.steps)
+    assert smallest.steps == math.ceil(smallest.settings["tokens"] / (4 * 32)) < MIN_RUNG_STEPS
+    note = few_steps_note(short)
+    batch = 4 * smallest.steps // MIN_RUNG_STEPS
+    assert (
+        note.startswith("note: the smallest rung (trial 0 at ")
+        and f"trains {smallest.steps} steps at batch 4" in note
+    )
+    assert note.endswith(f"--batch-size {max(1, batch)} gives it enough")
+    assert min(p.steps for p in enough) >= MIN_RUNG_STEPS and few_steps_note(enough) is None
 
 
 def test_a_failed_rung_is_reported_not_stored_and_tried_again(url, tmp_path, ray_session):
@@ -272,8 +316,8 @@ def _laddered(url: str, floor: bool = True) -> str:
         for p in plan_ladder(db, OPTIONS):
             loss = _law(p.config) if floor else 500 * param_counts(p.config).non_embedding ** -0.5
             db.add_ladder_rung(
-                "tiny", trial_number=p.trial, tokens_per_param=20, target_params=p.target, config=p.config,
-                seed=0, tokens=p.settings["tokens"], val_loss=loss,
+                "tiny", trial_number=p.trial, tokens_per_param=20, batch_size=16, target_params=p.target,
+                config=p.config, seed=0, tokens=p.settings["tokens"], val_loss=loss,
             )  # fmt: skip
     return url
 
@@ -390,8 +434,8 @@ def test_export_of_a_trial_whose_ladder_has_one_size_says_so(url, tmp_path):
     with Storage.open(url) as db:
         [first, *_] = plan_ladder(db, LadderOptions("tiny", numbers=(3,), rungs=4, top=200_000))
         db.add_ladder_rung(
-            "tiny", trial_number=3, tokens_per_param=20, target_params=first.target, config=first.config,
-            seed=0, tokens=first.settings["tokens"], val_loss=_law(first.config),
+            "tiny", trial_number=3, tokens_per_param=20, batch_size=16, target_params=first.target,
+            config=first.config, seed=0, tokens=first.settings["tokens"], val_loss=_law(first.config),
         )  # fmt: skip
     result = CliRunner().invoke(
         app, ["export", "--study", "tiny", "--trial", "3", "--scale-to", "350M", "--format", "json", "-o",
@@ -400,8 +444,8 @@ def test_export_of_a_trial_whose_ladder_has_one_size_says_so(url, tmp_path):
     assert result.exit_code == 0, result.output
     assert "predicted loss" not in result.stdout
     assert (
-        "ladder: no prediction for trial 3: trial 3's ladder at 20 tokens per parameter has one size so far"
-        in result.stderr
+        "ladder: no prediction for trial 3: trial 3's ladder at 20 tokens per parameter and batch 16 has one "
+        "size so far" in result.stderr
     )
     # pareto --at-size leaves it out and says why.
     ranked = CliRunner().invoke(app, ["pareto", "--study", "tiny", "--at-size", "2M", "--storage", url])

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, make_url, text
+from sqlalchemy import Column, MetaData, Table, UniqueConstraint, create_engine, make_url, text
 
 from archsearch.space import preset
 from archsearch.space.costs import param_counts
@@ -27,6 +27,7 @@ from archsearch.storage import (
     shape_key,
     storage_url,
 )
+from archsearch.storage.schema import LadderRung
 from archsearch.trial import TrialOutcome
 from tests.readonly import read_only
 
@@ -384,32 +385,92 @@ def test_a_non_finite_curve_leaves_a_finite_change_or_none(storage):
     assert storage.curves(record.id)["val"] == [(1, 2.0), (2, 1.8)]
 
 
-def _rung(storage, trial_number=0, seed=0, loss=2.0, tokens_per_param=20.0, cfg=CFG):
+def _rung(storage, trial_number=0, seed=0, loss=2.0, tokens_per_param=20.0, cfg=CFG, batch_size=16):
     return storage.add_ladder_rung(
-        "s", trial_number=trial_number, tokens_per_param=tokens_per_param, target_params=1_000_000,
+        "s", trial_number=trial_number, tokens_per_param=tokens_per_param, batch_size=batch_size,
+        target_params=1_000_000,
         config=cfg, seed=seed, tokens=20_000_000, val_loss=loss, val_curve=[[10, 2.5], [20, loss]],
         settings={"tokens": 20_000_000}, device_fingerprint="fp", corpus_fingerprint="c", wall_time_s=3.0,
     )  # fmt: skip
 
 
-def test_ladder_rungs_are_stored_once_per_trial_ratio_shape_and_seed(storage):
+def test_ladder_rungs_are_stored_once_per_trial_recipe_shape_and_seed(storage):
     wider = dataclasses.replace(CFG, d_model=CFG.d_model * 2)
     assert _rung(storage, trial_number=2, cfg=wider)
     assert _rung(storage, trial_number=2)
     assert _rung(storage, trial_number=2, seed=1)
     assert _rung(storage, trial_number=2, tokens_per_param=10.0)
+    assert _rung(storage, trial_number=2, batch_size=4)  # another recipe: another rung
     assert not _rung(storage, trial_number=2, loss=9.0)  # the first run of that rung wins
-    rungs = storage.ladder_rungs("s", tokens_per_param=20)
+    rungs = storage.ladder_rungs("s", tokens_per_param=20, batch_size=16)
     assert [(r.config, r.seed) for r in rungs] == [(CFG, 0), (CFG, 1), (wider, 0)]  # by size, then seed
+    assert [r.recipe for r in storage.ladder_rungs("s", batch_size=4)] == [(20.0, 4)]
     first = rungs[0]
     assert first.val_loss == 2.0 and first.val_curve == ((10, 2.5), (20, 2.0))
     assert first.params_total == param_counts(CFG).total
     assert first.params_non_embedding == param_counts(CFG).non_embedding
-    assert first.key == (2, 20.0, shape_key(CFG), 0) and first.target_params == 1_000_000
+    assert first.key == (2, 20.0, 16, shape_key(CFG), 0) and first.target_params == 1_000_000
     assert (first.settings, first.wall_time_s) == ({"tokens": 20_000_000}, 3.0)
-    assert len(storage.ladder_rungs("s")) == 4 and storage.ladder_rungs("other") == []
-    storage.add_ladder_fit("s", tokens_per_param=20, fit={"alpha": 0.3})
-    assert [(f["tokens_per_param"], f["fit"]) for f in storage.ladder_fits("s")] == [(20.0, {"alpha": 0.3})]
+    assert len(storage.ladder_rungs("s")) == 5 and storage.ladder_rungs("other") == []
+    storage.add_ladder_fit("s", tokens_per_param=20, batch_size=4, fit={"alpha": 0.3})
+    assert [(f["tokens_per_param"], f["batch_size"], f["fit"]) for f in storage.ladder_fits("s")] == [
+        (20.0, 4, {"alpha": 0.3})
+    ]
+
+
+def test_a_version_6_database_gains_batch_sizes_read_from_its_rungs_settings(db_url):
+    wider = dataclasses.replace(CFG, d_model=CFG.d_model * 2)
+    with Storage.open(db_url) as st:
+        st.create_study("s", **SPEC)
+        st.add_ladder_fit("s", tokens_per_param=20, batch_size=16, fit={"alpha": 0.3})
+    engine = create_engine(db_url)
+    with engine.begin() as conn:  # what version 6 wrote: no batch column, a key without it
+        conn.execute(text("DROP TABLE archsearch_ladder_rungs"))
+        conn.execute(text("ALTER TABLE archsearch_ladder_fits DROP COLUMN batch_size"))
+        v6 = _v6_rungs_table()
+        v6.create(conn)
+        for i, (cfg, settings) in enumerate(
+            [
+                (CFG, '{"batch_size": 4, "tokens": 10}'),
+                (wider, '{"tokens": 10}'),
+                (CFG, '{"batch_size": "4"}'),
+            ]
+        ):
+            conn.execute(v6.insert().values(
+                study="s", trial_number=i // 2, tokens_per_param=20.0, target_params=1000,
+                shape_key=shape_key(cfg), config_json=cfg.to_json(indent=None), params_total=1,
+                params_non_embedding=1, seed=0, tokens=10, val_loss=2.0, val_curve_json="[]",
+                settings_json=settings, created_at=0.0,
+            ))  # fmt: skip
+        conn.execute(text("UPDATE archsearch_meta SET value = '6'"))
+    engine.dispose()
+    with pytest.raises(SchemaVersionError, match="version 6, written by an older archsearch"):
+        Storage.open(db_url, read_only=True)  # a reader upgrades nothing
+    with Storage.open(db_url) as st:
+        rungs = st.ladder_rungs("s")
+        # Each batch from its settings; TrainSettings' default (16) where they name none, or not a number.
+        found = [(r.trial_number, r.batch_size, r.config) for r in rungs]
+        assert found == [(0, 4, CFG), (0, 16, wider), (1, 16, CFG)]
+        assert [f["batch_size"] for f in st.ladder_fits("s")] == [None]  # an older fit's is unknown
+        assert _rung(st, trial_number=0, batch_size=16)  # the same shape at another batch: a new rung
+        assert not _rung(st, trial_number=0, batch_size=4)  # ... at the stored one: already there
+    engine = create_engine(db_url)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT value FROM archsearch_meta")).scalar_one() == str(SCHEMA_VERSION)
+    engine.dispose()
+
+
+def _v6_rungs_table() -> Table:
+    """archsearch_ladder_rungs as schema version 6 made it: no batch size, a key without it (and,
+    here, no foreign key: this table lives in a metadata of its own)."""
+    now = LadderRung.__table__
+    columns = [
+        Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
+        for c in now.columns
+        if c.name != "batch_size"
+    ]
+    key = UniqueConstraint("study", "trial_number", "tokens_per_param", "shape_key", "seed")
+    return Table(now.name, MetaData(), *columns, key)
 
 
 @contextlib.contextmanager
