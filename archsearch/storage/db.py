@@ -69,7 +69,7 @@ from sqlalchemy.orm import Session
 from archsearch.errors import ArchsearchError, EnvironmentFailure, UnknownNameError, quoted
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts, kv_cache_bytes_per_token, param_counts
-from archsearch.space.objectives import LossRule, curve_change
+from archsearch.space.objectives import LossRule, curve_change, parse_objectives
 from archsearch.storage import schema
 from archsearch.storage.schema import SCHEMA_VERSION
 from archsearch.trial import COMPLETE, FINISHED, PRUNED, RUNNING, TrialOutcome, check_state
@@ -983,6 +983,11 @@ class Storage:
             raise _DamagedValue(f"the created_at of study {row.name!r} is {row.created_at!r}, not a time")
         if not isinstance(row.objectives, str):
             raise _DamagedValue(f"the objectives of study {row.name!r} are {row.objectives!r}, not text")
+        if row.objectives:  # every study was created with objectives that pass this one rule
+            try:
+                parse_objectives(row.objectives)
+            except ArchsearchError as exc:
+                raise _DamagedValue(f"the stored objectives of study {row.name!r}: {exc}") from None
         for key in ("size_beta", "extrapolate"):  # its loss rule, which every reader of its fronts applies
             if spec.get(key) is not None and not _non_negative(spec[key]):
                 raise _DamagedValue(
@@ -1222,8 +1227,19 @@ class Storage:
         """Trial numbers and the given columns of `study`'s complete trials, in one lean query.
 
         For fronts over many trials: no records or configs are built.
+
+        Raises:
+            DamagedStorageError: a complete trial stores an infinite number, which no complete
+                trial has (a non-finite loss fails the trial; NaN is stored as NULL, read as None).
         """
         rows = self.trial_rows(study, ["number", *columns], where=schema.Trial.status == COMPLETE)
+        for row in rows:
+            for column, value in zip(columns, row[1:], strict=True):
+                if isinstance(value, float) and math.isinf(value):
+                    raise self._damaged(
+                        f"complete trial {row[0]} of {study!r} stores {column} = {value}, which no complete "
+                        "trial has"
+                    )
         return [r[0] for r in rows], [r[1:] for r in rows]
 
     def wall_times(self, study: str) -> list[float]:

@@ -187,3 +187,33 @@ def test_a_reference_point_no_trial_beats_says_why_the_hypervolume_is_0(tmp_path
     assert result.exit_code == 0, result.output
     assert "hypervolume 0 against reference (0, 0)" in result.stdout
     assert result.stderr.startswith("note: no trial of the front is better than the reference point")
+
+
+# --- probe 7's D5: damage that was blamed on the input ---------------------------------------------
+@pytest.mark.parametrize("command", [["pareto", "--study", "s"], ["report", "--study", "s", "-o", "r.html"]])
+def test_an_infinite_objective_of_a_complete_trial_is_a_damaged_database(tmp_path, command):
+    """Probe 7: a complete trial's loss set to inf by hand made `pareto` blame the default reference
+    point (`give a reference nearer the front`), exit 2: the input's fault, which it was not."""
+    path, url = _study(tmp_path, ("UPDATE archsearch_trials SET loss = 9e999 WHERE number = 0", ()))
+    before = _digest(path)
+    command = [str(tmp_path / c) if c.endswith(".html") else c for c in command]
+    result = CliRunner().invoke(app, [*command, "--storage", url])
+    assert _one_line(result, 1) == (
+        f"error: the database {url} is damaged (complete trial 0 of 's' stores loss = inf, which no "
+        "complete trial has): restore it from a copy, or give another --storage"
+    )
+    assert _digest(path) == before and not (tmp_path / "r.html").exists()
+
+
+def test_stored_objectives_no_study_could_have_are_a_damaged_database(tmp_path):
+    """Probe 7: a study row's objectives 'foo,bar' were reported as bad input (exit 2), as if the
+    user had typed them."""
+    path, url = _study(tmp_path, ("UPDATE archsearch_studies SET objectives = 'foo,bar'", ()))
+    before = _digest(path)
+    result = CliRunner().invoke(app, ["pareto", "--study", "s", "--storage", url])
+    line = _one_line(result, 1)
+    assert line.startswith(
+        f"error: the database {url} is damaged (a stored value is damaged: the stored objectives of study "
+        "'s': unknown objective 'foo'; objectives foo,bar must be loss then one or two of"
+    )
+    assert _digest(path) == before
