@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shutil
 import stat
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+from archsearch.errors import HUGE_INTEGER
 
 
 def write_atomic(path: str | Path, data: bytes) -> None:
@@ -224,3 +228,27 @@ def read_text(path: Path, what: str, error: type[Exception]) -> str:
         raise error(f"{what} not found: {path}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise error(f"cannot read {what} {path}: {exc}") from None
+
+
+def parse_json(text: str, source: str, error: type[Exception], kind: str, hint: str = "") -> Any:
+    """JSON text as Python data, or `error` with one line: where (`source`), why, then `hint`.
+
+    The one reader of JSON that users give or that lies on disk (configs, recorded runs, caches):
+    a syntax error names its line and column; text nested past the decoder's recursion (`[` x
+    100,000) is not `kind` ("a config"); an integer of more than 4,300 digits, which Python
+    refuses to convert, is said as such. Each was a traceback once (issue 26 probes 5 and 7).
+    """
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        why = f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+    except RecursionError:
+        why = f"invalid JSON: nested too deeply to be {kind}"
+    except ValueError:
+        why = f"invalid JSON: {HUGE_INTEGER}"
+    raise error(f"{source}: {why}{hint}") from None
+
+
+def read_json(path: Path, what: str, error: type[Exception], kind: str, hint: str = "") -> Any:
+    """A JSON file's data (`read_text`, then `parse_json` naming the file as `what PATH`)."""
+    return parse_json(read_text(path, what, error), f"{what} {path}", error, kind, hint)

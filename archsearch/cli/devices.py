@@ -22,7 +22,7 @@ from archsearch.cli.common import (
     stdout,
 )
 from archsearch.cli.progress import steps_bar
-from archsearch.errors import HUGE_INTEGER, ConfigError
+from archsearch.errors import ConfigError
 
 
 @app.command()
@@ -93,21 +93,14 @@ def fit_device(
     `catalogue.FITTED` entry to paste.
     """
     import hashlib
-    import json
     import statistics
 
     from archsearch.evaluators.catalogue import FITTED
     from archsearch.evaluators.model import eager_kernel_count
     from archsearch.evaluators.step_fit import fitted_fields, refit
-    from archsearch.fileio import read_text
+    from archsearch.fileio import read_json
 
-    text = read_text(data, "recorded run", ConfigError)
-    try:
-        raw = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise ConfigError(f"{data}: not JSON: {exc}") from None
-    except ValueError:
-        raise ConfigError(f"{data}: not JSON: {HUGE_INTEGER}") from None
+    raw = read_json(data, "recorded run", ConfigError, "a recorded run")
     if not isinstance(raw, dict):
         raise ConfigError(f"{data}: not a recorded gpu_model_accuracy run (a JSON object with 'shapes')")
     with steps_bar("fitting") as update:

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils import benchmark
 
-from archsearch.errors import HUGE_INTEGER, quoted
+from archsearch.errors import quoted
 from archsearch.evaluators import kernels
 from archsearch.evaluators.device import (
     DeviceError,
@@ -47,7 +47,7 @@ from archsearch.evaluators.device import (
     is_memory_error,
 )
 from archsearch.evaluators.kernels import KernelRow, MemoryRow, ProfileReport
-from archsearch.fileio import read_text, write_atomic
+from archsearch.fileio import read_json, write_atomic
 from archsearch.registry import Registry
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import DTYPE_BYTES
@@ -161,21 +161,9 @@ class JsonFileCache:
         if not self.path.exists():  # a first run: the first `put` makes it
             return {}
         # read_text takes regular files only: opening a FIFO to read waited for a writer without end.
-        text = read_text(self.path, "measurement cache", ProfilerError)
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ProfilerError(
-                f"measurement cache {self.path} is not valid JSON ({exc}); delete it to start afresh"
-            ) from exc
-        except RecursionError:  # json's decoder recurses per nesting level: `[` * 100_000
-            raise ProfilerError(
-                f"measurement cache {self.path} is nested too deeply to be a cache; delete it to start afresh"
-            ) from None
-        except ValueError:
-            raise ProfilerError(
-                f"measurement cache {self.path} holds {HUGE_INTEGER}; delete it to start afresh"
-            ) from None
+        data = read_json(
+            self.path, "measurement cache", ProfilerError, "a cache", "; delete it to start afresh"
+        )
         entries = data.get("entries") if isinstance(data, dict) else None
         valid = (
             isinstance(data, dict)

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from archsearch.errors import HUGE_INTEGER, ConfigError, quoted
-from archsearch.fileio import read_text, write_atomic
+from archsearch.errors import ConfigError, quoted
+from archsearch.fileio import parse_json, read_text, write_atomic
 from archsearch.registry import Registry
 from archsearch.units import short_number
 
@@ -322,17 +322,7 @@ def check_size(name: str, value: int | None) -> None:
 
 def _parse_json(text: str, source: str) -> Any:
     """JSON text as Python data, or a one-line `ConfigError` naming `source`."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"{source}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-        ) from None
-    except RecursionError:
-        # json's decoder recurses once per nesting level: `[` * 100_000 exhausts the stack.
-        raise ConfigError(f"{source}: invalid JSON: nested too deeply to be a config") from None
-    except ValueError:  # Python converts no integer of more than 4,300 digits (probe 7: a traceback)
-        raise ConfigError(f"{source}: invalid JSON: {HUGE_INTEGER}") from None
+    return parse_json(text, source, ConfigError, "a config")
 
 
 # The document `archsearch export --format json` writes (`space.export.JsonFormat`): the config

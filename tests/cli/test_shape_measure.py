@@ -249,7 +249,8 @@ def test_a_measurement_cache_nested_too_deeply_is_one_error_line(tmp_path):
     assert result.exit_code == 2, result.output
     assert (
         result.stderr
-        == f"error: measurement cache {cache} is nested too deeply to be a cache; delete it to start afresh\n"
+        == f"error: measurement cache {cache}: invalid JSON: nested too deeply to be a cache; delete it to "
+        "start afresh\n"
     )
 
 

@@ -266,7 +266,7 @@ def test_json_cache_writers_merge(tmp_path):
 @pytest.mark.parametrize(
     ("text", "match"),
     [
-        ("{not json", "is not valid JSON"),
+        ("{not json", ": invalid JSON at line 1 column 2"),
         ("[]", "is not a version-1 archsearch cache"),
         ('{"version": 2, "entries": {}}', "is not a version-1 archsearch cache"),
         ('{"version": 1, "entries": {"k": {"seconds": -1}}}', "is not a version-1 archsearch cache"),

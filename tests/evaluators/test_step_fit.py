@@ -167,7 +167,7 @@ def test_fit_device_prints_the_fit_and_refuses_bad_files(tmp_path):
     assert out["catalogued"] == {name: value for name, value in H100.fields}
     for text, message in [
         (None, "recorded run not found"),
-        ("[1, 2", "not JSON"),
+        ("[1, 2", "invalid JSON at line 1 column 6"),
         ("[]", "not a recorded gpu_model_accuracy run"),
         ('{"shapes": [{"label": "x"}]}', "not a recorded gpu_model_accuracy run"),
     ]:

@@ -76,7 +76,11 @@ def test_a_5000_digit_integer_in_a_measurement_cache_is_one_line(tmp_path):
     config.write_text(json.dumps(CONFIG))
     cache.write_text('{"version": 1, "entries": {"a": {"seconds": ' + D5000 + "}}}")
     result = CliRunner().invoke(app, ["profile", str(config), "--cache", str(cache), "--steps", "0"])
-    _one_line(result, (1, 2), f"measurement cache {cache} holds a number of more than 4,300 digits")
+    _one_line(
+        result,
+        (1, 2),
+        f"measurement cache {cache}: invalid JSON: a number of more than 4,300 digits; delete it",
+    )
 
 
 @pytest.mark.parametrize(
