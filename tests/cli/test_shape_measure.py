@@ -44,6 +44,16 @@ def test_cost_of_a_file_prints_a_table(tmp_path):
     assert "relu feature loss" in result.stdout
 
 
+@pytest.mark.parametrize(("aspect", "layers", "noted"), [(1000, 1, True), (64, 2, False), (50, 3, False)])
+def test_an_aspect_ratio_the_depth_cannot_keep_is_noted(aspect, layers, noted):
+    """Probe 7: `config new --d-model 128 --aspect-ratio 1000` built 1 layer (aspect 128) silently."""
+    result = run("config", "new", "--d-model", "128", "--aspect-ratio", str(aspect), "--head-dim", "32")
+    assert result.exit_code == 0, result.output
+    assert ArchConfig.from_json(result.stdout).n_layers == layers
+    note = "note: --aspect-ratio 1000 at d_model 128 is 0.128 layers: built with 1 (aspect 128)\n"
+    assert result.stderr == (note if noted else "")
+
+
 def test_presets_lists_every_preset_with_counts():
     result = run("presets", "--json")
     rows = {row["name"]: row for row in json.loads(result.stdout)}
