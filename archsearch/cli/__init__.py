@@ -7,7 +7,8 @@
 - `devices`: align, devices, fit-device (the GPU catalogue and its model);
 - `search`: space check, search;
 - `validate`: validate;
-- `ladder`: ladder (and the ladder's lines in export --scale-to and pareto --at-size);
+- `ladder`: ladder;
+- `predictions`: the ladder's lines in export --scale-to and pareto --at-size;
 - `results`: pareto, studies, trials;
 - `export`: export;
 - `report`: report, the HTML file that shares a study;

@@ -129,7 +129,7 @@ def export(
         _print_scaled(result)
         if result.serve is not None:
             print_scaled_serve(result.serve, scale_to)
-        from archsearch.cli.ladder import print_scaled_prediction
+        from archsearch.cli.predictions import print_scaled_prediction
 
         print_scaled_prediction(rungs, study, entry["number"], result.chosen.config, train_tokens)
         for note in entry["notes"]:

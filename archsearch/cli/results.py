@@ -67,7 +67,7 @@ def pareto(
 ) -> None:
     """The Pareto front of a study: non-dominated trials along the front, the knee, the hypervolume."""
     if at_size is not None:
-        from archsearch.cli.ladder import pareto_at_size
+        from archsearch.cli.predictions import pareto_at_size
 
         pareto_at_size(study, at_size, (objectives, reference, loss, plot), storage, as_json)
         return
