@@ -12,7 +12,8 @@ trials for `multiplier` x the proxy's token budget and compares rankings:
    (`schedule="cosine", min_lr=0.1`: the long run stands for how users really train), for seeds
    0..seeds-1. Runs are Ray tasks as in `search`: the driver owns the database, tasks take and
    return plain data. Every finished run is stored at once (`Storage.add_long_run`); a rerun
-   skips the (trial, multiplier, seed) runs already stored, and Ctrl-C keeps what finished.
+   skips the (trial, multiplier, seed) runs already stored, and Ctrl-C keeps what finished. A run
+   stopped part-way goes on from its last checkpoint (`long_run`: every 5 minutes, in the cache).
 3. The report: Spearman and Kendall of the proxy loss, of -params, of -FLOPs and of the
    adjusted proxy loss, the study's loss objective (`fidelity.loss_objectives`: extrapolated by
    the study's `[objectives].extrapolate`, credited for size with `size_beta`, else the study's
@@ -33,11 +34,14 @@ trials for `multiplier` x the proxy's token budget and compares rankings:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -237,6 +241,19 @@ def long_settings(proxy: dict[str, Any], multiplier: float, seed: int, tokens_tr
     return settings
 
 
+def checkpoint_path(request: dict[str, Any]) -> Path:
+    """Where a long run keeps its checkpoint unless told: `cache_dir()/checkpoints/KEY.pt`, KEY the
+    sha256 of the run's config, settings (threads aside: they change no result) and data, so a
+    `validate` or `ladder` stopped with its runs part-way trains each on from where it was. The
+    file is written only once a run has trained 5 minutes (`trainer.CHECKPOINT_EVERY_S`) and is
+    removed when the run ends; a run never resumed leaves its file (delete the folder freely)."""
+    from archsearch.evaluators.data import cache_dir
+
+    settings = {k: v for k, v in request["settings"].items() if k != "threads"}
+    what = json.dumps([request["config"], settings, request.get("data")], sort_keys=True, default=str)
+    return cache_dir() / "checkpoints" / f"{hashlib.sha256(what.encode()).hexdigest()}.pt"
+
+
 def long_run(request: dict[str, Any]) -> dict[str, Any]:
     """The Ray task: train one config with the given settings; plain data in and out.
 
@@ -244,8 +261,9 @@ def long_run(request: dict[str, Any]) -> dict[str, Any]:
         request: "config" (`ArchConfig.to_dict()`), "settings" (`TrainSettings` fields), "data"
             (the corpus path, None for the bundled corpus), "cpus" (the CPUs Ray gave the run:
             with no `threads` in the settings, they cap the chosen thread count, as in a search),
-            optionally "checkpoint" (a file where the run keeps its state every few minutes and
-            from which a stopped run goes on: `evaluators.trainer.Checkpoint`).
+            "checkpoint" (optional: a file where the run keeps its state every few minutes and
+            from which a stopped run goes on, `evaluators.trainer.Checkpoint`; default
+            `checkpoint_path(request)`, in the cache; False: none).
 
     Returns:
         status ("complete" or "failed"), reason, val_loss (nats per token), tokens, val_curve,
@@ -263,8 +281,9 @@ def long_run(request: dict[str, Any]) -> dict[str, Any]:
         settings = dataclasses.replace(settings, threads=threads)
     data = _dataset(request.get("data"), cfg.vocab_size, settings.seq_len or cfg.seq_len)
     with intra_op_threads(threads):  # so the device fingerprint counts the threads it trained on
-        keep = Checkpoint(request["checkpoint"]) if request.get("checkpoint") else None
-        result = train(cfg, data, settings, checkpoint=keep)
+        path = request.get("checkpoint")
+        path = checkpoint_path(request) if path is None else path
+        result = train(cfg, data, settings, checkpoint=Checkpoint(path) if path else None)
         device = resolve_device(settings.device)
     return dict(
         status=result.status,

@@ -20,6 +20,7 @@ from archsearch.search.validate import (
     ValidateOptions,
     adjusted_label,
     calibration_set,
+    checkpoint_path,
     fidelity_report,
     long_run,
     long_settings,
@@ -150,13 +151,43 @@ def test_a_long_run_without_threads_takes_them_from_the_cpus_it_is_given(monkeyp
     from archsearch.evaluators import trainer
 
     seen, real = [], trainer.train
-    monkeypatch.setattr(trainer, "train", lambda cfg, data, s: seen.append(s.threads) or real(cfg, data, s))
+    monkeypatch.setattr(
+        trainer, "train", lambda cfg, data, s, **kw: seen.append(s.threads) or real(cfg, data, s)
+    )
     cfg = config_from_knobs(d_model=64, n_layers=1, head_dim=32, vocab_size=256, seq_len=32)
     settings = dict(tokens=256, batch_size=4, evals=1, eval_batches=1, device="cpu")
     out = long_run(dict(config=cfg.to_dict(), settings=settings, data=None, cpus=1.0))
     assert out["status"] == "complete" and seen == [1]  # one CPU from Ray: one thread
     long_run(dict(config=cfg.to_dict(), settings={**settings, "threads": 2}, data=None, cpus=1.0))
     assert seen == [1, 2]  # the study's own [proxy] threads as given
+
+
+def test_a_long_run_keeps_a_checkpoint_in_the_cache_unless_told_otherwise(monkeypatch, tmp_path):
+    from archsearch.evaluators import trainer
+    from archsearch.evaluators.data import cache_dir
+
+    seen = []
+    monkeypatch.setattr(trainer, "train", lambda cfg, data, s, checkpoint: seen.append(checkpoint) or real)
+    real = trainer.TrainResult(
+        status="complete", reason=None, val_loss=2.0, bits_per_byte=None, tokens=256, steps=2,
+        wall_time_s=0.1, tokens_per_second=1.0, achieved_flops_per_second=1.0, mfu=None,
+        peak_flops_per_second=None, precision="fp32", device="cpu", corpus_fingerprint="c", params=1,
+    )  # fmt: skip
+    cfg = config_from_knobs(d_model=64, n_layers=1, head_dim=32, vocab_size=256, seq_len=32)
+    request = dict(
+        config=cfg.to_dict(), settings=dict(tokens=256, batch_size=4, threads=1), data=None, cpus=1.0
+    )
+    long_run(request)
+    path = checkpoint_path(request)
+    assert seen[-1].path == path and path.parent == cache_dir() / "checkpoints"
+    # The key is the run: threads aside, another setting, config or corpus is another file.
+    assert checkpoint_path({**request, "settings": {**request["settings"], "threads": 2}}) == path
+    assert checkpoint_path({**request, "settings": {**request["settings"], "seed": 1}}) != path
+    assert checkpoint_path({**request, "data": "corpus.txt"}) != path
+    long_run({**request, "checkpoint": str(tmp_path / "mine.pt")})
+    assert seen[-1].path == tmp_path / "mine.pt"
+    long_run({**request, "checkpoint": False})
+    assert seen[-1] is None
 
 
 def test_the_report_of_a_perfect_proxy():
