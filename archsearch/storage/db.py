@@ -1667,14 +1667,16 @@ def _fill_loss_changes(conn: Any) -> None:
         )
 
 
+# TrainSettings' default batch while schema versions 4-6 stored rungs: what a rung of theirs whose
+# settings name no batch trained at (a fact of those versions, not today's default).
+_V6_DEFAULT_BATCH = 16
+
+
 def _rebuild_ladder_rungs(conn: Any) -> None:
     """Give an older database's ladder rungs their batch size (schema version 7), read from each
-    row's stored settings (`TrainSettings`' default where they name none), in the rebuilt table
-    whose key includes it: a unique constraint cannot be altered on SQLite. The rows are read,
-    the table dropped (its index and id sequence with it) and made again, in the caller's
-    transaction."""
-    from archsearch.evaluators.settings import TrainSettings
-
+    row's stored settings (`_V6_DEFAULT_BATCH` where they name none), in the rebuilt table whose
+    key includes it: a unique constraint cannot be altered on SQLite. The rows are read, the table
+    dropped (its index and id sequence with it) and made again, in the caller's transaction."""
     table = schema.LadderRung.__table__
     old = [c["name"] for c in conn.dialect.get_columns(conn, table.name)]
     if "batch_size" in old:  # made by `create_all` just now, from an older version without ladders
@@ -1682,14 +1684,13 @@ def _rebuild_ladder_rungs(conn: Any) -> None:
     rows = [dict(r) for r in conn.execute(text(f"SELECT * FROM {table.name}")).mappings()]
     table.drop(conn)
     table.create(conn)
-    default = TrainSettings.__dataclass_fields__["batch_size"].default
     for row in rows:
         row.pop("id")
         try:
-            batch = json.loads(row["settings_json"]).get("batch_size", default)
+            batch = json.loads(row["settings_json"]).get("batch_size")
         except (ValueError, AttributeError):
-            batch = default
-        row["batch_size"] = int(batch) if isinstance(batch, int) else default
+            batch = None
+        row["batch_size"] = batch if isinstance(batch, int) and batch > 0 else _V6_DEFAULT_BATCH
     if rows:
         conn.execute(table.insert(), rows)
 

@@ -448,7 +448,7 @@ def test_a_version_6_database_gains_batch_sizes_read_from_its_rungs_settings(db_
         Storage.open(db_url, read_only=True)  # a reader upgrades nothing
     with Storage.open(db_url) as st:
         rungs = st.ladder_rungs("s")
-        # Each batch from its settings; TrainSettings' default (16) where they name none, or not a number.
+        # Each batch from its settings; 16 (those versions' default) where they name none or not a number.
         found = [(r.trial_number, r.batch_size, r.config) for r in rungs]
         assert found == [(0, 4, CFG), (0, 16, wider), (1, 16, CFG)]
         assert [f["batch_size"] for f in st.ladder_fits("s")] == [None]  # an older fit's is unknown
