@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import sys
 from decimal import Decimal, DecimalException
 
 from archsearch.errors import ArchsearchError, quoted
@@ -38,6 +39,13 @@ RAY_RESOURCE_UNIT = 1e-4
 # (`--workers 99999999999`), each tried under a `ulimit -v` of 8 GB, its start-up did not finish
 # in 1-2 minutes and blamed an overloaded GCS (issue 26 probe 5).
 LOCAL_RAY_MAX_CPUS = 256
+
+
+def whole(x: float) -> int:
+    """`round(x)` for a count made by scaling (tokens x a multiplier), the largest float's where
+    the product overflowed to infinity: the bound that checks the count then refuses it in one
+    line ("a 309-digit number"), where `round(inf)` was an OverflowError traceback (probe 8)."""
+    return round(min(x, sys.float_info.max))
 
 
 def ray_resources_problem(

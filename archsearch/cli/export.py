@@ -93,7 +93,7 @@ def export(
     A shape the format cannot represent exactly is refused with the reason (exit 2, nothing
     written); --exportable picks among the trials it can represent instead. With --front the
     representable members are written and the refusals listed in index.json and on stderr; exit 2
-    only when none is representable. With --scale-to, a study searched with a [serve] table (or
+    only when none is representable. With --scale-to, a study searched with a \\[serve] table (or
     the serving flags) also gets the scaled shape's KV cache, weights, largest batch and modelled
     prefill and decode, printed and in the provenance (`scaled.serve`).
     """

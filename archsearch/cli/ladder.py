@@ -105,6 +105,13 @@ def ladder(
         plot_ladders(summary.fit, plot)
         typer.echo(f"wrote {plot}", err=True)
     typer.echo(f"{summary.trained} rungs trained, {summary.skipped} reused from earlier runs", err=True)
+    if summary.failed:  # the ladder is incomplete: not a success (every rung failing exited 0: probe 8)
+        typer.echo(
+            f"error: {len(summary.failed)} rung{'s' * (len(summary.failed) != 1)} failed (above); rerun the "
+            "same command to train them again",
+            err=True,
+        )
+        raise typer.Exit(1)
 
 
 def ladder_display() -> Any:

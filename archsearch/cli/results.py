@@ -49,7 +49,7 @@ def pareto(
         str | None,
         typer.Option(
             help="proxy: rank the proxy loss as stored; adjusted: the study's loss objective, "
-            "loss + extrapolate x change - beta ln(params / 1M), with its [objectives].size_beta, else "
+            "loss + extrapolate x change - beta ln(params / 1M), with its \\[objectives].size_beta, else "
             'beta over the complete trials (docs/accuracy.md, "The loss objective"). Default: the '
             "study's loss objective."
         ),

@@ -188,7 +188,7 @@ def _costs_line(costs: dict[str, Any], sequence: tuple[int, int] | None = None) 
 
 
 def _help(what: str, default: str) -> str:
-    return f"With --scale-to: {what} (default: the study's [serve] value, else {default})."
+    return f"With --scale-to: {what} (default: the study's \\[serve] value, else {default})."
 
 
 ServeBatchOpt = Annotated[

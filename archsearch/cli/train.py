@@ -63,7 +63,7 @@ def train(
     """Train a shape's proxy LM on a budget; report held-out loss, throughput and MFU.
 
     --study S --trial N takes that trial's shape only: it trains with this command's options,
-    not the study's [proxy] settings. --json records the settings with the result.
+    not the study's \\[proxy] settings. --json records the settings with the result.
     Exit code 1 when the run fails (NaN loss, out of memory, too large), with the reason.
     """
     from archsearch.evaluators.data import load_dataset

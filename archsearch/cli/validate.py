@@ -31,7 +31,7 @@ def validate(
         float | None,
         typer.Option(
             help="Beta of the adjusted predictor, loss + extrapolate x change - beta ln(params / 1M), its "
-            "extrapolate the study's (default: the study's [objectives].size_beta; else 0 when the study "
+            "extrapolate the study's (default: the study's \\[objectives].size_beta; else 0 when the study "
             "extrapolates; else sd(loss) / sd(ln params) over the set). Report only."
         ),
     ] = None,
@@ -44,7 +44,7 @@ def validate(
 ) -> None:
     """Rank fidelity of a study's proxy: retrain a calibration set for longer and compare rankings.
 
-    Long runs use the study's stored [proxy] settings and corpus at --multiplier x its tokens, with
+    Long runs use the study's stored \\[proxy] settings and corpus at --multiplier x its tokens, with
     the cosine schedule; each is stored as it finishes, so a rerun (or one after Ctrl-C, exit 130)
     trains only what is missing. The report is stored with the study.
     """

@@ -62,6 +62,7 @@ TORCH_DTYPES.register("bf16", torch.bfloat16)
 TORCH_DTYPES.register("fp16", torch.float16)
 
 DEFAULT_MIN_RUN_TIME = 0.1  # seconds of repeats per kernel: a whole small step profiles in seconds
+MAX_MIN_RUN_TIME = 60.0  # per kernel: 1e308 was accepted and ran without end (probe 8)
 # Fraction of the memory free at profile time one kernel may use: the rest is left to the
 # process itself, the allocator's fragmentation and other workers on the same machine.
 MEMORY_FRACTION = 0.5
@@ -606,8 +607,11 @@ def profile_step(
             (the message names the kernel), a non-positive `min_run_time`.
         ValueError: `batch` is not positive (from `kernels.step_kernels`).
     """
-    if not (min_run_time > 0 and math.isfinite(min_run_time)):
-        raise ProfilerError(f"min_run_time must be a positive number of seconds, got {min_run_time}")
+    if not (0 < min_run_time <= MAX_MIN_RUN_TIME):  # NaN fails both
+        raise ProfilerError(
+            f"min_run_time must be a positive number of seconds, at most {MAX_MIN_RUN_TIME:g} per kernel, "
+            f"got {min_run_time}"
+        )
     info = detect_device(device)
     cache = cache if cache is not None else InMemoryCache()
     dtype = resolve_precision(info, dtype, cache)

@@ -312,6 +312,19 @@ def _save_checkpoint(checkpoint: Checkpoint, state: dict[str, Any]) -> None:
     write_atomic(checkpoint.path, buffer.getvalue())
 
 
+def too_large(cfg: ArchConfig, batch_size: int, seq_len: int, info: DeviceInfo) -> str | None:
+    """Why `cfg` cannot train at `batch_size` on the device `info` describes (its training memory,
+    `train_memory_bytes`, past 90% of the device's), or None: the trainer's check, which a command
+    can run before it starts workers."""
+    need, have = train_memory_bytes(cfg, batch_size, seq_len), info.memory_bytes
+    if have and need > 0.9 * have:
+        gib = 2**30
+        return (
+            f"config too large for {info.torch_device}: needs ~{need / gib:.1f} GiB, has {have / gib:.1f} GiB"
+        )
+    return None
+
+
 class _Stop(Exception):
     """Ends the training loop early with a status and reason."""
 
@@ -405,10 +418,8 @@ def _train(
             peak_flops_per_second=None, **base,
         )  # fmt: skip
 
-    need, have = train_memory_bytes(cfg, settings.batch_size, seq_len), info.memory_bytes
-    if have and need > 0.9 * have:
-        gib = 2**30
-        return failed(f"config too large for {device}: needs ~{need / gib:.1f} GiB, has {have / gib:.1f} GiB")
+    if why := too_large(cfg, settings.batch_size, seq_len, info):
+        return failed(why)
 
     torch.manual_seed(settings.seed)
     try:

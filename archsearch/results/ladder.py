@@ -45,7 +45,7 @@ from archsearch.results.ladder_fit import LadderFit, LadderFitError, Prediction,
 from archsearch.space.costs import flop_counts, param_counts
 from archsearch.space.scale import aspect_range, scaled_candidates
 from archsearch.trial import COMPLETE
-from archsearch.units import MAX_WHOLE, SEED_MAX, format_si, ray_resources_problem
+from archsearch.units import MAX_WHOLE, SEED_MAX, format_si, ray_resources_problem, whole
 
 if TYPE_CHECKING:
     from archsearch.space.config import ArchConfig
@@ -289,7 +289,7 @@ def ladder_settings(
 
 def rung_tokens(cfg: ArchConfig, tokens_per_param: float) -> int:
     """Training tokens of a rung: `tokens_per_param` x its total parameters."""
-    return max(1, round(tokens_per_param * param_counts(cfg).total))
+    return max(1, whole(tokens_per_param * param_counts(cfg).total))
 
 
 def ladder_designs(storage: Storage, options: LadderOptions) -> list[TrialRecord]:
@@ -373,7 +373,31 @@ def plan_ladder(storage: Storage, options: LadderOptions) -> list[PlannedRung]:
             tokens = rung_tokens(shape, options.tokens_per_param)
             settings = ladder_settings(proxy, tokens, options.seed, options.batch_size)
             planned.append(PlannedRung(trial.number, target, shape, settings))  # type: ignore[arg-type]
+    _check_memory(planned)
     return planned
+
+
+def _check_memory(planned: Sequence[PlannedRung]) -> None:
+    """Refuse rungs the device here cannot train at their batch, before Ray starts (the trainer's
+    own check: `--batch-size 1T` failed every rung, exit 0, probe 8). Skipped where the device
+    cannot be described here (CUDA asked for on a driver without one)."""
+    from archsearch.evaluators.device import DeviceError, resolve_device
+    from archsearch.evaluators.settings import TrainSettings
+    from archsearch.evaluators.trainer import too_large
+
+    if not planned:
+        return
+    settings = TrainSettings(**planned[0].settings)  # one device and batch for every rung
+    try:
+        info = resolve_device(settings.device)
+    except DeviceError:
+        return
+    largest = max(planned, key=lambda p: p.params)
+    seq_len = settings.seq_len or largest.config.seq_len
+    if why := too_large(largest.config, settings.batch_size, seq_len, info):
+        raise LadderError(
+            f"{_rung_name(largest)} at batch {settings.batch_size}: {why}; give a smaller --batch-size"
+        )
 
 
 def few_steps_note(planned: Sequence[PlannedRung]) -> str | None:
@@ -382,13 +406,19 @@ def few_steps_note(planned: Sequence[PlannedRung]) -> str | None:
     if not planned:
         return None
     short = min(planned, key=lambda p: p.steps)
-    if short.steps >= MIN_RUNG_STEPS or short.batch_size == 1:
+    if short.steps >= MIN_RUNG_STEPS:
         return None
-    batch = max(1, short.batch_size * short.steps // MIN_RUNG_STEPS)
+    seq_len = short.settings.get("seq_len") or short.config.seq_len
+    batch = short.settings["tokens"] // (seq_len * MIN_RUNG_STEPS)  # the largest that gives enough
+    fix = (
+        f"--batch-size {batch} gives it enough"
+        if batch >= 1
+        else f"even batch 1 gives it {math.ceil(short.settings['tokens'] / seq_len)}: give a larger "
+        "--tokens-per-param"
+    )
     return (
         f"note: the smallest rung ({_rung_name(short)}) trains {short.steps} steps at batch "
-        f"{short.batch_size}, fewer than the {MIN_RUNG_STEPS} a rung needs to follow the law; "
-        f"--batch-size {batch} gives it enough"
+        f"{short.batch_size}, fewer than the {MIN_RUNG_STEPS} a rung needs to follow the law; {fix}"
     )
 
 
@@ -464,8 +494,7 @@ def run_ladder(
                 _store(storage, options, twin, result, reason)
                 skipped += 1
         else:
-            failed.append(last := f"{name}: {why}")
-            log.warning("rung failed: %s", last)
+            failed.append(last := f"{name}: {why}")  # the summary reports it (the CLI once)
         if on_update is not None:
             elapsed = time.monotonic() - start
             on_update(LadderProgress(skipped + trained, len(planned), len(failed), last, elapsed))
@@ -726,11 +755,16 @@ def predict_at_size(
     trials = {t.number: t for t in storage.trials_by_number(study, list(fit.designs))}
     ranked, notes = [], []
     for number in fit.designs:
-        trial = trials[number]
+        trial = trials.get(number)
+        if trial is None:  # a damaged rung row: its trial number names no trial of the study
+            notes.append(f"trial {number}: its rungs name a trial the study does not have")
+            continue
         try:
             shape = rung_shape(trial.config, target_params)  # type: ignore[arg-type]
-        except LadderError as exc:
-            notes.append(f"trial {number}: {exc}")
+        except LadderError:  # its message advises `ladder`'s flags, which are not this command's
+            notes.append(
+                f"trial {number}: no shape keeping its design has {format_si(target_params)} parameters"
+            )
             continue
         counts = param_counts(shape)
         mine = tuple(r for r in same if r.trial_number == number)

@@ -652,7 +652,10 @@ def _parse(text: str, source: str, base_dir: Path) -> SearchSpec:
         raise SpecError("invalid TOML: nested too deeply to be a search spec") from None
     except ValueError:
         raise SpecError(f"invalid TOML: {HUGE_INTEGER}") from None
-    _refuse_huge_integers(doc)
+    try:
+        _refuse_huge_integers(doc)
+    except RecursionError:  # dotted keys or [a.a.a...] headers nest tables without tomllib recursing
+        raise SpecError("invalid TOML: nested too deeply to be a search spec") from None
     for key, value in doc.items():
         if key not in _TABLES:
             raise SpecError(f"unknown table [{key}]; valid: {', '.join(_TABLES)}")

@@ -223,16 +223,17 @@ def long_settings(proxy: dict[str, Any], multiplier: float, seed: int, tokens_tr
         ValidateError: the settings cannot train (a budget past `TrainSettings`' bounds).
     """
     from archsearch.evaluators.settings import TrainError, TrainSettings
+    from archsearch.units import whole
 
     settings = dict(proxy)
     if settings.get("tokens") is not None:
-        settings["tokens"] = round(settings["tokens"] * multiplier)
+        settings["tokens"] = whole(settings["tokens"] * multiplier)
     elif settings.get("flops") is not None:
         settings["flops"] = float(settings["flops"] * multiplier)
     else:
         if not tokens_trained:
             raise ValidateError("a seconds-budget proxy run without a token count cannot be scaled")
-        settings["tokens"], settings["seconds"] = round(tokens_trained * multiplier), None
+        settings["tokens"], settings["seconds"] = whole(tokens_trained * multiplier), None
     settings = {**settings, **LONG_SCHEDULE, "seed": seed}
     try:  # before Ray starts: `--multiplier 1e300` started runs that never end (probe 7)
         TrainSettings(**settings)

@@ -177,9 +177,13 @@ def _run(*args: str):
         (("--trial", "0", "--tokens-per-param", "1e300"),
          "a rung cannot train: tokens budget a 30"),  # probe 7: trained until killed
         (("--trial", "0", "--batch-size", "0"), "--batch-size must be a positive number of sequences, got 0"),
+        (("--trial", "0", "--tokens-per-param", "1e308"),
+         "a rung cannot train: tokens budget a 309-digit number"),  # probe 8: OverflowError
+        (("--trial", "0", "--batch-size", "1099511627776"), "trial 0 at "),  # probe 8: all failed, exit 0
     ],
     ids=["one-rung", "no-design", "unknown-trial", "past-budget", "too-few-rungs", "two-selectors",
-         "no-tokens", "too-small", "plot-suffix", "endless-rungs", "no-batch"],
+         "no-tokens", "too-small", "plot-suffix", "endless-rungs", "no-batch", "overflowing-tokens",
+         "batch-past-memory"],
 )  # fmt: skip
 def test_bad_ladders_exit_2_with_one_line_and_store_nothing(tmp_path, args, message):
     url = _study(f"sqlite:///{tmp_path / 't.db'}", tiny_spec(budget="params = { max = 2e6 }"))
@@ -265,6 +269,17 @@ def test_a_rung_of_too_few_steps_is_noted_with_the_batch_that_gives_enough(url):
     )
     assert note.endswith(f"--batch-size {max(1, batch)} gives it enough")
     assert min(p.steps for p in enough) >= MIN_RUNG_STEPS and few_steps_note(enough) is None
+    # Probe 8: a batch of 100,000 (1 step) was told a batch that still gave 74 steps.
+    with Storage.open(url) as db:
+        huge = plan_ladder(
+            db, LadderOptions("tiny", numbers=(0,), rungs=4, tokens_per_param=20, batch_size=2000)
+        )
+        tiny = plan_ladder(db, LadderOptions("tiny", numbers=(0,), rungs=4, tokens_per_param=1e-3))
+    smallest = min(huge, key=lambda p: p.steps)
+    fix = smallest.settings["tokens"] // (32 * MIN_RUNG_STEPS)
+    assert smallest.steps < 100 and few_steps_note(huge).endswith(f"--batch-size {fix} gives it enough")
+    assert math.ceil(smallest.settings["tokens"] / (fix * 32)) >= MIN_RUNG_STEPS
+    assert few_steps_note(tiny).endswith("even batch 1 gives it 3: give a larger --tokens-per-param")
 
 
 def test_a_failed_rung_is_reported_not_stored_and_tried_again(url, tmp_path, ray_session):
