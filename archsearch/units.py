@@ -146,8 +146,11 @@ def _short(text: str | int) -> str:
 
 def short_number(value: float) -> str:
     """A number as a message shows it: an integer past 2**63 - 1 by its number of digits (`str`
-    refuses integers of more than 4,300 digits, and 400 flood a line), else in full or `.4g`."""
-    if isinstance(value, int) and not isinstance(value, bool):
+    refuses integers of more than 4,300 digits, and 400 flood a line), else in full or `.4g`; what
+    is not a number (True, text) as its repr."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, int):
         if abs(value) > MAX_WHOLE:
             # Exact below the 4,300 digits `str` converts; about, from the logarithm, past them.
             exact = abs(value).bit_length() < 14_000

@@ -24,7 +24,12 @@ from archsearch.space.costs import (
     serve_memory_bytes,
     weight_bytes,
 )
+from archsearch.units import short_number
 
+# The most sequences, prompt or generated tokens a scenario counts: far past any serving run, and
+# its cache bytes stay well inside what the database stores (20-digit values were accepted and
+# printed as "1.121e+13Ps": probe 8).
+MAX_SERVE_COUNT = 2**31 - 1
 LOCAL = "local"  # the device at hand: measured, not modelled
 LOCAL_DEVICES = ("cpu", "cuda")  # and cuda:N; what "local" resolves to
 
@@ -57,8 +62,10 @@ class ServeScenario:
     def __post_init__(self) -> None:
         for name in ("batch", "prompt_len", "gen_len"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ServeError(f"{name} must be a positive integer, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_SERVE_COUNT:
+                raise ServeError(
+                    f"{name} must be a positive integer up to 2**31 - 1, got {short_number(value)}"
+                )
         for name in ("weight_dtype", "cache_dtype"):
             if getattr(self, name) not in DTYPE_BYTES:
                 valid = ", ".join(DTYPE_BYTES.names())

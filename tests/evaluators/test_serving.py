@@ -117,7 +117,7 @@ def test_modelled_serve_reports_the_scenario_and_the_largest_batch():
 
 
 def test_bad_sizes_and_dtypes_are_one_line_errors():
-    with pytest.raises(ConfigError, match="batch must be a positive integer, got 0"):
+    with pytest.raises(ConfigError, match=r"batch must be a positive integer up to 2\*\*31 - 1, got 0"):
         predict_decode(H100, LLAMA2, 0, 16)
     with pytest.raises(ConfigError, match="context must be a positive integer"):
         predict_decode(H100, LLAMA2, 1, 0)

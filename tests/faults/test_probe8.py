@@ -58,3 +58,13 @@ def test_a_size_no_design_reaches_is_noted_without_another_command_s_flags(tmp_p
     assert result.exit_code == 0, result.output
     assert "left out: trial 0: no shape keeping its design has 1 parameters" in result.stderr
     assert "--top" not in result.stderr and "--rungs" not in result.stderr
+
+
+def test_a_serving_batch_past_2_31_is_refused():
+    """`profile --serve --batch 99999999999999999999` printed cache bytes of 27 digits, exit 0."""
+    result = CliRunner().invoke(
+        app, ["profile", "--preset", "byte-1m", "--device", "h100-sxm", "--serve", "--batch", "9" * 20]
+    )
+    assert _one_line(result, 2) == (
+        "error: batch must be a positive integer up to 2**31 - 1, got a 20-digit number"
+    )

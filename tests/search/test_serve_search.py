@@ -39,7 +39,10 @@ def test_the_serve_table_is_a_scenario():
 @pytest.mark.parametrize(
     ("tables", "message"),
     [
-        ({"serve": "batch = 0"}, r"tiny.toml: \[serve\]: batch must be a positive integer, got 0"),
+        (
+            {"serve": "batch = 0"},
+            r"tiny.toml: \[serve\]: batch must be a positive integer up to 2\*\*31 - 1, got 0",
+        ),  # noqa: E501
         ({"serve": "beams = 4"}, r"tiny.toml: \[serve\].beams: unknown key; valid: batch, prompt_len"),
         ({"serve": 'memory = "lots"'}, r"\[serve\].memory: memory 'lots' must be a number of bytes >= 0"),
         ({"serve": "memory = true"}, r"\[serve\].memory: expected bytes, e.g. 80GB, got True"),
