@@ -69,7 +69,7 @@ from sqlalchemy.orm import Session
 from archsearch.errors import ArchsearchError, EnvironmentFailure, UnknownNameError, quoted
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts, kv_cache_bytes_per_token, param_counts
-from archsearch.space.objectives import LossRule, curve_change, parse_objectives
+from archsearch.space.objectives import OBJECTIVES, LossRule, curve_change
 from archsearch.storage import schema
 from archsearch.storage.schema import SCHEMA_VERSION
 from archsearch.trial import COMPLETE, FINISHED, PRUNED, RUNNING, TrialOutcome, check_state
@@ -983,11 +983,12 @@ class Storage:
             raise _DamagedValue(f"the created_at of study {row.name!r} is {row.created_at!r}, not a time")
         if not isinstance(row.objectives, str):
             raise _DamagedValue(f"the objectives of study {row.name!r} are {row.objectives!r}, not text")
-        if row.objectives:  # every study was created with objectives that pass this one rule
-            try:
-                parse_objectives(row.objectives)
-            except ArchsearchError as exc:
-                raise _DamagedValue(f"the stored objectives of study {row.name!r}: {exc}") from None
+        unknown = [n for n in row.objectives.split(",") if n and n not in OBJECTIVES]
+        if unknown:  # no study was created with an objective the registry does not know
+            raise _DamagedValue(
+                f"the stored objectives of study {row.name!r} name {quoted(unknown[0])}, which is no "
+                "objective"
+            )
         for key in ("size_beta", "extrapolate"):  # its loss rule, which every reader of its fronts applies
             if spec.get(key) is not None and not _non_negative(spec[key]):
                 raise _DamagedValue(
@@ -1615,17 +1616,24 @@ class Storage:
 
     @staticmethod
     def _add_device(s: Session, device: Mapping[str, Any]) -> None:
+        """Record a device once: an insert that does nothing where its fingerprint is stored, so
+        drivers finishing trials on one device at once never collide (a read-then-insert lost a
+        trial's result to a duplicate key on PostgreSQL under load)."""
+        from sqlalchemy.dialects import postgresql, sqlite
+
         fingerprint = device.get("fingerprint")
-        if not fingerprint or s.get(schema.Device, fingerprint) is not None:
+        if not fingerprint:
             return
-        s.add(
-            schema.Device(
-                fingerprint=fingerprint,
-                name=str(device.get("name", "")),
-                type=str(device.get("type", "")),
-                info_json=json.dumps(dict(device), sort_keys=True),
-                first_seen=time.time(),
-            )
+        values = dict(
+            fingerprint=fingerprint,
+            name=str(device.get("name", "")),
+            type=str(device.get("type", "")),
+            info_json=json.dumps(dict(device), sort_keys=True),
+            first_seen=time.time(),
+        )
+        insert = postgresql.insert if s.get_bind().dialect.name == "postgresql" else sqlite.insert
+        s.execute(
+            insert(schema.Device).values(**values).on_conflict_do_nothing(index_elements=["fingerprint"])
         )
 
     def devices(self) -> list[dict[str, Any]]:

@@ -212,8 +212,8 @@ def test_stored_objectives_no_study_could_have_are_a_damaged_database(tmp_path):
     before = _digest(path)
     result = CliRunner().invoke(app, ["pareto", "--study", "s", "--storage", url])
     line = _one_line(result, 1)
-    assert line.startswith(
+    assert line == (
         f"error: the database {url} is damaged (a stored value is damaged: the stored objectives of study "
-        "'s': unknown objective 'foo'; objectives foo,bar must be loss then one or two of"
+        "'s' name 'foo', which is no objective): restore it from a copy, or give another --storage"
     )
     assert _digest(path) == before

@@ -42,7 +42,7 @@ def test_the_serve_table_is_a_scenario():
         (
             {"serve": "batch = 0"},
             r"tiny.toml: \[serve\]: batch must be a positive integer up to 2\*\*31 - 1, got 0",
-        ),  # noqa: E501
+        ),
         ({"serve": "beams = 4"}, r"tiny.toml: \[serve\].beams: unknown key; valid: batch, prompt_len"),
         ({"serve": 'memory = "lots"'}, r"\[serve\].memory: memory 'lots' must be a number of bytes >= 0"),
         ({"serve": "memory = true"}, r"\[serve\].memory: expected bytes, e.g. 80GB, got True"),
