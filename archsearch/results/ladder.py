@@ -154,10 +154,13 @@ class PlannedRung:
         return int(self.settings["batch_size"])
 
     @property
+    def seq_len(self) -> int:
+        return int(self.settings.get("seq_len") or self.config.seq_len)
+
+    @property
     def steps(self) -> int:
         """Optimizer steps the rung trains."""
-        seq_len = self.settings.get("seq_len") or self.config.seq_len
-        return math.ceil(self.settings["tokens"] / (self.batch_size * seq_len))
+        return math.ceil(self.settings["tokens"] / (self.batch_size * self.seq_len))
 
 
 @dataclass(frozen=True)
@@ -393,8 +396,7 @@ def _check_memory(planned: Sequence[PlannedRung]) -> None:
     except DeviceError:
         return
     largest = max(planned, key=lambda p: p.params)
-    seq_len = settings.seq_len or largest.config.seq_len
-    if why := too_large(largest.config, settings.batch_size, seq_len, info):
+    if why := too_large(largest.config, settings.batch_size, largest.seq_len, info):
         raise LadderError(
             f"{_rung_name(largest)} at batch {settings.batch_size}: {why}; give a smaller --batch-size"
         )
@@ -402,18 +404,18 @@ def _check_memory(planned: Sequence[PlannedRung]) -> None:
 
 def few_steps_note(planned: Sequence[PlannedRung]) -> str | None:
     """A note when the smallest rung trains fewer than `MIN_RUNG_STEPS` steps, naming the batch
-    that would give it enough; None when every rung has enough (or no smaller batch helps)."""
+    that would give it enough (or, where even batch 1 cannot, a larger --tokens-per-param); None
+    when every rung has enough."""
     if not planned:
         return None
     short = min(planned, key=lambda p: p.steps)
     if short.steps >= MIN_RUNG_STEPS:
         return None
-    seq_len = short.settings.get("seq_len") or short.config.seq_len
-    batch = short.settings["tokens"] // (seq_len * MIN_RUNG_STEPS)  # the largest that gives enough
+    batch = short.settings["tokens"] // (short.seq_len * MIN_RUNG_STEPS)  # the largest that gives enough
     fix = (
         f"--batch-size {batch} gives it enough"
         if batch >= 1
-        else f"even batch 1 gives it {math.ceil(short.settings['tokens'] / seq_len)}: give a larger "
+        else f"even batch 1 gives it {math.ceil(short.settings['tokens'] / short.seq_len)}: give a larger "
         "--tokens-per-param"
     )
     return (
