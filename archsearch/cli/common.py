@@ -134,14 +134,25 @@ app.add_typer(config_app, name="config")
 space_app = typer.Typer(cls=_Group, help="Check search-space files.", no_args_is_help=True)
 app.add_typer(space_app, name="space")
 
+
+def path_value(text: str) -> Path:
+    """A path option's text as a Path; "" (or only spaces, or a NUL) names nothing and is refused:
+    `Path("")` is the working folder, so `train --data ''` trained on whatever sat there."""
+    if not text.strip() or "\x00" in text:
+        raise typer.BadParameter(f"must name a file or folder, got {quoted(text)}")
+    return Path(text)
+
+
 # Options shared by several commands, defined once.
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")]
 ConfigArg = Annotated[
     Path | None,
-    typer.Argument(help="ArchConfig JSON file, or the archsearch.json of `export --format json`."),
+    typer.Argument(
+        help="ArchConfig JSON file, or the archsearch.json of `export --format json`.", parser=path_value
+    ),
 ]
 PresetOpt = Annotated[str | None, typer.Option("--preset", help="A built-in shape (see `presets`).")]
-SpaceArg = Annotated[Path, typer.Argument(help="Search-space TOML file (see examples/).")]
+SpaceArg = Annotated[Path, typer.Argument(help="Search-space TOML file (see examples/).", parser=path_value)]
 StorageOpt = Annotated[
     str | None,
     typer.Option(

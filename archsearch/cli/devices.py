@@ -16,6 +16,7 @@ from archsearch.cli.common import (
     PresetOpt,
     app,
     note_if_unfit,
+    path_value,
     print_json,
     resolve_config,
     si,
@@ -78,7 +79,10 @@ def devices(as_json: JsonFlag = False) -> None:
 @app.command("fit-device")
 def fit_device(
     data: Annotated[
-        Path, typer.Argument(help="A recorded run of benchmarks/gpu_model_accuracy.py (--save).")
+        Path,
+        typer.Argument(
+            help="A recorded run of benchmarks/gpu_model_accuracy.py (--save).", parser=path_value
+        ),
     ],
     device: Annotated[str, typer.Option(help="Catalogued device the run was measured on.")] = "h100-sxm",
     holdout: Annotated[

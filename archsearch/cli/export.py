@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from archsearch.cli.common import StorageOpt, StudyOpt, app
+from archsearch.cli.common import StorageOpt, StudyOpt, app, path_value
 from archsearch.cli.serve import (
     CacheDtypeOpt,
     GenLenOpt,
@@ -26,7 +26,10 @@ def export(
     study: StudyOpt,
     fmt: Annotated[str, typer.Option("--format", help="hf, litgpt, nanogpt or json.")],
     output: Annotated[
-        Path, typer.Option("--output", "-o", help="Folder to create (absent or empty); all or nothing.")
+        Path,
+        typer.Option(
+            "--output", "-o", help="Folder to create (absent or empty); all or nothing.", parser=path_value
+        ),
     ],
     trial: Annotated[int | None, typer.Option(help="Export trial number N.")] = None,
     knee: Annotated[bool, typer.Option("--knee", help="Export the knee of the Pareto front.")] = False,

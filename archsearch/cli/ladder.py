@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from archsearch.cli.common import JsonFlag, StorageOpt, StudyOpt, app, print_json, si, stdout
+from archsearch.cli.common import JsonFlag, StorageOpt, StudyOpt, app, path_value, print_json, si, stdout
 from archsearch.cli.progress import live_display
 from archsearch.errors import ConfigError
 from archsearch.trial import FAILED
@@ -50,7 +50,8 @@ def ladder(
     cpus_per_run: Annotated[float, typer.Option(help="Ray CPUs per rung.")] = 1.0,
     gpus_per_run: Annotated[float, typer.Option(help="Ray GPUs per rung.")] = 0.0,
     plot: Annotated[
-        Path | None, typer.Option(help="Write the ladder curves (rungs, fit, 95% band) to FILE.png.")
+        Path | None,
+        typer.Option(help="Write the ladder curves (rungs, fit, 95% band) to FILE.png.", parser=path_value),
     ] = None,
     storage: StorageOpt = None,
     as_json: JsonFlag = False,
@@ -80,10 +81,11 @@ def ladder(
         gpus_per_trial=gpus_per_run,
     )  # fmt: skip
     with Storage.open(storage, create=False) as db:
-        if note := few_steps_note(plan_ladder(db, options)):
+        planned = plan_ladder(db, options)
+        if note := few_steps_note(planned):
             typer.echo(note, err=True)
         with ladder_display() as update:
-            summary = run_ladder(db, options, on_update=update)
+            summary = run_ladder(db, options, on_update=update, planned=planned)
     for line in summary.failed:
         typer.echo(f"failed: {line}", err=True)
     if summary.signal is not None:

@@ -16,6 +16,7 @@ from archsearch.cli.common import (
     ThreadsOpt,
     app,
     note_if_unfit,
+    path_value,
     print_json,
     resolve_config,
     si,
@@ -36,7 +37,8 @@ def profile(
         str, typer.Option(help="cpu, cuda, cuda:N (measured) or a catalogued GPU (modelled, see `devices`).")
     ] = "cpu",
     batch: Annotated[
-        int | None, typer.Option(help="Sequences per micro-batch [default: 8; with --serve 1].", min=1)
+        int | None,
+        typer.Option(help="Sequences per micro-batch [default: 8; with --serve 1].", min=1),
     ] = None,
     dtype: Annotated[
         str,
@@ -64,7 +66,9 @@ def profile(
             min=0,
         ),
     ] = 10,
-    cache: Annotated[Path | None, typer.Option(help="JSON file caching measurements across runs.")] = None,
+    cache: Annotated[
+        Path | None, typer.Option(help="JSON file caching measurements across runs.", parser=path_value)
+    ] = None,
     storage: Annotated[
         str | None,
         typer.Option(

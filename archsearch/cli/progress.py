@@ -48,12 +48,21 @@ def search_display(
     )  # fmt: skip
 
 
+_YEAR_S = 365 * 86400
+
+
 def format_eta(seconds: float | None) -> str:
     """`200.0` -> `0:03:20`, rounded up to the second (so `0:00:00` only once nothing is left);
-    None (not known yet) -> `-:--:--`, as rich writes an unknown time."""
-    if seconds is None:
+    None or NaN (not known yet) -> `-:--:--`, as rich writes an unknown time. From 100 hours in
+    days (`12 days`), from a year `over a year`: `search --trials 1e20` counted down 10**20 trials'
+    worth of hours, digit by digit."""
+    if seconds is None or math.isnan(seconds):
         return "-:--:--"
+    if seconds >= _YEAR_S:
+        return "over a year"
     whole = math.ceil(max(0.0, seconds))
+    if whole >= 100 * 3600:
+        return f"{math.ceil(whole / 86400)} days"
     return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from archsearch.cli.common import StorageOpt, app
+from archsearch.cli.common import StorageOpt, app, path_value
 from archsearch.results.report import DEFAULT_MAX_ROWS  # light: torch, plotly and SQL load on use
 
 
@@ -15,7 +15,8 @@ from archsearch.results.report import DEFAULT_MAX_ROWS  # light: torch, plotly a
 def report(
     study: Annotated[list[str], typer.Option("--study", help="Study name; repeat to overlay studies.")],
     output: Annotated[
-        Path, typer.Option("--output", "-o", help="The HTML file to write (e.g. report.html).")
+        Path,
+        typer.Option("--output", "-o", help="The HTML file to write (e.g. report.html).", parser=path_value),
     ],
     loss: Annotated[
         str | None,

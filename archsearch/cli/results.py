@@ -21,6 +21,7 @@ from archsearch.cli.common import (
     floats,
     fmt_value,
     long_cell,
+    path_value,
     print_json,
     si,
     stdout,
@@ -54,7 +55,9 @@ def pareto(
             "study's loss objective."
         ),
     ] = None,
-    plot: Annotated[Path | None, typer.Option(help="Write a plot: FILE.png or FILE.html.")] = None,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write a plot: FILE.png or FILE.html.", parser=path_value)
+    ] = None,
     at_size: Annotated[
         str | None,
         typer.Option(
@@ -198,7 +201,9 @@ def trials(
     fmt: Annotated[
         str, typer.Option("--format", help="table, csv, json (records) or parquet (needs --output).")
     ] = "table",
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write here, not stdout.")] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write here, not stdout.", parser=path_value)
+    ] = None,
     storage: StorageOpt = None,
 ) -> None:
     """A study's trials with their shape, costs, results, status and reason: filtered, sorted, exported.

@@ -15,6 +15,7 @@ from archsearch.cli.common import (
     SpaceArg,
     StorageOpt,
     app,
+    path_value,
     print_json,
     si,
     space_app,
@@ -97,7 +98,9 @@ def _budget_text(proxy: Any) -> str:
 
 @app.command()
 def search(
-    space: Annotated[Path, typer.Option("--space", help="Search-space TOML file (see examples/).")],
+    space: Annotated[
+        Path, typer.Option("--space", help="Search-space TOML file (see examples/).", parser=path_value)
+    ],
     study: Annotated[str | None, typer.Option(help="Study name (default: the space file's name).")] = None,
     trials: Annotated[
         int | None, typer.Option(help="Finished trials to reach (default: the file's).")

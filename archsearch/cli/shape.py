@@ -17,6 +17,7 @@ from archsearch.cli.common import (
     StorageOpt,
     app,
     config_app,
+    path_value,
     print_json,
     resolve_shape,
     si,
@@ -167,7 +168,9 @@ def config_new(
     tie_embeddings: Annotated[bool, typer.Option(help="Tie LM head to embeddings.")] = False,
     qk_norm: Annotated[bool, typer.Option(help="Norm queries and keys.")] = False,
     from_preset: Annotated[str | None, typer.Option(help="Start from a preset; flags override.")] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write here, else stdout.")] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write here, else stdout.", parser=path_value)
+    ] = None,
 ) -> None:
     """Write an ArchConfig JSON from flags, deriving n_layers, heads and d_ff from ratios."""
     if output is not None:
@@ -205,7 +208,10 @@ def config_new(
 
 @config_app.command("check")
 def config_check(
-    config: Annotated[Path, typer.Argument(help="ArchConfig JSON file (or an `export --format json` file).")],
+    config: Annotated[
+        Path,
+        typer.Argument(help="ArchConfig JSON file (or an `export --format json` file).", parser=path_value),
+    ],
 ) -> None:
     """Validate a config file and summarise it."""
     cfg = load_config(config)

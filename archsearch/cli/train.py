@@ -20,6 +20,7 @@ from archsearch.cli.common import (
     ThreadsOpt,
     app,
     fmt_value,
+    path_value,
     print_json,
     resolve_shape,
     si,
@@ -43,7 +44,10 @@ def train(
     seconds: Annotated[float | None, typer.Option(help="Budget: seconds of training.")] = None,
     data: Annotated[
         Path | None,
-        typer.Option(help="Text file or folder (bytes), or .bin token file(s); default: bundled corpus."),
+        typer.Option(
+            help="Text file or folder (bytes), or .bin token file(s); default: bundled corpus.",
+            parser=path_value,
+        ),
     ] = None,
     vocab_size: Annotated[int | None, typer.Option(help="Vocabulary of .bin token files.")] = None,
     token_dtype: Annotated[

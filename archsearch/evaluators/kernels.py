@@ -24,6 +24,7 @@ from typing import Any
 
 from archsearch.space.config import NORMS, POSITIONS, ArchConfig
 from archsearch.space.costs import DTYPE_BYTES, param_counts
+from archsearch.space.serve import check_count
 
 
 @dataclass(frozen=True)
@@ -145,11 +146,10 @@ def step_kernels(cfg: ArchConfig, batch: int, dtype: str = "bf16") -> StepKernel
     """The kernel inventory of one training step on `batch` sequences of `cfg.seq_len` tokens.
 
     Raises:
-        ValueError: batch is not positive.
+        ConfigError: batch is not a whole number in 1..2**31 - 1 (`space.serve.check_count`).
         UnknownNameError: unknown dtype.
     """
-    if batch <= 0:
-        raise ValueError(f"batch must be positive, got {batch}")
+    check_count("batch", batch)
     size = DTYPE_BYTES[dtype]
     M, d, L = batch * cfg.seq_len, cfg.d_model, cfg.n_layers
     gemms = GemmWidths.of(cfg, batch).gemms()

@@ -34,8 +34,7 @@ from archsearch.evaluators.hardware import DeviceModel, device_model, plan_gemm,
 from archsearch.evaluators.kernels import AttentionCall
 from archsearch.space.config import POSITIONS, ArchConfig
 from archsearch.space.costs import DTYPE_BYTES, kv_cache_bytes
-from archsearch.space.serve import MAX_SERVE_COUNT, ServeError, ServeScenario
-from archsearch.units import short_number
+from archsearch.space.serve import ServeError, ServeScenario, check_count
 
 # Seconds per kernel of a decode step replayed as a CUDA graph: the launch gap between kernels on
 # the GPU. An assumption, not a datasheet figure (graph launches remove the host's per-kernel
@@ -157,8 +156,7 @@ class ServeTime:
 
 def _check(batch: int, tokens: int, context: int) -> None:
     for name, value in (("batch", batch), ("tokens", tokens), ("context", context)):
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_SERVE_COUNT:
-            raise ConfigError(f"{name} must be a positive integer up to 2**31 - 1, got {short_number(value)}")
+        check_count(name, value)
 
 
 def _serve_time(

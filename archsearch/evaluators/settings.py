@@ -145,7 +145,7 @@ class TrainSettings:
             if getattr(self, name) > MAX_EVALS:
                 raise TrainError(f"{name} must be at most {MAX_EVALS:,}, got {getattr(self, name)}")
         if not 0 <= self.seed <= SEED_MAX:
-            raise TrainError(f"seed must be in 0..{SEED_MAX}, got {self.seed}")
+            raise TrainError(f"seed must be in 0..{SEED_MAX}, got {short_number(self.seed)}")
         if not 0 <= self.warmup < 1:
             raise TrainError(f"warmup must be a fraction in [0, 1), got {self.warmup}")
         check_threads(self.threads)

@@ -320,7 +320,7 @@ def too_large(cfg: ArchConfig, batch_size: int, seq_len: int, info: DeviceInfo) 
     if have and need > 0.9 * have:
         gib = 2**30
         return (
-            f"config too large for {info.torch_device}: needs ~{need / gib:.1f} GiB, has {have / gib:.1f} GiB"
+            f"config too large for {info.torch_device}: needs ~{need / gib:.4g} GiB, has {have / gib:.1f} GiB"
         )
     return None
 

@@ -45,7 +45,7 @@ from archsearch.results.ladder_fit import LadderFit, LadderFitError, Prediction,
 from archsearch.space.costs import flop_counts, param_counts
 from archsearch.space.scale import aspect_range, scaled_candidates
 from archsearch.trial import COMPLETE
-from archsearch.units import MAX_WHOLE, SEED_MAX, format_si, ray_resources_problem, whole
+from archsearch.units import MAX_WHOLE, SEED_MAX, format_si, ray_resources_problem, short_number, whole
 
 if TYPE_CHECKING:
     from archsearch.space.config import ArchConfig
@@ -117,23 +117,25 @@ class LadderOptions:
         if self.rungs > MAX_RUNGS:  # `SPACING ** k` overflowed at --rungs 1000000
             raise LadderError(
                 f"--rungs must be at most {MAX_RUNGS} (rungs {SPACING:g}x apart from one parameter up to "
-                f"the most the database stores, 2**63 - 1), got {self.rungs}"
+                f"the most the database stores, 2**63 - 1), got {short_number(self.rungs)}"
             )
         t = self.tokens_per_param
         if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
             raise LadderError(f"--tokens-per-param must be a finite number > 0, got {t}")
         if self.top is not None and self.top <= 0:
-            raise LadderError(f"--top must be a positive parameter count, got {self.top}")
+            raise LadderError(f"--top must be a positive parameter count, got {short_number(self.top)}")
         if self.batch_size is not None and not 1 <= self.batch_size <= MAX_WHOLE:
-            raise LadderError(f"--batch-size must be a positive number of sequences, got {self.batch_size}")
+            raise LadderError(
+                f"--batch-size must be a positive number of sequences, got {short_number(self.batch_size)}"
+            )
         if not 0 <= self.seed <= SEED_MAX:
-            raise LadderError(f"--seed must be in 0..{SEED_MAX}, got {self.seed}")
+            raise LadderError(f"--seed must be in 0..{SEED_MAX}, got {short_number(self.seed)}")
         if problem := ray_resources_problem(
             self.cpus_per_trial, self.gpus_per_trial, "run", self.workers, self.address
         ):
             raise LadderError(problem)
         if self.retries < 0:
-            raise LadderError(f"--retries must be >= 0, got {self.retries}")
+            raise LadderError(f"--retries must be >= 0, got {short_number(self.retries)}")
 
 
 @dataclass(frozen=True)
@@ -433,6 +435,7 @@ def run_ladder(
     *,
     on_update: Callable[[LadderProgress], None] | None = None,
     run_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    planned: Sequence[PlannedRung] | None = None,
 ) -> LadderSummary:
     """Train the rungs not yet stored, then fit the study's ladders at this ratio and store the fit.
 
@@ -441,6 +444,8 @@ def run_ladder(
         options: see `LadderOptions`.
         on_update: called with a `LadderProgress` after each rung, for progress displays.
         run_fn: the Ray task body; `search.validate.long_run` (train one config) by default.
+        planned: `plan_ladder(storage, options)` where the caller made it already (the CLI's note
+            before training reads it): planning reads every design's trials and shapes once.
 
     Returns:
         A `LadderSummary`; `fit` is None and `signal` set when SIGINT / SIGTERM stopped it early
@@ -457,7 +462,7 @@ def run_ladder(
 
     record = storage.require_study(options.study)
     storage.require_writable()  # before training rungs whose results could not be stored
-    planned = plan_ladder(storage, options)
+    planned = plan_ladder(storage, options) if planned is None else planned
     ratio = float(options.tokens_per_param)
     batch = planned[0].batch_size  # one recipe: every rung's settings come from one proxy
     records = storage.ladder_rungs(options.study, ratio, batch)

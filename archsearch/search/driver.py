@@ -99,7 +99,7 @@ from archsearch.storage import (
     failure_cause,
 )
 from archsearch.trial import COMPLETE, DUPLICATE, FAILED, INTERRUPTED, PRUNED, REJECTED, RUNNING, TrialOutcome
-from archsearch.units import SEED_MAX, ray_resources_problem
+from archsearch.units import SEED_MAX, ray_resources_problem, short_number
 
 if TYPE_CHECKING:
     import optuna
@@ -166,15 +166,16 @@ class SearchOptions:
                 f"--study must be a name of 1 to 512 printable characters, got {quoted(self.study)}"
             )
         if self.trials < 1:
-            raise SearchError(f"--trials must be at least 1, got {self.trials}")
+            raise SearchError(f"--trials must be at least 1, got {short_number(self.trials)}")
         if self.retries < 0:
-            raise SearchError(f"--retries must be >= 0, got {self.retries}")
+            raise SearchError(f"--retries must be >= 0, got {short_number(self.retries)}")
         if problem := ray_resources_problem(
             self.cpus_per_trial, self.gpus_per_trial, "trial", self.workers, self.address
         ):
             raise SearchError(problem)
         if not 0 <= self.seed <= SEED_MAX:
-            raise SearchError(f"--seed must be in 0..{SEED_MAX} (Optuna's seed range), got {self.seed}")
+            seed = short_number(self.seed)
+            raise SearchError(f"--seed must be in 0..{SEED_MAX} (Optuna's seed range), got {seed}")
         if self.sampler not in SAMPLERS:
             raise SearchError(f"sampler {self.sampler!r} is unknown; valid: {', '.join(SAMPLERS.names())}")
 

@@ -130,7 +130,7 @@ class ProfileSpec:
         if len(set(self.devices)) < len(self.devices):
             raise SpecError(f"devices repeat: {list(self.devices)}", "devices")
         if self.batch is not None and self.batch <= 0:
-            raise SpecError(f"must be positive, got {self.batch}", "batch")
+            raise SpecError(f"must be positive, got {short_number(self.batch)}", "batch")
         if not (math.isfinite(self.min_run_time) and self.min_run_time > 0):
             raise SpecError(f"must be finite and positive, got {self.min_run_time}", "min_run_time")
 
@@ -162,9 +162,10 @@ class SearchDefaults:
             raise SpecError(f"unknown sampler {self.sampler!r}; valid: {', '.join(SAMPLERS)}", "sampler")
         for key in ("trials", "prune_min_trials"):
             if getattr(self, key) <= 0:
-                raise SpecError(f"must be positive, got {getattr(self, key)}", key)
+                raise SpecError(f"must be positive, got {short_number(getattr(self, key))}", key)
         if not 0 <= self.seed <= SEED_MAX:
-            raise SpecError(f"must be in 0..{SEED_MAX} (Optuna's seed range), got {self.seed}", "seed")
+            seed = short_number(self.seed)
+            raise SpecError(f"must be in 0..{SEED_MAX} (Optuna's seed range), got {seed}", "seed")
         if not all(0 < r < 1 for r in self.rungs) or list(self.rungs) != sorted(set(self.rungs)):
             raise SpecError(f"must be increasing fractions in (0, 1), got {list(self.rungs)}", "rungs")
         if self.prune and not self.rungs:

@@ -57,7 +57,7 @@ from archsearch.search.fidelity import (
 )
 from archsearch.search.pareto import hypervolume, pareto_mask, reference_point, scaled, study_front
 from archsearch.trial import COMPLETE
-from archsearch.units import SEED_MAX, ray_resources_problem
+from archsearch.units import SEED_MAX, ray_resources_problem, short_number
 
 if TYPE_CHECKING:
     from archsearch.storage import Storage, TrialRecord
@@ -109,11 +109,11 @@ class ValidateOptions:
                 f"--multiplier must be > 1 (a longer run than the proxy), got {self.multiplier:g}"
             )
         if not 1 <= self.seeds <= MAX_SEEDS:
-            raise ValidateError(f"--seeds must be in 1..{MAX_SEEDS}, got {self.seeds}")
+            raise ValidateError(f"--seeds must be in 1..{MAX_SEEDS}, got {short_number(self.seeds)}")
         if not 0 <= self.sample_seed <= SEED_MAX:
-            raise ValidateError(f"--seed must be in 0..{SEED_MAX}, got {self.sample_seed}")
+            raise ValidateError(f"--seed must be in 0..{SEED_MAX}, got {short_number(self.sample_seed)}")
         if not self.numbers and self.trials < MIN_TRIALS:
-            raise ValidateError(f"--trials must be at least {MIN_TRIALS}, got {self.trials}")
+            raise ValidateError(f"--trials must be at least {MIN_TRIALS}, got {short_number(self.trials)}")
         if len(set(self.numbers)) != len(self.numbers):
             raise ValidateError("a --trial number is given twice")
         if self.size_beta is not None and not (math.isfinite(self.size_beta) and self.size_beta >= 0):
@@ -123,7 +123,7 @@ class ValidateOptions:
         ):
             raise ValidateError(problem)
         if self.retries < 0:
-            raise ValidateError(f"--retries must be >= 0, got {self.retries}")
+            raise ValidateError(f"--retries must be >= 0, got {short_number(self.retries)}")
 
 
 @dataclass(frozen=True)

@@ -161,7 +161,7 @@ class ArchConfig:
                 if not isinstance(value, int) or isinstance(value, bool):
                     raise ConfigError(f"{field.name} must be an integer, got {value!r}")
                 if value <= 0:
-                    raise ConfigError(f"{field.name} must be positive, got {value}")
+                    raise ConfigError(f"{field.name} must be positive, got {short_number(value)}")
                 check_size(field.name, value)
             elif field.type == "bool":
                 if not isinstance(value, bool):

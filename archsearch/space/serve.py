@@ -38,6 +38,13 @@ class ServeError(ConfigError):
     """A serving scenario breaks a rule; the message names the field."""
 
 
+def check_count(name: str, value: Any, error: type[ConfigError] = ConfigError) -> None:
+    """A count of sequences or tokens (a batch, a prompt, a context) is a whole number in
+    1..MAX_SERVE_COUNT; else `error` naming it: the rule of every modelled step and serving run."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_SERVE_COUNT:
+        raise error(f"{name} must be a positive integer up to 2**31 - 1, got {short_number(value)}")
+
+
 @dataclass(frozen=True)
 class ServeScenario:
     """How a shape is served. Validated on construction; never mutated.
@@ -61,11 +68,7 @@ class ServeScenario:
 
     def __post_init__(self) -> None:
         for name in ("batch", "prompt_len", "gen_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_SERVE_COUNT:
-                raise ServeError(
-                    f"{name} must be a positive integer up to 2**31 - 1, got {short_number(value)}"
-                )
+            check_count(name, getattr(self, name), ServeError)
         for name in ("weight_dtype", "cache_dtype"):
             if getattr(self, name) not in DTYPE_BYTES:
                 valid = ", ".join(DTYPE_BYTES.names())

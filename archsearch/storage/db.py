@@ -73,6 +73,7 @@ from archsearch.space.objectives import OBJECTIVES, LossRule, curve_change
 from archsearch.storage import schema
 from archsearch.storage.schema import SCHEMA_VERSION
 from archsearch.trial import COMPLETE, FINISHED, PRUNED, RUNNING, TrialOutcome, check_state
+from archsearch.units import short_number
 
 if TYPE_CHECKING:
     import optuna
@@ -1769,6 +1770,14 @@ def _json_of(text: Any, kind: type, what: str) -> Any:
     return value
 
 
+def _loss_of(value: float, what: str) -> float:
+    """A stored run's final loss: finite and >= 0 (a cross-entropy), as every run that is stored
+    ended; any other was written by hand or by a damaged copy, and reached a fit's logarithm."""
+    if not (math.isfinite(value) and value >= 0):
+        raise _DamagedValue(f"the val_loss of {what} is {short_number(value)}, not a loss a finished run has")
+    return value
+
+
 def _curve_of(text: Any, what: str) -> tuple[tuple[int, float], ...]:
     """A stored curve: a JSON list of (tokens, loss) points."""
     try:
@@ -1849,7 +1858,7 @@ def _ladder_rung_record(row: schema.LadderRung) -> LadderRungRecord:
         params_non_embedding=row.params_non_embedding,
         seed=row.seed,
         tokens=row.tokens,
-        val_loss=row.val_loss,
+        val_loss=_loss_of(row.val_loss, what),
         val_curve=_curve_of(row.val_curve_json, f"the curve of {what}"),
         settings=_json_of(row.settings_json, dict, f"the settings of {what}"),
         device_fingerprint=row.device_fingerprint,
@@ -1868,7 +1877,7 @@ def _long_run_record(row: schema.LongRun) -> LongRunRecord:
         multiplier=row.multiplier,
         seed=row.seed,
         tokens=row.tokens,
-        val_loss=row.val_loss,
+        val_loss=_loss_of(row.val_loss, what),
         val_curve=_curve_of(row.val_curve_json, f"the curve of {what}"),
         settings=_json_of(row.settings_json, dict, f"the settings of {what}"),
         device_fingerprint=row.device_fingerprint,

@@ -410,7 +410,7 @@ def test_scale_to_prints_the_step_memory_and_notes_a_micro_batch_over_the_device
     prov = json.loads((tmp_path / "a" / "archsearch.json").read_text())["provenance"]["scaled"]
     assert prov["activation_bytes"] > 0 and prov["optimizer_state_bytes"] == 16 * prov_params(tmp_path / "a")
     huge = run(
-        db_url, "--study", "s", "--trial", "2", "--scale-to", "350M", "--batch", str(10**15),
+        db_url, "--study", "s", "--trial", "2", "--scale-to", "350M", "--batch", str(10**6),
         "--format", "json", "-o", str(tmp_path / "b"),
     )  # fmt: skip
     assert huge.exit_code == 0, huge.output

@@ -16,7 +16,8 @@ from archsearch.search.driver import SearchProgress
 @pytest.mark.parametrize(
     ("seconds", "text"),
     [(200.0, "0:03:20"), (199.2, "0:03:20"), (0.0, "0:00:00"), (-3.0, "0:00:00"), (90061.0, "25:01:01"),
-     (None, "-:--:--")],
+     (None, "-:--:--"), (float("nan"), "-:--:--"), (100 * 3600.0, "5 days"), (364 * 86400.0, "364 days"),
+     (365 * 86400.0, "over a year"), (1e300, "over a year"), (float("inf"), "over a year")],
 )  # fmt: skip
 def test_format_eta(seconds, text):
     assert format_eta(seconds) == text

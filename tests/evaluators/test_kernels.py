@@ -59,6 +59,7 @@ def test_attention_calls_and_memory_ops():
     assert all(b > 0 for b in ops.values())
 
 
-def test_batch_must_be_positive():
-    with pytest.raises(ValueError, match="batch must be positive"):
-        step_kernels(preset("gpt2-small"), 0)
+@pytest.mark.parametrize("batch", [0, -1, 2**31, 1.5, True])
+def test_batch_must_be_a_whole_count_up_to_2_31(batch):
+    with pytest.raises(ValueError, match=r"batch must be a positive integer up to 2\*\*31 - 1"):
+        step_kernels(preset("gpt2-small"), batch)
