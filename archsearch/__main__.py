@@ -42,9 +42,9 @@ def main() -> None:
     for s, handler in previous.items():
         signal.signal(s, handler)
     try:
-        run()
+        run(on_end=_settled)  # called by the command boundary as the command ends
     finally:
-        _settled()
+        _settled()  # and again, for an end outside it (Typer's own usage errors)
 
 
 if __name__ == "__main__":

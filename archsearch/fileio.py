@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from archsearch.errors import HUGE_INTEGER
+from archsearch.errors import HUGE_INTEGER, quoted
 
 
 def write_atomic(path: str | Path, data: bytes) -> None:
@@ -108,6 +108,13 @@ def check_writable(
         raise ArchsearchError(f"cannot write {path}: {parent} is a file, not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):  # an immutable folder refuses root too
         raise ArchsearchError(f"cannot write {path}: the folder {parent} is not writable here")
+    try:  # /proc grants root write access and takes no new file: the write then said "No such file"
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as exc:
+        raise ArchsearchError(
+            f"cannot write {path}: the folder {parent} takes no new files ({exc.strerror or exc})"
+        ) from None
 
 
 def _same_file(a: str | Path, b: str | Path) -> bool:
@@ -230,18 +237,36 @@ def read_text(path: Path, what: str, error: type[Exception]) -> str:
         raise error(f"cannot read {what} {path}: {exc}") from None
 
 
+class _DuplicateKey(ValueError):
+    """A JSON object that names a key twice."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object as a dict, refusing a key given twice: `json` keeps the last silently, so
+    `{"d_ff": 384, "d_ff": 512}` passed `config check` as 512 (a space file's TOML refuses it)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def parse_json(text: str, source: str, error: type[Exception], kind: str, hint: str = "") -> Any:
     """JSON text as Python data, or `error` with one line: where (`source`), why, then `hint`.
 
     The one reader of JSON that users give or that lies on disk (configs, recorded runs, caches):
-    a syntax error names its line and column; text nested past the decoder's recursion (`[` x
-    100,000) is not `kind` ("a config"); an integer of more than 4,300 digits, which Python
-    refuses to convert, is said as such. Each was a traceback once (issue 26 probes 5 and 7).
+    a syntax error names its line and column, a key given twice the key; text nested past the
+    decoder's recursion (`[` x 100,000) is not `kind` ("a config"); an integer of more than 4,300
+    digits, which Python refuses to convert, is said as such. Each was a traceback or a silent
+    choice once (issue 26 probes 5, 7 and 9).
     """
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         why = f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+    except _DuplicateKey as exc:
+        why = f"invalid JSON: the key {quoted(exc.args[0])} is given twice"
     except RecursionError:
         why = f"invalid JSON: nested too deeply to be {kind}"
     except ValueError:

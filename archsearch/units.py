@@ -48,6 +48,11 @@ def whole(x: float) -> int:
     return round(min(x, sys.float_info.max))
 
 
+# What Ray's `address` takes: "auto" (the cluster this machine belongs to), a GCS's HOST:PORT, or a
+# Ray Client's ray://HOST:PORT.
+_RAY_ADDRESS = re.compile(r"auto|(?:ray://)?[A-Za-z0-9_.\-\[\]:]*[A-Za-z0-9_\]]:[0-9]{1,5}")
+
+
 def ray_resources_problem(
     cpus: float, gpus: float, per: str, workers: int = 1, address: str | None = None
 ) -> str | None:
@@ -58,6 +63,10 @@ def ray_resources_problem(
     CPUs a finite number >= RAY_RESOURCE_UNIT, GPUs 0 or the same (`validate --gpus-per-run nan`
     passed a `< 0` check and started Ray).
     """
+    if address is not None and not _RAY_ADDRESS.fullmatch(address):
+        # `--address ''` started a local Ray as if none were given; `'not a host'` was Ray's
+        # ValueError after 8 s of start-up, blamed on the environment (exit 1): probe 9.
+        return f"--address must be auto, HOST:PORT or ray://HOST:PORT, got {quoted(address)}"
     if not (math.isfinite(cpus) and cpus >= RAY_RESOURCE_UNIT):
         return f"--cpus-per-{per} must be a finite number >= {RAY_RESOURCE_UNIT:g}, got {cpus}"
     if not (math.isfinite(gpus) and (gpus == 0 or gpus >= RAY_RESOURCE_UNIT)):

@@ -20,6 +20,10 @@ torch, Ray, Optuna or pandas (commands import what they need when they run).
 
 from __future__ import annotations
 
+import errno
+import io
+from collections.abc import Callable
+
 # Importing the command modules registers their commands on `app`, in this order in --help.
 # isort: off
 from archsearch.cli import shape, train, profile, devices, search  # noqa: F401
@@ -31,16 +35,39 @@ from archsearch.cli.common import app
 __all__ = ["app", "main"]
 
 
-def main() -> None:
-    """Console-script entry point: SIGTERM, from the first instant, ends like Ctrl-C (exit 143)."""
+def main(on_end: Callable[[], None] | None = None) -> None:
+    """Console-script entry point: SIGTERM, from the first instant, ends like Ctrl-C (exit 143).
+
+    `on_end` is called by the command boundary once the command has ended, its lines printed and
+    its exit code chosen (`__main__` ignores SIGINT and SIGTERM from there).
+    """
     import signal
     import sys
 
+    from archsearch.cli import common
     from archsearch.cli.common import interrupted
     from archsearch.errors import on_sigterm
 
+    common.on_command_end = on_end
     signal.signal(signal.SIGTERM, on_sigterm)
+    if sys.stdout is None:  # started with its stdout closed (`>&-`): print() wrote nothing, exit 0
+        sys.stdout = _ClosedStdout()
     try:
         app()
     except KeyboardInterrupt as exc:  # outside the command boundary: while Typer reads the signatures
         sys.exit(interrupted(exc))
+
+
+class _ClosedStdout(io.TextIOBase):
+    """What stands for a stdout the process was started without: every write fails as a write to
+    a closed descriptor does, so a command that prints its result ends in one line, exit 1 (the
+    command boundary's `OSError`), while one that prints nothing runs as usual (probe 9)."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, "stdout is closed: nothing could be printed")
+
+    def isatty(self) -> bool:
+        return False

@@ -177,7 +177,7 @@ def _scale_request(
         given = [
             f
             for f, v in (("--device", device), ("--vocab", vocab), ("--seq-len", seq_len), ("--batch", batch))
-            if v
+            if v is not None
         ]
         if given:
             raise ConfigError(f"{', '.join(given)} only go with --scale-to")
@@ -190,7 +190,9 @@ def _scale_request(
     from archsearch.units import parse_count
 
     target = parse_count(scale_to, "--scale-to")
-    return ScaleRequest(target, device or "h100-sxm", seq_len or DEFAULT_SEQ_LEN, vocab, batch)
+    return ScaleRequest(
+        target, "h100-sxm" if device is None else device, seq_len or DEFAULT_SEQ_LEN, vocab, batch
+    )
 
 
 def _print_scaled(result: Any) -> None:

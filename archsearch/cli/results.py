@@ -79,7 +79,7 @@ def pareto(
     from archsearch.storage import Storage, database_files
 
     names = parse_objectives(objectives) if objectives is not None else None  # "" is refused, not the default
-    ref = floats(reference, "--reference") if reference else None
+    ref = floats(reference, "--reference") if reference is not None else None
     if plot is not None:
         check_writable(plot, inputs=database_files(storage))  # before the fronts are ranked and drawn
     with Storage.open(storage, read_only=True) as db:

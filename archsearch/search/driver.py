@@ -762,13 +762,16 @@ class _Driver:
         try:
             self._open_study()
         except BaseException:
-            if self._new_study:
-                self._discard_new_study()
+            self.discard_new_study()
             raise
 
-    def _discard_new_study(self) -> None:
+    def discard_new_study(self) -> None:
+        """Remove the study this driver created, if it still holds no trial: what fails before the
+        first trial (a signal included) leaves no empty study for a plain rerun to clash with."""
         import optuna
 
+        if not self._new_study:
+            return
         with contextlib.suppress(Exception):  # best effort: the database may be what failed
             if self.storage.discard_empty_study(self.options.study):
                 ostorage = self.storage.optuna_storage()
@@ -1332,9 +1335,13 @@ def run_search(
         driver.check_study()
         with _RayPool(options, evaluate_fn or evaluate) as pool:
             driver.open_study()
-            pool.arm(storage, continue_with)
-            driver.doing = "sweeping the trials a stopped driver left"
-            driver.sweep()
+            try:
+                pool.arm(storage, continue_with)
+                driver.doing = "sweeping the trials a stopped driver left"
+                driver.sweep()
+            except BaseException:  # Ctrl-C or SIGTERM before the run's own handlers (probe 9) too
+                driver.discard_new_study()
+                raise
             signum = driver.run(pool)
     except Exception as exc:
         if database_failure(exc):

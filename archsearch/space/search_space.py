@@ -86,8 +86,10 @@ def _name_in(registry: Registry[Any]) -> Callable[[Any], str | None]:
 def _gqa_group(layout: str) -> int | None:
     """G of "gqa:G" (query heads per KV head), or None when `layout` has another form."""
     prefix, _, group = layout.partition(":")
-    # More than 18 digits is no head count (and `int` refuses 4,300: probe 7's traceback).
-    return int(group) if prefix == "gqa" and group.isdecimal() and len(group) <= 18 else None
+    # More than 18 digits is no head count (and `int` refuses 4,300: probe 7's traceback); ASCII
+    # digits only, as written in a space file ("gqa:٢", Arabic-Indic, was read as 2: probe 9).
+    whole = group.isascii() and group.isdecimal() and len(group) <= 18
+    return int(group) if prefix == "gqa" and whole else None
 
 
 def layout_knob(n_heads: int, n_kv_heads: int) -> str:
@@ -680,8 +682,13 @@ class SearchSpace:
         (p0, p1), (f0, f1) = found.params_range, found.flops_range  # type: ignore[misc]
         bounds = self.budget.describe()
         what = "can be searched" if bounds == "no bounds" else f"meets the budget of {bounds}"
+        # Sampled, not enumerated, the claim is about the points checked: a 100,000-value d_model
+        # list was said to hold no config within the budget when 2,000 samples missed its few.
+        claim = (
+            f"no config in the space {what}" if found.exhaustive else f"none of the configs checked {what}"
+        )
         raise SpaceError(
-            f"no config in the space {what} (checked {how} "
+            f"{claim} (checked {how} "
             f"{found.checked} points: {why}; params range seen {_short(p0)}..{_short(p1)}, "
             f"forward FLOPs/token range {_short(f0)}..{_short(f1)})"
         )

@@ -88,7 +88,7 @@ class ServeScenario:
         if self.device == LOCAL or self.device in LOCAL_DEVICES:
             return True
         kind, _, index = self.device.partition(":")
-        return kind == "cuda" and index.isdigit()
+        return kind == "cuda" and index.isascii() and index.isdigit()
 
     @property
     def modelled(self) -> bool:

@@ -49,6 +49,7 @@ from sqlalchemy import (
     event,
     func,
     insert,
+    inspect,
     select,
     text,
     update,
@@ -62,6 +63,7 @@ from sqlalchemy.exc import (
     InterfaceError,
     NoSuchModuleError,
     OperationalError,
+    PendingRollbackError,
     SQLAlchemyError,
 )
 from sqlalchemy.orm import Session
@@ -310,6 +312,10 @@ def _sqlite_path(url: URL) -> Path:
         # some connections and not others: `?mode=ro&uri=true` sent a search's trials to a new
         # file named `trials.db?mode=ro`, the database named left untouched.
         raise StorageError(f"{_masked(url)}: a SQLite URL takes no options; give sqlite:///PATH")
+    if url.database.endswith("/"):  # sqlite:///new/ made a database file named `new` (probe 9)
+        raise StorageError(
+            f"{_masked(url)} names a folder: give the database file, e.g. {url.database}archsearch.db"
+        )
     return Path(url.database)
 
 
@@ -459,6 +465,26 @@ _PG_UNREACHABLE = re.compile(
     r"too many (?:connections|clients)|remaining connection slots",
     re.IGNORECASE,
 )
+
+
+def _not_optuna(conn: Any, names: set[str]) -> str | None:
+    """The first of `names` (tables named as Optuna's) whose columns lack the keys of Optuna's table
+    of that name, or None: another application's `studies` or `trials` table passed the name
+    check, and the search then created archsearch's and Optuna's tables beside it (probe 9). The
+    primary, foreign and unique keys have been the same in every Optuna schema, so an older Optuna's
+    tables pass."""
+    from optuna.storages._rdb import models
+
+    expected = {
+        t.name: {c.name for c in t.columns if c.primary_key or c.foreign_keys or c.unique}
+        for t in models.BaseModel.metadata.sorted_tables
+    }
+    expected["alembic_version"] = {"version_num"}
+    inspector = inspect(conn)
+    for name in sorted(names):
+        if not expected.get(name, set()) <= {c["name"] for c in inspector.get_columns(name)}:
+            return name
+    return None
 
 
 def _read_only(exc: DBAPIError) -> bool:
@@ -636,6 +662,11 @@ class Storage:
                 raise StorageError(
                     f"{self.display_url} holds no archsearch database but another application's tables "
                     f"({shown}): give a new file as --storage"
+                )
+            if name := _not_optuna(conn, tables & _OPTUNA_TABLES):
+                raise StorageError(
+                    f"{self.display_url} holds a table named {name!r} that is not Optuna's (it lacks "
+                    "Optuna's columns): another application's; give a new database as --storage"
                 )
             schema.Base.metadata.create_all(conn)
             conn.execute(
@@ -842,6 +873,12 @@ class Storage:
             bind = self._engine.execution_options(**{READ_ONLY: True}) if read_only else self._engine
             with Session(bind, expire_on_commit=False) as session, session.begin():
                 yield session
+        except PendingRollbackError as exc:
+            # The rollback after a statement whose connection the watchdog shut (`watchdog`) meets
+            # the invalidated connection: the statement's own error is the one to tell (probe 9:
+            # a 500-line traceback under `$ARCHSEARCH_DB_STATEMENT_S` below the lock timeout).
+            cause = failure_cause(exc)
+            raise StorageUnavailableError(f"the database {self.display_url} failed: {cause}", cause) from None
         except DBAPIError as exc:
             if not read_only and _read_only(exc):
                 raise self._read_only_error(exc) from None

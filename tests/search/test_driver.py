@@ -12,6 +12,7 @@ import optuna
 import pytest
 from ray import cloudpickle  # Ray vendors it
 
+from archsearch.errors import Terminated
 from archsearch.search import driver as driver_module
 from archsearch.search.driver import SearchError, SearchOptions, objective_values, run_search
 from archsearch.storage import Storage
@@ -461,3 +462,21 @@ def test_progress_is_shown_once_a_finished_trials_slot_is_refilled(db):
     shown = [(p.finished, p.counts["running"]) for p in seen]
     assert shown[-1] == (6, 0)
     assert all(running == min(2, 6 - finished) for finished, running in shown[:-1]), shown
+
+
+@pytest.mark.parametrize("signal_error", [KeyboardInterrupt, Terminated])
+def test_a_signal_before_the_first_trial_leaves_no_empty_study(db, monkeypatch, signal_error):
+    """Probe 9: SIGINT or SIGTERM after the study row was written but before the run's own signal
+    handlers (while the pool is armed, stopped drivers' trials swept) left an empty study that a
+    plain rerun refused as existing."""
+
+    def signalled(self):
+        raise signal_error()
+
+    monkeypatch.setattr(driver_module._Driver, "sweep", signalled)
+    with pytest.raises(signal_error):
+        run_search(tiny_spec(), db, SearchOptions(study="s", trials=2), evaluate_fn=instant)
+    assert "s" not in db.study_names()
+    monkeypatch.undo()
+    run_search(tiny_spec(), db, SearchOptions(study="s", trials=2), evaluate_fn=instant)  # no --resume
+    assert db.counts("s")["complete"] == 2
