@@ -80,6 +80,12 @@ def check_special(path: str | Path) -> None:
         )
 
 
+def names_no_path(text: str) -> bool:
+    """Whether a path's text names nothing: empty, only spaces, or holding a NUL. `Path("")` is the
+    working folder, so `train --data ''` and `[proxy] data = ""` read whatever lay there."""
+    return not text.strip() or "\x00" in text
+
+
 def check_writable(
     path: str | Path, *, folder: bool = False, inputs: Mapping[Path, str] | None = None
 ) -> None:

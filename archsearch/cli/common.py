@@ -21,6 +21,7 @@ from rich.console import Console
 from typer.core import TyperGroup
 
 from archsearch.errors import ArchsearchError, ConfigError, Terminated, error_line, quoted
+from archsearch.fileio import names_no_path
 from archsearch.space import ArchConfig, load_config, preset
 from archsearch.units import format_si
 
@@ -151,9 +152,8 @@ app.add_typer(space_app, name="space")
 
 
 def path_value(text: str) -> Path:
-    """A path option's text as a Path; "" (or only spaces, or a NUL) names nothing and is refused:
-    `Path("")` is the working folder, so `train --data ''` trained on whatever sat there."""
-    if not text.strip() or "\x00" in text:
+    """A path option's text as a Path; text that names nothing (`fileio.names_no_path`) is refused."""
+    if names_no_path(text):
         raise typer.BadParameter(f"must name a file or folder, got {quoted(text)}")
     return Path(text)
 

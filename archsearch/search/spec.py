@@ -82,7 +82,7 @@ from typing import Any
 from archsearch.errors import HUGE_INTEGER, ArchsearchError, ConfigError, quoted
 from archsearch.evaluators.catalogue import ACCELERATORS
 from archsearch.evaluators.settings import TrainError, TrainSettings
-from archsearch.fileio import read_text
+from archsearch.fileio import names_no_path, read_text
 from archsearch.search.samplers import SAMPLERS
 from archsearch.space.objectives import DEFAULT_OBJECTIVES, SERVE_TIME_OBJECTIVES, LossRule, parse_objectives
 from archsearch.space.search_space import KNOBS, Budget, Domain, SearchSpace, SpaceError, check_export_formats
@@ -680,7 +680,7 @@ def _parse(text: str, source: str, base_dir: Path) -> SearchSpec:
         settings = _read(tables["proxy"], _PROXY)
         data = settings.pop("data", None)
         if data is not None:
-            if not data.strip() or "\x00" in data:  # "" was the space file's own folder, read whole
+            if names_no_path(data):  # "" was the space file's own folder, read whole
                 raise SpecError(f"must name a file or folder, got {quoted(data)}", "data")
             try:
                 resolved = (base_dir / Path(data).expanduser()).resolve()
