@@ -12,7 +12,9 @@
 4. Their ladders: `archsearch ladder --trial ... --top 500k --rungs 4 --tokens-per-param 20`
    (rungs of about 62k-500k parameters; 3 rungs from 125k when fewer than 8 designs can be built
    down to 62k), stored in the study's database and resumed like any ladder. `--batch-size B`
-   trains the rungs and the real runs at B sequences per step instead of the proxy's.
+   trains the rungs and the real runs at B sequences per step instead of the proxy's;
+   `--rung-batch-size R` trains the rungs at R instead (a recipe of small rungs at a smaller
+   batch than the run they predict: `benchmarks/ladder_batch.py`).
 5. The comparison: the law fitted over the ladders (`results.ladder.fit_study_ladders`) predicts
    each design's loss at its 2M shape; the median and worst absolute error of those predictions
    (relative to the real loss), how many real losses fall inside the 95% intervals, and the
@@ -22,10 +24,13 @@
    against the proxy.
 
 Every step's command is printed; the record (commands, rungs, real runs, predictions, measures)
-goes to `--out` (default benchmarks/data/ladder_accuracy.json) after each step.
+goes to `--out` (default benchmarks/data/ladder_accuracy.json) at the end. `--recorded-only`
+trains no real run: the record measures the designs whose real runs are recorded (the ladders are
+trained as usual), so a partial campaign can be read while the rest waits.
 
     python benchmarks/ladder_accuracy.py                 # hours on 2 cores: ~8 x 40M tokens at 2M
     python benchmarks/ladder_accuracy.py --tokens-per-param 5 --out /tmp/l5.json
+    python benchmarks/ladder_accuracy.py --tokens-per-param 5 --batch-size 16 --rung-batch-size 4
     python benchmarks/ladder_accuracy.py --smoke         # a toy space, tiny budgets: a minute or two
 """
 
@@ -138,16 +143,20 @@ def _real_run(request: dict[str, Any]) -> dict[str, Any]:
     return long_run(request)
 
 
-def real_runs(requests: dict[str, dict[str, Any]], cache: Path, workers: int) -> dict[str, dict[str, Any]]:
-    """Each request's result by key, trained unless `cache` holds it; appended as each finishes."""
+def real_runs(
+    requests: dict[str, dict[str, Any]], cache: Path, workers: int, train: bool = True
+) -> dict[str, dict[str, Any]]:
+    """Each request's result by key, trained unless `cache` holds it (or `train` is False);
+    appended as each finishes."""
     done: dict[str, dict[str, Any]] = {}
     if cache.exists():
         for line in cache.read_text().splitlines():
             entry = json.loads(line)
             done[entry["key"]] = entry["result"]
     todo = {k: r for k, r in requests.items() if k not in done}
-    print(f"real runs: {len(todo)} to train, {len(requests) - len(todo)} recorded", flush=True)
-    if todo:
+    print(f"real runs: {len(todo)} {'to train' if train else 'left out'}, {len(requests) - len(todo)} "
+          "recorded", flush=True)  # fmt: skip
+    if todo and train:
         with ProcessPoolExecutor(max_workers=workers) as pool:
             futures = {pool.submit(_real_run, r): k for k, r in todo.items()}
             for future in as_completed(futures):
@@ -222,6 +231,13 @@ def main() -> None:
         "--batch-size", type=int, default=None, help="sequences per step of every rung and real run "
         "(default: the study's proxy batch)"
     )  # fmt: skip
+    parser.add_argument(
+        "--rung-batch-size", type=int, default=None, help="sequences per step of every rung "
+        "(default: --batch-size)"
+    )  # fmt: skip
+    parser.add_argument(
+        "--recorded-only", action="store_true", help="train no real run; measure the recorded ones"
+    )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument(
         "--out", type=Path, default=None, help=f"the record (default {OUT.relative_to(ROOT)})"
@@ -298,19 +314,24 @@ def main() -> None:
             config=cfg.to_dict(), settings=settings, data=data_path, cpus=1.0, checkpoint=str(checkpoint)
         )
     started = time.monotonic()
-    results = real_runs(requests, work / f"{args.study}-real_runs.jsonl", args.workers)
+    results = real_runs(
+        requests, work / f"{args.study}-real_runs.jsonl", args.workers, train=not args.recorded_only
+    )
     print(f"real runs: {time.monotonic() - started:.0f} s", flush=True)
 
-    batch = [] if args.batch_size is None else ["--batch-size", str(args.batch_size)]
+    rung_batch = args.batch_size if args.rung_batch_size is None else args.rung_batch_size
+    batch = [] if rung_batch is None else ["--batch-size", str(rung_batch)]
     step(archsearch(
         "ladder", "--study", args.study, "--storage", url, *numbers, "--rungs", str(rungs), "--top", str(top),
         "--tokens-per-param", f"{ratio:g}", *batch, "--workers", workers,
     ))  # fmt: skip
 
     with Storage.open(url, create=False) as storage:
-        real_batch = next(iter(requests.values()))["settings"]["batch_size"]  # the rungs' too
+        real_settings = next(iter(requests.values()))["settings"]
+        real_batch = real_settings["batch_size"]
+        rung_batch = ladder_settings(proxy, real_settings["tokens"], 0, rung_batch)["batch_size"]
         rungs_stored = [
-            r for r in storage.ladder_rungs(args.study, ratio, real_batch) if r.trial_number in shapes
+            r for r in storage.ladder_rungs(args.study, ratio, rung_batch) if r.trial_number in shapes
         ]
     fit = fit_study_ladders(rungs_stored)
     rows = []
@@ -342,7 +363,8 @@ def main() -> None:
         "what": (
             f"Ladder accuracy (issue 23): {len(chosen)} designs of {args.study}, ladders of {rungs} rungs "
             f"up to {top:,} parameters and a real run at {real_size:,}, all at {ratio:g} tokens per "
-            f"parameter and batch {real_batch}; losses in nats/token on the study's corpus"
+            f"parameter, the rungs at batch {rung_batch}, the real runs at {real_batch}; losses in "
+            "nats/token on the study's corpus"
         ),
         "measured": f"archsearch {__version__}, {_cpu_description()}",
         "updated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

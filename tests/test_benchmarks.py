@@ -482,3 +482,20 @@ def test_ladder_accuracy_smoke_predicts_the_real_runs_and_resumes_without_traini
     assert "real runs: 0 to train, 3 recorded" in again.stdout, again.stdout[-3000:]
     assert "0 rungs trained, 9 reused from earlier runs" in again.stderr, again.stderr[-3000:]
     assert [r["real"] for r in json.loads(out.read_text())["rows"]] == [r["real"] for r in rows]
+    # Rungs at another batch than the real runs': a new ladder of each design predicts the same runs.
+    other = _smoke(
+        "ladder_accuracy.py",
+        "--out",
+        str(out),
+        "--rung-batch-size",
+        "2",
+        "--recorded-only",
+        timeout=900,
+        env=env,
+    )
+    assert "real runs: 0 left out, 3 recorded" in other.stdout, other.stdout[-3000:]
+    assert "9 rungs trained, 0 reused from earlier runs" in other.stderr, other.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert "the rungs at batch 2, the real runs at 4" in record["what"], record["what"]
+    assert [r["real"] for r in record["rows"]] == [r["real"] for r in rows]
+    assert [r["predicted"] for r in record["rows"]] != [r["predicted"] for r in rows]

@@ -68,14 +68,17 @@ def os_error_text(exc: OSError) -> str:
     return what if exc.strerror else f"{what}: {exc}"
 
 
-def interrupted(exc: KeyboardInterrupt) -> int:
-    """Says which signal stopped the command, in one line on stderr; returns its exit code.
+def interrupted(exc: KeyboardInterrupt, again: str | None = None) -> int:
+    """Says which signal stopped the command, in one line on stderr (with `again`, the command that
+    continues its work); returns its exit code.
 
-    Read by the command boundary (`_Group.invoke`) and by `cli.main` around it, for a signal while
-    Typer builds the command line from the signatures, before any command runs.
+    Read by the command boundary (`_Group.invoke`), by `cli.main` around it, for a signal while
+    Typer builds the command line from the signatures, before any command runs, and by `search`
+    for a second signal that cut its clean-up short.
     """
     terminated = isinstance(exc, Terminated)
-    typer.echo(f"error: interrupted by {'SIGTERM' if terminated else 'SIGINT'}", err=True)
+    then = f"; continue with `{again}`" if again else ""
+    typer.echo(f"error: interrupted by {'SIGTERM' if terminated else 'SIGINT'}{then}", err=True)
     return EXIT_SIGTERM if terminated else EXIT_SIGINT
 
 

@@ -15,6 +15,7 @@ from archsearch.cli.common import (
     SpaceArg,
     StorageOpt,
     app,
+    interrupted,
     path_value,
     print_json,
     si,
@@ -163,6 +164,10 @@ def search(
             summary = run_search(spec, db, options, on_update=update, continue_with=again)
         except (StorageUnavailableError, SetupFailureError, RayNodeDiedError) as exc:  # it can continue
             raise type(exc)(f"{exc}; continue with `{again}`") from None
+        except KeyboardInterrupt as exc:
+            # A second signal cut the first one's clean-up short: what ran is kept, and a resume
+            # sweeps what was left running. A signal before the first trial left no study to go on.
+            raise typer.Exit(interrupted(exc, again if _has_study(db, options.study) else None)) from None
     front = summary.front
     if as_json:
         report = {"study": summary.study, "counts": summary.progress.counts, "interrupted_by": summary.signal}
@@ -178,6 +183,14 @@ def search(
             err=True,
         )
         raise typer.Exit(128 + summary.signal)
+
+
+def _has_study(db: Any, name: str) -> bool:
+    """Whether the database (still) holds study `name`; False where it no longer answers."""
+    try:
+        return name in db.study_names()
+    except Exception:
+        return False
 
 
 def resume_command(space: Path, options: Any, storage: str) -> str:

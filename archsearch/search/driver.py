@@ -259,7 +259,7 @@ class _Stop:
 
     def __call__(self, signum: int, _frame: Any) -> None:
         if self.signum is not None:  # a second signal: stop waiting for the clean-up
-            raise KeyboardInterrupt
+            raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
         log.warning("received %s: stopping %s (again to force)", signal.Signals(signum).name, self.work)
         self.signum = signum
 

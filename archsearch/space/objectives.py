@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from archsearch.errors import ArchsearchError
+from archsearch.errors import ArchsearchError, quoted
 from archsearch.registry import Registry
 
 
@@ -176,9 +176,10 @@ def parse_objectives(text: str | Sequence[str]) -> tuple[str, ...]:
         or names[0] != "loss"
     ):
         unknown = [n for n in names if n not in OBJECTIVES]
-        why = f"unknown objective {unknown[0]!r}; " if unknown else ""
+        why = f"unknown objective {quoted(unknown[0])}; " if unknown else ""
+        given = ",".join(names) if names else text if isinstance(text, str) else ""
         raise ArchsearchError(
-            f"{why}objectives {','.join(names) or repr(text)} must be loss then one or two of "
+            f"{why}objectives {quoted(given, 80)} must be loss then one or two of "
             f"{', '.join(others)}, each once (e.g. loss,flops or loss,flops,step_time)"
         )
     return names

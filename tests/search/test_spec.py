@@ -243,10 +243,10 @@ BAD = [
     case("threads-bool", spec_text(proxy=PROXY + "threads = true\n"),
          r"\[proxy\].threads: expected an integer, got True$"),
     case("bad-objective", spec_text("[objectives]\nminimize = ['loss', 'latency']\n"),
-         r"\[objectives\].minimize: unknown objective 'latency'; objectives loss,latency must be loss "
+         r"\[objectives\].minimize: unknown objective 'latency'; objectives 'loss,latency' must be loss "
          r"then one or two of flops, step_time"),
     case("no-loss", spec_text("[objectives]\nminimize = ['flops']\n"),
-         r"\[objectives\].minimize: objectives flops must be loss then one or two of flops, step_time"),
+         r"\[objectives\].minimize: objectives 'flops' must be loss then one or two of flops, step_time"),
     case("step-time-no-device", spec_text(STEP_TIME),
          r"\[objectives\].step_time_device: step_time needs a device"),
     case("negative-size-beta", spec_text("[objectives]\nsize_beta = -0.1\n"),
