@@ -12,7 +12,10 @@ fits the law (`results.ladder_fit.fit_ladders`) over the rungs a rule picks from
 For each rule it prints the fitted E and alpha, the backtest (each design's top rung predicted from
 the rungs below it: median |error| with a 95% bootstrap interval over designs, and the worst), and
 each prediction at a real run's 2M shape against that run (`ladder-tiny-hf-real_runs.jsonl`; the
-real run at the batch the rule gives a 2M shape, where it is recorded).
+real run at the batch the rule gives a 2M shape, where it is recorded); over 3 or more real runs,
+their median and worst |error| and the Spearman of the predicted ranking against the real one
+beside the proxy loss's ranking (the search's own), each with a 95% bootstrap interval over designs
+(`search.fidelity_stats`).
 
     python benchmarks/ladder_batch.py            # seconds
     python benchmarks/ladder_batch.py --smoke    # three rules, few resamples
@@ -31,6 +34,7 @@ from scipy import stats
 
 from archsearch.results.ladder import rung_shape, rung_tokens
 from archsearch.results.ladder_fit import LadderFitError, RungPoint, fit_ladders
+from archsearch.search import fidelity_stats as fs
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import param_counts
 from archsearch.storage import shape_key
@@ -40,9 +44,9 @@ DATA = ROOT / "benchmarks" / "data" / "ladder_tp5"
 RATIO, REAL_SIZE, BATCHES = 5.0, 2_000_000, (4, 16)
 
 
-def load(data: Path) -> tuple[dict, dict, dict, dict]:
+def load(data: Path) -> tuple[dict, dict, dict, dict, dict]:
     """(rungs by (trial, non-embedding) -> {batch: loss}, their tokens and seq_len, trial configs,
-    real runs by key -> loss)."""
+    real runs by key -> loss, the trials' proxy losses)."""
     con = sqlite3.connect(f"file:{data / 'ladder-tiny-hf.db'}?mode=ro", uri=True)
     rows = con.execute(
         "SELECT trial_number, params_non_embedding, tokens, val_loss, config_json, settings_json "
@@ -61,20 +65,19 @@ def load(data: Path) -> tuple[dict, dict, dict, dict]:
         losses.setdefault((entry["trial"], entry["n"]), {})[entry["batch"]] = entry["val_loss"]
     trials = {t for t, _ in losses}
     marks = ",".join("?" * len(trials))
-    configs = {
-        number: ArchConfig.from_json(text)
-        for number, text in con.execute(
-            "SELECT number, config_json FROM archsearch_trials WHERE study = 'ladder-tiny-hf' AND number "
-            f"IN ({marks})",
-            sorted(trials),
-        )
-    }
+    rows = con.execute(
+        "SELECT number, config_json, loss FROM archsearch_trials WHERE study = 'ladder-tiny-hf' AND number "
+        f"IN ({marks})",
+        sorted(trials),
+    ).fetchall()
+    configs = {number: ArchConfig.from_json(text) for number, text, _ in rows}
+    proxy = {number: loss for number, _, loss in rows}
     con.close()
     real = {}
     for line in (data / "ladder-tiny-hf-real_runs.jsonl").read_text().splitlines():
         entry = json.loads(line)
         real[entry["key"]] = entry["result"]["val_loss"]
-    return losses, tokens, configs, real
+    return losses, tokens, configs, real, proxy
 
 
 def rules(smoke: bool) -> dict[str, tuple[Any, Any]]:
@@ -99,7 +102,7 @@ def rules(smoke: bool) -> dict[str, tuple[Any, Any]]:
 
 
 def evaluate(name: str, picks: tuple[Any, Any], data: tuple, resamples: int) -> dict[str, Any]:
-    losses, tokens, configs, real = data
+    losses, tokens, configs, real, proxy = data
     pick, pick_real = picks
     points = []
     for (trial, n), by_batch in sorted(losses.items()):
@@ -125,9 +128,36 @@ def evaluate(name: str, picks: tuple[Any, Any], data: tuple, resamples: int) -> 
         p = fit.predict(trial, float(counts.non_embedding))
         out["real"].append({
             "trial": trial, "batch": batch, "predicted": p.loss, "low": p.low, "high": p.high,
-            "real": real[key], "error": p.loss / real[key] - 1,
+            "real": real[key], "error": p.loss / real[key] - 1, "proxy": proxy[trial],
         })  # fmt: skip
+    if len(out["real"]) >= 3:
+        out["at_real"] = at_real(out["real"])
     return out
+
+
+def at_real(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The predictions against the real runs: median and worst |error| (the median's 95% bootstrap
+    interval over designs), and the Spearman of the predicted and the proxy's rankings."""
+    errors = np.array([abs(r["error"]) for r in rows])
+    low, high = stats.bootstrap(
+        (errors,), np.median, confidence_level=0.95, n_resamples=2000, method="percentile", random_state=0
+    ).confidence_interval
+    real = [r["real"] for r in rows]
+    return {
+        "designs": len(rows), "median": float(np.median(errors)), "interval": [float(low), float(high)],
+        "worst": float(errors.max()),
+        "spearman_ladder": fs.rank_correlation([r["predicted"] for r in rows], real).to_dict(),
+        "spearman_proxy": fs.rank_correlation([r["proxy"] for r in rows], real).to_dict(),
+    }  # fmt: skip
+
+
+def _est(e: dict[str, Any]) -> str:
+    """An estimate with its interval; "-" where there is none (too few designs to resample)."""
+
+    def f(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
+    return f"{f(e['value'])} [{f(e['low'])}, {f(e['high'])}]"
 
 
 def main() -> None:
@@ -161,6 +191,13 @@ def main() -> None:
             f"{name:<20} {r['E']:>6.3f} {r['alpha']:>6.3f} {r['backtest_median']:>8.1%} "
             f"[{low:.1%}, {high:.1%}] {r['backtest_worst']:>7.1%}  {real or '-'}"
         )
+        if "at_real" in r:
+            a = r["at_real"]
+            print(
+                f"{'':<20} at 2M over {a['designs']} real runs: median |error| {a['median']:.1%} "
+                f"[{a['interval'][0]:.1%}, {a['interval'][1]:.1%}], worst {a['worst']:.1%}; Spearman "
+                f"ladder {_est(a['spearman_ladder'])}, proxy {_est(a['spearman_proxy'])}"
+            )
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
 

@@ -104,7 +104,7 @@ def test_search_quality_smoke(tmp_path):
 # benchmark -> lines its smoke run must print (the numbers vary; the report's shape does not)
 SMOKES = {
     "cost_model": ["cost model, 50 random configs:", "build + FlopCounterMode on meta"],
-    "ladder_batch": ["32 rungs of 8 designs at 5 tokens per parameter", "all 16", "all 4"],
+    "ladder_batch": ["32 rungs of 8 designs at 5 tokens per parameter", "all 16", "all 4", "at 2M over"],
     "lr_transfer": ["2,048 tokens per run", "per-width        64", "one rate         64"],
     "profiler_accuracy": ["fitting set: 8 GEMMs", "held-out:", "median relative error"],
     "gpu_model_accuracy": ["measured on NVIDIA H100 80GB HBM3"],
