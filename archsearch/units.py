@@ -182,14 +182,17 @@ def parse_count(text: str, what: str = "count") -> int:
     """
     match = _COUNT.fullmatch(text)
     suffix = COUNT_ALIASES.get(match.group(2), match.group(2)) if match else ""
-    value = None
+    exact = value = None
     if match is not None and (not suffix or suffix in SI_SUFFIXES):
         try:
-            value = si_value(match.group(1), suffix).to_integral_value()
+            exact = si_value(match.group(1), suffix)
+            value = exact.to_integral_value()
         except DecimalException:
             value = None
     if value is not None and value.is_finite() and value > MAX_WHOLE:
         raise ArchsearchError(f"{what} {_short(text)} is too large: {_MAX_TEXT}")
+    if value == 0 and exact is not None and exact > 0:  # "0.5": positive, but no whole count
+        raise ArchsearchError(f"{what} {_short(text)} rounds to 0: a count is a whole number, at least 1")
     if value is None or not value.is_finite() or value <= 0:
         suffixes = ", ".join([*SI_SUFFIXES, *(f"{a} (= {s})" for a, s in COUNT_ALIASES.items())])
         raise ArchsearchError(

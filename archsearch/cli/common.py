@@ -95,6 +95,14 @@ class _Group(TyperGroup):
     of Click's usage box; so do those before the command name (`parse_args`).
     """
 
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        # Before the command boundary: Typer's own handler turned a signal while the arguments were
+        # parsed into a silent exit 130, SIGTERM too (probe 10).
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except KeyboardInterrupt as exc:
+            raise typer.Exit(interrupted(exc)) from None
+
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         try:
             return super().parse_args(ctx, args)

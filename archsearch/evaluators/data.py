@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
-from archsearch.errors import ArchsearchError, quoted
+from archsearch.errors import ArchsearchError, EnvironmentFailure, quoted
 from archsearch.fileio import owned, sweep_orphans, write_atomic
 from archsearch.registry import Registry
 
@@ -122,6 +122,32 @@ def cache_dir() -> Path:
     env = os.environ.get("ARCHSEARCH_CACHE")
     # Absolute: the spans of a cached corpus point into it, and a worker may run elsewhere.
     return Path(env).expanduser().absolute() if env else Path.home() / ".cache" / "archsearch"
+
+
+class CacheError(EnvironmentFailure):
+    """The cache folder cannot be made: no trial could build its corpus there (exit 1)."""
+
+
+def check_cache_dir() -> None:
+    """Refuse, before any trial runs, a cache folder that cannot exist: `$ARCHSEARCH_CACHE` below a
+    regular file, or missing below a folder that cannot be written. Every trial failed on it, and
+    a search of one trial then exited 0 (probe 10). An existing folder is left to the trials: a
+    read-only one serves corpora already built there.
+
+    Raises:
+        CacheError: naming the folder and what is in its way.
+    """
+    folder = cache_dir()
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    why = None
+    if not existing.is_dir():
+        why = f"{existing} is not a folder"
+    elif existing != folder and not os.access(existing, os.W_OK | os.X_OK):
+        why = f"{existing} is not writable"
+    if why is not None:
+        raise CacheError(
+            f"cannot make the cache folder {folder}: {why}; set ARCHSEARCH_CACHE to a writable folder"
+        )
 
 
 def bits_per_byte(nats_per_token: float, bytes_per_token: float) -> float:

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from archsearch.errors import ConfigError
+from archsearch.errors import ConfigError, quoted
 from archsearch.evaluators.hardware import (
     DeviceModel,
     GemmMeasurement,
@@ -42,6 +42,7 @@ from archsearch.evaluators.hardware import (
 )
 from archsearch.evaluators.kernels import step_kernels
 from archsearch.space.config import ArchConfig
+from archsearch.units import format_si
 
 # The longest real training step a recorded run may hold: the benchmark's shapes step in
 # milliseconds to seconds on a GPU; an hour is no step of theirs.
@@ -86,42 +87,120 @@ def records_from_benchmark(raw: dict[str, Any], launches: dict[str, int]) -> lis
     Raises:
         ConfigError: the file is not such a run.
     """
-    try:
-        records = []
-        for entry in raw["shapes"]:
+    records = []
+    for i, entry in enumerate(_shapes(raw)):
+        try:
             if entry.get("train_step_s") is None:
                 continue
             report = entry["report"]
             rows = report["kernels"]
             label, batch, real = entry["label"], entry["batch"], entry["train_step_s"]
             if isinstance(batch, bool) or not (isinstance(batch, int) and batch > 0):
-                raise ValueError(f"shape {label!r}: batch must be a positive integer, got {batch!r}")
+                raise ValueError(f"batch must be a positive integer, got {batch!r}")
             # At most an hour: a recorded step of 1e308 s overflowed to inf ms and was fitted (probe 7).
             if isinstance(real, bool) or not (isinstance(real, (int, float)) and 0 < real <= MAX_STEP_S):
                 raise ValueError(
-                    f"shape {label!r}: train_step_s must be a positive number of seconds up to "
-                    f"{MAX_STEP_S:g}, got {real!r}"
+                    f"train_step_s must be a positive number of seconds up to {MAX_STEP_S:g}, got {real!r}"
                 )  # a NaN fitted NaN constants, a 0 divided by zero, a negative one fitted garbage
-            records.append(
-                StepRecord(
-                    label=entry["label"],
-                    config=ArchConfig.from_dict(entry["config"]),
-                    batch=batch,
-                    dtype=report["dtype"],
-                    gemms=tuple(
-                        GemmMeasurement(r["m"], r["n"], r["k"], report["dtype"], r["time_s"])
-                        for r in rows
-                        if r["kind"] == "gemm"
-                    ),
-                    attention=tuple((r["kind"], r["time_s"]) for r in rows if r["kind"].startswith("sdpa")),
-                    real_step_s=float(real),
-                    launches=launches[entry["label"]],
-                    copy_bandwidth=report.get("bandwidth_bytes_per_s"),
-                )
+            record = StepRecord(
+                label=label,
+                config=ArchConfig.from_dict(entry["config"]),
+                batch=batch,
+                dtype=report["dtype"],
+                gemms=tuple(
+                    GemmMeasurement(r["m"], r["n"], r["k"], report["dtype"], r["time_s"])
+                    for r in rows
+                    if r["kind"] == "gemm"
+                ),
+                attention=tuple((r["kind"], r["time_s"]) for r in rows if r["kind"].startswith("sdpa")),
+                real_step_s=float(real),
+                launches=launches[label],
+                copy_bandwidth=report.get("bandwidth_bytes_per_s"),
             )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"not a recorded gpu_model_accuracy run: {exc!r}") from exc
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise _unreadable(exc, _where(i, entry)) from None
+        _check_consistent(record, _where(i, entry))
+        records.append(record)
     return records
+
+
+def _shapes(raw: Any) -> list[dict[str, Any]]:
+    """The run's list of shapes, each an object."""
+    shapes = raw.get("shapes") if isinstance(raw, dict) else None
+    if not isinstance(shapes, list) or not all(isinstance(e, dict) for e in shapes):
+        raise ConfigError("not a recorded gpu_model_accuracy run: 'shapes' must be a list of objects")
+    return shapes
+
+
+def _launches(shapes: list[dict[str, Any]], count: Callable[[ArchConfig], int]) -> dict[str, int]:
+    """Kernels an eager step of each shape launches, by label."""
+    out = {}
+    for i, entry in enumerate(shapes):
+        try:
+            out[entry["label"]] = count(ArchConfig.from_dict(entry["config"]))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise _unreadable(exc, _where(i, entry)) from None
+    return out
+
+
+def _where(i: int, entry: dict[str, Any]) -> str:
+    """ "shapes[0] ('gpt2-small')": a recorded shape as messages name it."""
+    label = entry.get("label")
+    return f"shapes[{i}]" + (f" ({quoted(label)})" if isinstance(label, str) else "")
+
+
+def _check_device(raw: dict[str, Any], device: str, spec: Any) -> None:
+    """Refuse a run recorded on another GPU than catalogued `device`: its SM count differs, or its
+    memory by more than 15% (an H100 recording was fitted as an A100's: probe 10). A run that
+    names no CUDA device is not checked."""
+    recorded = raw.get("device")
+    if not isinstance(recorded, dict) or recorded.get("type") != "cuda":
+        return
+    units, memory = recorded.get("units"), recorded.get("memory_bytes")
+    other_memory = isinstance(memory, (int, float)) and abs(memory / spec.memory_bytes - 1) > 0.15
+    if units != spec.units or other_memory:
+        name = quoted(str(recorded.get("name", "a GPU")), 60)
+        raise ConfigError(
+            f"the run was recorded on {name} ({units} SMs, {format_si(memory or 0, 'B')}), not on "
+            f"{device} ({spec.name}: {spec.units} SMs, {format_si(spec.memory_bytes, 'B')}): give "
+            "--device for the GPU that recorded it"
+        )
+
+
+def _unreadable(exc: Exception, where: str) -> ConfigError:
+    """A malformed part of a recording in one line, naming where (not a Python repr: probe 10)."""
+    if isinstance(exc, KeyError):
+        what = f" has no {exc.args[0]!r}"
+    elif isinstance(exc, (TypeError, AttributeError)):
+        what = " holds a value of the wrong type"
+    else:
+        what = f": {exc}"
+    return ConfigError(f"not a recorded gpu_model_accuracy run: {where}{what}")
+
+
+def _check_consistent(record: StepRecord, where: str) -> None:
+    """Refuse a shape whose recorded GEMMs its config does not run at its batch: the config was
+    edited, or belongs to another shape (a d_model of 7 was fitted with a 768-wide run's kernels:
+    probe 10)."""
+    runs = {(g.m, g.n, g.k) for g in step_kernels(record.config, record.batch, record.dtype).gemms}
+    if alien := sorted({(x.m, x.n, x.k) for x in record.gemms} - runs):
+        m, n, k = alien[0]
+        raise ConfigError(
+            f"{where}: its recorded GEMMs are not its config's at batch {record.batch} (e.g. {m}x{n}x{k}): "
+            "the config or the kernels were changed"
+        )
+
+
+def _check_possible(records: Sequence[StepRecord], spec: Any) -> None:
+    """Refuse a real step shorter than its matrix FLOPs take at the device's peak: no GPU runs one
+    (steps of 1e-12 s were fitted into a model to paste, with errors of 10^12 %: probe 10)."""
+    for r in records:
+        floor = step_kernels(r.config, r.batch, r.dtype).matmul_flops / spec.peak_flops(r.dtype)
+        if r.real_step_s < floor:
+            raise ConfigError(
+                f"shape {quoted(r.label)}: train_step_s {r.real_step_s:.3g} s is shorter than its "
+                f"matrix FLOPs take at the {spec.name}'s {r.dtype} peak ({floor:.3g} s)"
+            )
 
 
 def _aligned(x: GemmMeasurement, multiple: int) -> bool:
@@ -346,15 +425,23 @@ def refit(
         ConfigError: the file is not such a run, or has too few shapes.
         UnknownNameError: `device` is not catalogued.
     """
-    try:
-        shapes = raw["shapes"]
-        launches = {entry["label"]: count(ArchConfig.from_dict(entry["config"])) for entry in shapes}
-        dtype = raw.get("dtype", "bf16")  # runs before 2026-11-25 name none: they timed bf16
-        extra = [GemmMeasurement(m, n, k, dtype, t) for m, n, k, t in raw.get("fit_gemms", [])]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"not a recorded gpu_model_accuracy run: {exc!r}") from exc
+    shapes = _shapes(raw)
+    launches = _launches(shapes, count)
+    dtype = raw.get("dtype", "bf16")  # runs before 2026-11-25 name none: they timed bf16
+    extra = []
+    for i, row in enumerate(raw.get("fit_gemms", [])):
+        if not (isinstance(row, list) and len(row) == 4):
+            raise ConfigError(
+                f"not a recorded gpu_model_accuracy run: fit_gemms[{i}] must be [m, n, k, seconds]"
+            )
+        try:
+            extra.append(GemmMeasurement(*row[:3], dtype, row[3]))
+        except (TypeError, ValueError) as exc:
+            raise _unreadable(exc, f"fit_gemms[{i}]") from None
     records = records_from_benchmark(raw, launches)
     base = device_model(device, fitted=False)
+    _check_device(raw, device, base.device)
+    _check_possible(records, base.device)
     total = 1 + len(records) * holdout
 
     def fitting(done: int, what: str) -> None:
@@ -406,18 +493,11 @@ def held_out_fit(
             are left to fit.
         UnknownNameError: `device` is not catalogued.
     """
-    try:
-        shapes = list(raw["shapes"])
-        labels = {entry["label"] for entry in shapes}
-    except (KeyError, TypeError) as exc:
-        raise ConfigError(f"not a recorded gpu_model_accuracy run: {exc!r}") from exc
+    shapes = _shapes(raw)
+    labels = {entry.get("label") for entry in shapes}
     if unknown := sorted(set(held_out) - labels):
         raise ConfigError(f"held-out shape(s) not in the run: {', '.join(unknown)}")
     fit = refit({**raw, "shapes": [e for e in shapes if e["label"] not in held_out]}, device, count)
     held = [entry for entry in shapes if entry["label"] in held_out]
-    try:
-        launches = {entry["label"]: count(ArchConfig.from_dict(entry["config"])) for entry in held}
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"not a recorded gpu_model_accuracy run: {exc!r}") from exc
-    records = records_from_benchmark({"shapes": held}, launches)
+    records = records_from_benchmark({"shapes": held}, _launches(held, count))
     return fit, tuple(Holdout(r.label, r.real_step_s, predicted_step(fit.model, r)) for r in records)

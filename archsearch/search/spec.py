@@ -234,12 +234,17 @@ class SearchSpec:
 
     def preflight(self) -> None:
         """What every trial depends on beyond the file itself, checked before any trial runs: the
-        corpus (`check_data`) and a proxy batch some shape could hold (`check_batch_memory`).
+        corpus (`check_data`), a proxy batch some shape could hold (`check_batch_memory`) and a
+        cache folder the corpus can be built in (`data.check_cache_dir`).
 
         Raises:
             SpecError: one line naming the key.
+            CacheError: the cache folder cannot be made (the environment's fault, exit 1).
         """
+        from archsearch.evaluators.data import check_cache_dir
+
         self.check_batch_memory()
+        check_cache_dir()
         self.check_data()
 
     def check_batch_memory(self) -> None:

@@ -54,7 +54,7 @@ def test_a_recorded_run_with_an_impossible_shape_is_refused(tmp_path, field, val
     path.write_text(json.dumps(broken))
     result = CliRunner().invoke(app, ["fit-device", str(path), "--device", "h100-sxm", "--no-holdout"])
     line = _one_line(result, 2, "not a recorded gpu_model_accuracy run: ")
-    assert f"shape {raw['shapes'][0]['label']!r}: {why}" in line, line
+    assert f"shapes[0] ({raw['shapes'][0]['label']!r}): {why}" in line, line
 
 
 # --- [proxy] data that names nothing -----------------------------------------------------------------
