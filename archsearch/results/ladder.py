@@ -743,6 +743,8 @@ def predict_at_size(
     rungs = storage.ladder_rungs(study)
     ratios = sorted({r.tokens_per_param for r in rungs})
     if not ratios:
+        if not storage.counts(study).get(COMPLETE):  # `ladder --knee` would fail too (probe 10)
+            raise LadderError(f"study {study!r} has no ladder, and no complete trial to ladder yet")
         raise LadderError(
             f"study {study!r} has no ladder: run `archsearch ladder --study {study} --knee` first"
         )
@@ -786,6 +788,23 @@ def predict_at_size(
         )
     left = sorted({r.trial_number for r in same} - set(fit.designs))
     notes += [f"trial {n}: its ladder has one size so far" for n in left]
+    # Designs laddered under other recipes only: named, with the recipe ranked (probe 10: they
+    # vanished from the ranking unsaid).
+    elsewhere: dict[int, set[tuple[float, int]]] = {}
+    for r in rungs:
+        if r.trial_number not in designs[recipe]:
+            elsewhere.setdefault(r.trial_number, set()).add(r.recipe)
+    for n, recipes in sorted(elsewhere.items()):
+        theirs = ", ".join(f"{t:g} tokens per parameter at batch {b}" for t, b in sorted(recipes))
+        notes.append(
+            f"trial {n}: laddered only at {theirs}; this ranking is at {recipe[0]:g} tokens per parameter "
+            f"at batch {recipe[1]}, the recipe most designs share"
+        )
+    if not ranked:
+        raise LadderError(
+            f"no laddered design of {study!r} can be ranked at {format_si(target_params)} parameters: "
+            + "; ".join(notes)
+        )
     ranked.sort(key=lambda pair: (pair[1].prediction.loss, pair[0].number))
     return ranked, notes
 

@@ -79,6 +79,8 @@ class ServeScenario:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ServeError(f"{name} must be a whole number of bytes >= 0, got {value!r}")
+            if name == "memory_bytes" and value == 0:  # no shape fits: every point was infeasible
+                raise ServeError("a memory limit of 0 bytes holds no shape: give more, or none for no limit")
         if not isinstance(self.device, str) or not self.device.strip():
             raise ServeError(f"device must be a device name, got {self.device!r}")
 

@@ -465,3 +465,64 @@ def test_export_of_a_trial_whose_ladder_has_one_size_says_so(url, tmp_path):
     # pareto --at-size leaves it out and says why.
     ranked = CliRunner().invoke(app, ["pareto", "--study", "tiny", "--at-size", "2M", "--storage", url])
     assert ranked.exit_code == 0 and "left out: trial 3: its ladder has one size so far" in ranked.stderr
+
+
+def test_pareto_at_size_names_designs_laddered_under_another_recipe_only(url):
+    """Probe 10: a design laddered only at another tokens-per-parameter ratio vanished from the
+    ranking unsaid (the JSON said `left_out: 0`)."""
+    _laddered(url)
+    with Storage.open(url) as db:
+        for p in plan_ladder(db, LadderOptions("tiny", numbers=(3,), rungs=4, top=200_000)):
+            db.add_ladder_rung(
+                "tiny", trial_number=3, tokens_per_param=5, batch_size=16, target_params=p.target,
+                config=p.config, seed=0, tokens=p.settings["tokens"], val_loss=_law(p.config),
+            )  # fmt: skip
+    result = CliRunner().invoke(
+        app, ["pareto", "--study", "tiny", "--at-size", "2M", "--storage", url, "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert [r["trial"] for r in doc["ranked"]] == [1, 0]
+    assert doc["left_out"] == [
+        "trial 3: laddered only at 5 tokens per parameter at batch 16; this ranking is at 20 tokens per "
+        "parameter at batch 16, the recipe most designs share"
+    ]
+
+
+def test_pareto_at_size_where_no_design_has_a_shape_is_one_error_line(url):
+    """Probe 10: every design left out printed an empty table and exited 0."""
+    _laddered(url)
+    result = CliRunner().invoke(app, ["pareto", "--study", "tiny", "--at-size", "1k", "--storage", url])
+    assert result.exit_code == 2 and result.stdout == "", result.output
+    assert result.stderr.startswith(
+        "error: no laddered design of 'tiny' can be ranked at 1k parameters: trial "
+    )
+    assert "no shape keeping its design has 1k parameters" in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_a_count_that_rounds_to_zero_says_so(url, tmp_path):
+    result = CliRunner().invoke(
+        app, ["export", "--study", "tiny", "--trial", "0", "--scale-to", "0.5", "--format", "json", "-o",
+              str(tmp_path / "o"), "--storage", url],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert result.stderr == "error: --scale-to '0.5' rounds to 0: a count is a whole number, at least 1\n"
+
+
+def test_pareto_at_size_of_a_study_with_nothing_to_ladder_does_not_advise_a_ladder(tmp_path):
+    """Probe 10: a study whose every trial failed was told to run `ladder --knee`, which fails."""
+    url = f"sqlite:///{tmp_path / 'f.db'}"
+    spec = tiny_spec()
+    with Storage.open(url) as db:
+        db.create_study(
+            "failed", spec_fingerprint=spec.fingerprint, spec_source=spec.source, spec=spec.to_dict(),
+            objectives=spec.objectives,
+        )  # fmt: skip
+        slot = db.claim_trial("failed", 100, 60)
+        db.assign_trial(slot, number=0, optuna_trial_id=0, params={}, config=None)
+        db.finish_trial(slot, TrialOutcome(status="failed", reason="boom"))
+    result = CliRunner().invoke(app, ["pareto", "--study", "failed", "--at-size", "2M", "--storage", url])
+    assert (result.exit_code, result.stderr) == (
+        2,
+        "error: study 'failed' has no ladder, and no complete trial to ladder yet\n",
+    )

@@ -80,6 +80,7 @@ def test_serve_costs_take_a_catalogued_gpus_memory_as_the_limit():
         ({"cache_dtype": "bf17"}, "cache_dtype 'bf17' is unknown"),
         ({"device": ""}, "device must be a device name, got ''"),
         ({"memory_bytes": -1}, "memory_bytes must be a whole number of bytes >= 0, got -1"),
+        ({"memory_bytes": 0}, "a memory limit of 0 bytes holds no shape: give more, or none for no limit"),
         ({"working_bytes": None}, "working_bytes must be a whole number of bytes >= 0, got None"),
     ],
 )
