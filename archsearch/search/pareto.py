@@ -24,6 +24,7 @@ of its own, `fidelity.size_adjusted_losses`'s equal-weight beta over the trials 
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -406,7 +407,16 @@ def study_fronts(
     fronts = [study_front(storage, s, objectives, reference, asked, beta, rule) for s in studies]
     missing = [s for s, f in zip(studies, fronts, strict=True) if f is None]
     if missing:
-        raise ArchsearchError(f"no complete trial with every objective in {', '.join(map(repr, missing))}")
+        # Its trials, by state: failed trials' reasons are what the user needs next (probe 10).
+        said = []
+        for s in missing:
+            counts = storage.counts(s)
+            states = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()) if n) or "no trials"
+            said.append(f"{s!r} ({states})")
+        raise ArchsearchError(
+            f"no complete trial with every objective in {', '.join(said)}: `archsearch trials --study "
+            f"{shlex.quote(missing[0])}` lists its trials with their reasons"
+        )
     found = [f for f in fronts if f is not None]
     if reference is None and len(found) > 1:
         if len({f.front.objectives for f in found}) > 1:

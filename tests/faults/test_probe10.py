@@ -13,6 +13,7 @@ from archsearch.cli import app
 from archsearch.errors import Terminated
 from archsearch.search import driver as driver_module
 from archsearch.storage import Storage
+from archsearch.trial import TrialOutcome
 from tests.faults.test_more_inputs import RECORDED
 from tests.search.test_driver import instant
 from tests.specs import tiny_toml
@@ -172,3 +173,30 @@ def test_a_malformed_recording_is_named_not_a_python_repr(tmp_path, edit, why):
     `TypeError("'NoneType' object is not iterable")`."""
     line = _fit_device(tmp_path, _edited(edit))
     assert line.startswith("error: not a recorded gpu_model_accuracy run: ") and why in line, line
+
+
+def test_a_report_of_a_study_with_no_complete_trial_says_what_its_trials_are(tmp_path):
+    """Probe 10: `report` of a study whose trials all failed said only `no complete trial with every
+    objective`; it now counts them by state and names the command that lists their reasons."""
+    from tests.results.test_ladder import _study
+
+    url = _study(f"sqlite:///{tmp_path / 't.db'}")
+    with Storage.open(url, create=False) as db:
+        r = db.require_study("tiny")
+        db.create_study(
+            "allfail", spec_fingerprint=r.spec_fingerprint, spec_source=r.spec_source, spec=r.spec,
+            objectives=r.objectives,
+        )  # fmt: skip
+        for number in range(2):
+            slot = db.claim_trial("allfail", 100, 60)
+            db.assign_trial(slot, number=number, optuna_trial_id=number, params={}, config=None)
+            db.finish_trial(slot, TrialOutcome(status="failed", reason="loss is NaN"))
+    result = CliRunner().invoke(
+        app,
+        ["report", "--study", "tiny", "--study", "allfail", "-o", str(tmp_path / "r.html"), "--storage", url],
+    )
+    assert result.exit_code == 2 and not (tmp_path / "r.html").exists()
+    assert result.stderr == (
+        "error: no complete trial with every objective in 'allfail' (2 failed): `archsearch trials --study "
+        "allfail` lists its trials with their reasons\n"
+    )
