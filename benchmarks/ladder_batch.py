@@ -14,8 +14,8 @@ the rungs below it: median |error| with a 95% bootstrap interval over designs, a
 each prediction at a real run's 2M shape against that run (`ladder-tiny-hf-real_runs.jsonl`; the
 real run at the batch the rule gives a 2M shape, where it is recorded); over 3 or more real runs,
 their median and worst |error| and the Spearman of the predicted ranking against the real one
-beside the proxy loss's ranking (the search's own), each with a 95% bootstrap interval over designs
-(`search.fidelity_stats`).
+beside the proxy loss's ranking (the search's own) and their paired difference, each with a 95%
+bootstrap interval over designs (`search.fidelity_stats`).
 
     python benchmarks/ladder_batch.py            # seconds
     python benchmarks/ladder_batch.py --smoke    # three rules, few resamples
@@ -148,6 +148,9 @@ def at_real(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "worst": float(errors.max()),
         "spearman_ladder": fs.rank_correlation([r["predicted"] for r in rows], real).to_dict(),
         "spearman_proxy": fs.rank_correlation([r["proxy"] for r in rows], real).to_dict(),
+        "ladder_minus_proxy": fs.paired_difference(
+            [r["predicted"] for r in rows], [r["proxy"] for r in rows], real
+        ).to_dict(),
     }  # fmt: skip
 
 
@@ -196,7 +199,8 @@ def main() -> None:
             print(
                 f"{'':<20} at 2M over {a['designs']} real runs: median |error| {a['median']:.1%} "
                 f"[{a['interval'][0]:.1%}, {a['interval'][1]:.1%}], worst {a['worst']:.1%}; Spearman "
-                f"ladder {_est(a['spearman_ladder'])}, proxy {_est(a['spearman_proxy'])}"
+                f"ladder {_est(a['spearman_ladder'])}, proxy {_est(a['spearman_proxy'])}, ladder - proxy "
+                f"{_est(a['ladder_minus_proxy'])}"
             )
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
