@@ -60,7 +60,7 @@ def quoted(text: str, limit: int = 40) -> str:
 def error_line(message: str) -> str:
     """`error: message` as one line: line breaks folded, a long message cut (with what was cut).
 
-    The CLI's boundary prints every error so (`cli.common`), and so does the search's watcher
+    The CLI's boundary prints every error so (`cli.boundary`), and so does the search's watcher
     (`search.reaper`) for a driver that Ray ended before it could.
     """
     text = " ".join(line.strip() for line in message.splitlines() if line.strip())

@@ -1,6 +1,7 @@
 """The `archsearch` command line: a thin layer over the library, one module per command group.
 
-- `common`: the Typer apps, the options defined once, output helpers, one-line errors;
+- `boundary`: the command boundary: every error one line and an exit code, signals included;
+- `common`: the Typer apps, the options defined once, output helpers;
 - `shape`: cost, presets, width, config new / check;
 - `train`: train (a proxy run on a budget);
 - `profile`: profile (one training step, kernel by kernel);
@@ -44,11 +45,11 @@ def main(on_end: Callable[[], None] | None = None) -> None:
     import signal
     import sys
 
-    from archsearch.cli import common
-    from archsearch.cli.common import interrupted
+    from archsearch.cli import boundary
+    from archsearch.cli.boundary import interrupted
     from archsearch.errors import on_sigterm
 
-    common.on_command_end = on_end
+    boundary.on_command_end = on_end
     signal.signal(signal.SIGTERM, on_sigterm)
     if sys.stdout is None:  # started with its stdout closed (`>&-`): print() wrote nothing, exit 0
         sys.stdout = _ClosedStdout()

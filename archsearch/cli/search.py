@@ -10,12 +10,12 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from archsearch.cli.boundary import interrupted
 from archsearch.cli.common import (
     JsonFlag,
     SpaceArg,
     StorageOpt,
     app,
-    interrupted,
     path_value,
     print_json,
     si,

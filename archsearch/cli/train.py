@@ -9,8 +9,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from archsearch.cli.boundary import EXIT_ENVIRONMENT
 from archsearch.cli.common import (
-    EXIT_ENVIRONMENT,
     ConfigArg,
     FromStudyOpt,
     FromTrialOpt,

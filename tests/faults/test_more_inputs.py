@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from archsearch.cli import app
-from archsearch.cli import common as cli_common
+from archsearch.cli import boundary as cli_boundary
 from archsearch.storage import Storage
 from archsearch.storage.db import StorageUnavailableError
 from tests.faults.test_inputs import PROXY, _one_line, _space
@@ -149,7 +149,7 @@ def test_a_library_that_cannot_be_mapped_under_a_memory_limit_is_the_out_of_memo
 
     monkeypatch.setattr("archsearch.cli.devices.resolve_config", unmappable)
     result = CliRunner().invoke(app, ["align", "--preset", "gpt2-small", "--device", "h100-sxm"])
-    assert _one_line(result, 1) == f"error: {cli_common.OUT_OF_MEMORY}"
+    assert _one_line(result, 1) == f"error: {cli_boundary.OUT_OF_MEMORY}"
 
 
 def test_another_import_error_keeps_its_traceback(monkeypatch):
@@ -169,7 +169,7 @@ def test_a_file_name_too_long_for_the_file_system_is_bad_input(study_url, tmp_pa
 
 
 def test_an_os_error_without_a_file_is_not_said_twice():
-    assert cli_common.os_error_text(OSError(28, "No space left on device")) == "No space left on device"
+    assert cli_boundary.os_error_text(OSError(28, "No space left on device")) == "No space left on device"
 
 
 def test_a_failed_training_run_says_why_on_stderr(monkeypatch):
