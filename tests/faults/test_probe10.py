@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 
 import pytest
 from typer.testing import CliRunner
@@ -52,8 +53,6 @@ def test_a_second_signal_during_the_clean_up_still_says_how_to_continue(
 
 
 def test_a_second_sigterm_is_a_sigterm():
-    import signal
-
     stop = driver_module._Stop()
     stop(signal.SIGINT, None)
     with pytest.raises(Terminated):
