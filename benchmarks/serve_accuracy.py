@@ -87,17 +87,26 @@ def as_before(local: LocalServeModel) -> LocalServeModel:
         if f.name in ("attention_efficiency", "decode_attention_efficiency", "other_head_dim_factor")
     }  # fmt: skip
     return dataclasses.replace(
-        local, stream_bandwidths=(), model=dataclasses.replace(local.model, **defaults)
+        local, stream_bandwidths=(), cache_bandwidths=(), model=dataclasses.replace(local.model, **defaults)
     )
 
 
 def measure_pair(
-    name: str, context: int, local: LocalServeModel, batch: int, min_run_time: float, parts: bool
+    name: str,
+    context: int,
+    local: LocalServeModel,
+    previous: LocalServeModel,
+    batch: int,
+    min_run_time: float,
+    parts: bool,
 ) -> dict[str, Any]:
-    """One (shape, context): measured and modelled prefill and decode, and the errors."""
+    """One (shape, context): measured and modelled prefill and decode, and the errors; beside them
+    `previous` (the model before 2026-11-27) and `as_before` (before 2026-11-26) on the same
+    measurements."""
     cfg = shape(name)
     measured = measure_serve(cfg, "cpu", batch, context, "fp32", min_run_time, parts=parts)
     prefill, decode = local.predict(cfg, measured)
+    previous_prefill, previous_decode = with_op_s(previous, local.op_s).predict(cfg, measured)
     # Side by side: the model before the streamed working sets and the measured attention rates
     # (every operand at the calibrated, hot bandwidth; SDPA at the default efficiency).
     uncounted = dataclasses.replace(measured, prefill_memory_bytes=None, decode_memory_bytes=None)
@@ -107,6 +116,8 @@ def measure_pair(
         "decode_measured_s": measured.decode_time_s, "decode_modelled_s": decode.time_s,
         "prefill_measured_s": measured.prefill_time_s, "prefill_modelled_s": prefill.time_s,
         "decode_hot_modelled_s": hot_decode.time_s, "prefill_hot_modelled_s": hot_prefill.time_s,
+        "decode_previous_modelled_s": previous_decode.time_s,
+        "prefill_previous_modelled_s": previous_prefill.time_s,
         "decode_ops": measured.decode_ops, "prefill_ops": measured.prefill_ops, "op_s": local.op_s,
         "decode_parts_measured_s": measured.decode_parts,
         "decode_parts_modelled_s": {
@@ -122,27 +133,34 @@ def combine(pair: tuple[dict[str, Any], ...]) -> dict[str, Any]:
     row = dict(pair[0])
     for key in (
         "decode_measured_s", "decode_modelled_s", "prefill_measured_s", "prefill_modelled_s",
-        "decode_hot_modelled_s", "prefill_hot_modelled_s", "op_s",
+        "decode_hot_modelled_s", "prefill_hot_modelled_s", "decode_previous_modelled_s",
+        "prefill_previous_modelled_s", "op_s",
     ):  # fmt: skip
         row[key] = statistics.median(r[key] for r in pair)
     for phase in ("decode", "prefill"):
-        row[f"{phase}_error"] = row[f"{phase}_modelled_s"] / row[f"{phase}_measured_s"] - 1
-        row[f"{phase}_hot_error"] = row[f"{phase}_hot_modelled_s"] / row[f"{phase}_measured_s"] - 1
+        for model in ("", "hot_", "previous_"):
+            row[f"{phase}_{model}error"] = row[f"{phase}_{model}modelled_s"] / row[f"{phase}_measured_s"] - 1
     row["rounds_measured_s"] = [[r["decode_measured_s"], r["prefill_measured_s"]] for r in pair]
     return row
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Median and worst |error| of decode and prefill, and of the model before (hot)."""
-    summary = {}
+    """Median and worst |error| of decode and prefill, and of the models before (previous, hot)."""
+    summary: dict[str, dict[str, float]] = {}
     for phase in ("decode", "prefill"):
-        errors = [abs(r[f"{phase}_modelled_s"] / r[f"{phase}_measured_s"] - 1) for r in rows]
-        hot = [abs(r[f"{phase}_hot_modelled_s"] / r[f"{phase}_measured_s"] - 1) for r in rows]
-        summary[phase] = {
-            "median": statistics.median(errors), "worst": max(errors),
-            "hot_median": statistics.median(hot), "hot_worst": max(hot),
-        }  # fmt: skip
+        summary[phase] = {}
+        for model in ("", "hot_", "previous_"):
+            errors = [abs(r[f"{phase}_{model}modelled_s"] / r[f"{phase}_measured_s"] - 1) for r in rows]
+            summary[phase][f"{model}median"] = statistics.median(errors)
+            summary[phase][f"{model}worst"] = max(errors)
     return summary
+
+
+def with_op_s(local: LocalServeModel, op_s: float) -> LocalServeModel:
+    """`local` with `op_s` seconds per eager op (another model's fresh measurement)."""
+    return dataclasses.replace(
+        local, op_s=op_s, model=dataclasses.replace(local.model, launch_overhead_s=op_s)
+    )
 
 
 def main() -> None:
@@ -173,6 +191,7 @@ def main() -> None:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
     start = time.monotonic()
     local = local_serve_model("cpu", "fp32")
+    previous = local_serve_model("cpu", "fp32", interleaved=False)
     m = local.model.device
     print(
         f"serve accuracy on {m.name}, fp32, {args.threads} thread(s), batch {args.batch}: "
@@ -183,10 +202,8 @@ def main() -> None:
         "(decode) of the GEMMs' rate; "
         "streamed: "
         + ", ".join(f"{size / 2**20:g} MB {rate / 1e9:.1f} GB/s" for size, rate in local.stream_bandwidths)
-    )
-    print(
-        f"{'shape':<14}{'ctx':>5}  {'decode meas':>11} {'model':>9} {'err':>7}  "
-        f"{'prefill meas':>12} {'model':>9} {'err':>7}"
+        + "; cache: "
+        + ", ".join(f"{size / 2**20:g} MB {rate / 1e9:.1f} GB/s" for size, rate in local.cache_bandwidths)
     )
     rounds = []
     for k in range(args.rounds):
@@ -194,7 +211,9 @@ def main() -> None:
         for name in names:
             for context in contexts:
                 now = local.with_op_time_now("cpu") if args.op_time_per_shape else local
-                rows.append(measure_pair(name, context, now, args.batch, min_run_time, parts=k == 0))
+                rows.append(
+                    measure_pair(name, context, now, previous, args.batch, min_run_time, parts=k == 0)
+                )
         rounds.append(rows)
         if args.rounds > 1:
             s = summarize(rows)
@@ -206,16 +225,17 @@ def main() -> None:
             )
     rows = [combine(pair) for pair in zip(*rounds, strict=True)]
     print(
-        f"{'shape':<14}{'ctx':>5}  {'decode meas':>11} {'model':>9} {'err':>7}  "
-        f"{'prefill meas':>12} {'model':>9} {'err':>7}"
+        f"{'shape':<14}{'ctx':>5}  {'decode meas':>11} {'model':>9} {'err':>7} {'prev':>7}  "
+        f"{'prefill meas':>12} {'model':>9} {'err':>7} {'prev':>7}"
         + ("   (medians over the rounds)" if args.rounds > 1 else "")
     )
     for row in rows:
         print(
             f"{row['shape']:<14}{row['context']:>5}  {row['decode_measured_s'] * 1e3:>9.3f}ms "
-            f"{row['decode_modelled_s'] * 1e3:>7.3f}ms {row['decode_error']:>+7.1%}  "
-            f"{row['prefill_measured_s'] * 1e3:>10.3f}ms "
-            f"{row['prefill_modelled_s'] * 1e3:>7.3f}ms {row['prefill_error']:>+7.1%}"
+            f"{row['decode_modelled_s'] * 1e3:>7.3f}ms {row['decode_error']:>+7.1%} "
+            f"{row['decode_previous_error']:>+7.1%}  {row['prefill_measured_s'] * 1e3:>10.3f}ms "
+            f"{row['prefill_modelled_s'] * 1e3:>7.3f}ms {row['prefill_error']:>+7.1%} "
+            f"{row['prefill_previous_error']:>+7.1%}"
         )
         measured_parts, modelled_parts = row["decode_parts_measured_s"], row["decode_parts_modelled_s"]
         print(
@@ -228,27 +248,30 @@ def main() -> None:
     summary = summarize(rows)
     held = [r for r in rows if r["shape"] in HELD_OUT]
     for phase in ("decode", "prefill"):
+        p = summary[phase]
         print(
-            f"{phase}: median |error| {summary[phase]['median']:.1%}, worst {summary[phase]['worst']:.1%} "
-            f"over {len(rows)} (shape, context) pairs (targets: 15%, 30%); before (hot operands, default "
-            f"attention rates, formula bytes): {summary[phase]['hot_median']:.1%}, "
-            f"{summary[phase]['hot_worst']:.1%}"
+            f"{phase}: median |error| {p['median']:.1%}, worst {p['worst']:.1%} over {len(rows)} (shape, "
+            f"context) pairs (targets: 15%, 30%); the model before 2026-11-27 (weights read back to "
+            f"back, the cache at their rate): {p['previous_median']:.1%}, {p['previous_worst']:.1%}; "
+            f"before 2026-11-26 (hot operands, default attention rates, formula bytes): "
+            f"{p['hot_median']:.1%}, {p['hot_worst']:.1%}"
         )
     if held:
         summary["held_out"] = summarize(held)
         print(
             f"held out ({len(held)} pairs of {len({r['shape'] for r in held})} shapes): "
             + "; ".join(
-                f"{phase} median |error| {summary['held_out'][phase]['median']:.1%}, worst "
-                f"{summary['held_out'][phase]['worst']:.1%}"
-                for phase in ("decode", "prefill")
+                f"{phase} median |error| {h['median']:.1%}, worst {h['worst']:.1%} (before 2026-11-27: "
+                f"{h['previous_median']:.1%}, {h['previous_worst']:.1%})"
+                for phase, h in ((phase, summary["held_out"][phase]) for phase in ("decode", "prefill"))
             )
         )
     load = os.getloadavg()
     print(f"wall time {time.monotonic() - start:.0f} s; load average at the end {load[0]:.1f} (1 min)")
     if args.out is not None:
         doc = {
-            "local_model": local.to_dict(), "threads": args.threads, "batch": args.batch,
+            "local_model": local.to_dict(), "previous_model": previous.to_dict(),
+            "threads": args.threads, "batch": args.batch,
             "load_average": load, "cores": os.cpu_count(),
             "torch": torch.__version__, "rounds": args.rounds, "rows": rows, "summary": summary,
             "round_summaries": [summarize(r) for r in rounds],

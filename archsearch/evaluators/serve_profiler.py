@@ -259,10 +259,21 @@ ELEMENTWISE_ELEMENTS = 1 << 18  # a prefill activation's size: 2048 tokens x 128
 # The bandwidth a step's distinct bytes stream at, by how many there are: a decode step reads every
 # weight once and the whole cache, which fit a core's caches for the tiniest shapes only, while the
 # calibration GEMMs reread one hot operand (on the 2-core EPYC, 2026-11-26: 4 x 256 @ 256 x 1408 in
-# 65 us hot, 10x that cycling 64 such weights). Each working set is timed as a chain of 4-row GEMMs
-# over `STREAM_MATRICES` distinct matrices that hold it, the calibrated per-call cost taken off.
-STREAM_SET_BYTES = (1 << 20, 1 << 22, 1 << 24, 1 << 26, 1 << 28)  # 1 MB to 256 MB
+# 65 us hot, 10x that cycling 64 such weights). And between a layer's reads an eager step runs its
+# other ops (norms, rope, SDPA, the cache write), whose code and tensors evict part of what the reads
+# left in the caches: on the same CPU (2026-11-27) 4-row GEMMs over 6-12 MB of weights ran 1.4-2.2x
+# slower with a layer's ops between them than back to back, and a 0.3-12 MB model's GEMMs inside
+# its decode step 1.1-1.7x. So each working set is timed as a chain of reads over `STREAM_MATRICES`
+# distinct operands that hold it, a decode step of `REFERENCE` (its ~50 eager ops) after every
+# `LAYER_READS` of them, the chain's fixed costs and the reference steps' own time taken off:
+# 4-row GEMMs for the weights (`_stream_bandwidths`), one-query SDPA calls for the cache
+# (`_cache_bandwidths`).
+STREAM_SET_BYTES = tuple(mb << 20 for mb in (1, 2, 4, 8, 12, 16, 32, 64, 256))
 STREAM_MATRICES = 16
+STREAM_REPEATS = 3  # each rate the median of 3 (`_interleaved_rate`)
+LAYER_READS = 4  # a decoder layer's weight matrices: fused QKV, output, gate+up, down
+# The one-query SDPA calls the cache chain reads: 4 sequences of 4 heads of 32.
+CACHE_CALL = (4, 4, 32)
 
 
 @dataclass(frozen=True)
@@ -276,12 +287,14 @@ class LocalServeModel:
     bandwidth: float  # calibrated effective bandwidth of GEMM operands, bytes/s
     elementwise_bandwidth: float  # bytes/s a gated activation (silu(a) * b) moves
     calibration_error: float  # median |error| of the calibrated model on its own GEMMs
-    # (working set bytes, bytes/s) measured: what a step's distinct bytes stream at, by their total
+    # (working set bytes, bytes/s) measured: what a step's weights (`stream_bandwidths`) and its
+    # cache (`cache_bandwidths`) stream at, by the step's distinct bytes in all
     stream_bandwidths: tuple[tuple[int, float], ...] = ()
+    cache_bandwidths: tuple[tuple[int, float], ...] = ()
 
     def predict(self, cfg: ArchConfig, measured: MeasuredServe) -> tuple[ServeTime, ServeTime]:
         """(prefill, decode) of `measured`'s calls, predicted with the ops they dispatched, each
-        call's weights and cache read at the bandwidth of a working set of their size."""
+        call's weights and cache read at the rates measured for a working set of their size."""
         b, c, d = measured.batch, measured.context, self.dtype
         calls = (
             (predict_prefill, measured.prefill_ops, measured.prefill_memory_bytes),
@@ -295,16 +308,22 @@ class LocalServeModel:
             )  # fmt: skip
             first = predict(self.model, cfg, b, c, d, d, **kw)
             working_set = first.weight_bytes_read + first.cache_bytes_read + first.cache_bytes_written
-            times.append(predict(self.at_working_set(working_set), cfg, b, c, d, d, **kw))
+            cache = self.cache_bandwidth(working_set)
+            times.append(
+                predict(self.at_working_set(working_set), cfg, b, c, d, d, **kw, cache_bandwidth=cache)
+            )
         return times[0], times[1]
 
     def stream_bandwidth(self, working_set: float) -> float:
-        """Bytes/s for a step whose distinct bytes total `working_set`: the measured chains,
-        interpolated in log size, held flat past either end; the calibrated bandwidth without them."""
-        if not self.stream_bandwidths:
-            return self.bandwidth
-        sizes, rates = zip(*self.stream_bandwidths, strict=True)
-        return float(np.interp(np.log(max(working_set, 1.0)), np.log(sizes), rates))
+        """Bytes/s of the weights of a step whose distinct bytes total `working_set`: the measured
+        chains, interpolated in log size, held flat past either end; the calibrated bandwidth
+        without them."""
+        return _interpolated(self.stream_bandwidths, working_set) or self.bandwidth
+
+    def cache_bandwidth(self, working_set: float) -> float | None:
+        """Bytes/s of the cache in such a step, as `stream_bandwidth`; None (the weights' rate)
+        without a measured chain."""
+        return _interpolated(self.cache_bandwidths, working_set)
 
     def at_working_set(self, working_set: float) -> DeviceModel:
         """The device model with its operands' bandwidth that of a `working_set`-byte step."""
@@ -332,17 +351,21 @@ class LocalServeModel:
             "calibration_gemms": len(CALIBRATION_GEMMS),
             "calibration_median_error": self.calibration_error,
             "stream_bandwidths": [list(pair) for pair in self.stream_bandwidths],
+            "cache_bandwidths": [list(pair) for pair in self.cache_bandwidths],
             "attention_efficiency": self.model.attention_efficiency,
             "decode_attention_efficiency": self.model.decode_attention_efficiency,
         }
 
 
-def local_serve_model(device: str = "cpu", dtype: str = "fp32") -> LocalServeModel:
+def local_serve_model(device: str = "cpu", dtype: str = "fp32", interleaved: bool = True) -> LocalServeModel:
     """This CPU's serving model in `dtype` (a storage dtype): `hardware.local_cpu` calibrated on
-    the fixed `CALIBRATION_GEMMS` (`hardware.calibrate`: effective peak, bandwidth), the bytes per
-    second of a gated activation for the memory-bound ops, and seconds per eager op from the
-    reference shape's decode step. Nothing is fitted to the shape predicted. Measured once per
-    process and torch thread count.
+    the fixed `CALIBRATION_GEMMS` (`hardware.calibrate`: effective peak, bandwidth), the rates at
+    which a step's weights and cache stream by working set (`_stream_bandwidths`,
+    `_cache_bandwidths`), the bytes per second of a gated activation for the memory-bound ops, and
+    seconds per eager op from the reference shape's decode step. Nothing is fitted to the shape
+    predicted. Measured once per process and torch thread count. `interleaved` False: the model
+    before 2026-11-27 (weights read back to back, the cache at their rate), which
+    `benchmarks/serve_accuracy.py` scores beside it.
 
     Raises:
         ConfigError: `device` is not a CPU (a local GPU is measured, not yet modelled).
@@ -352,7 +375,7 @@ def local_serve_model(device: str = "cpu", dtype: str = "fp32") -> LocalServeMod
 
     if detect_device(device).type != "cpu":
         raise ConfigError(f"the local serving model is a CPU's; {device!r} is measured without one")
-    return _local_serve_model(device, dtype, torch.get_num_threads())
+    return _local_serve_model(device, dtype, torch.get_num_threads(), interleaved)
 
 
 def _elementwise_bandwidth(info: DeviceInfo, torch_dtype: torch.dtype, min_run_time: float) -> float:
@@ -363,29 +386,114 @@ def _elementwise_bandwidth(info: DeviceInfo, torch_dtype: torch.dtype, min_run_t
     return 5 * ELEMENTWISE_ELEMENTS * a.element_size() / seconds
 
 
+def _interpolated(measured: tuple[tuple[int, float], ...], working_set: float) -> float | None:
+    """`measured` (working set, bytes/s) at `working_set`, in log size, flat past either end."""
+    if not measured:
+        return None
+    sizes, rates = zip(*measured, strict=True)
+    return float(np.interp(np.log(max(working_set, 1.0)), np.log(sizes), rates))
+
+
+def _layer_ops(info: DeviceInfo, torch_dtype: torch.dtype) -> Any:
+    """A decoder layer's eager ops between its reads: one decode step of `REFERENCE`."""
+    model = _model(REFERENCE, 16, info, torch_dtype, 0)
+    cache = KVCache(model.cfg, 1, 17, torch_dtype, info.torch_device)
+    token = torch.zeros(1, 1, dtype=torch.long, device=info.torch_device)
+
+    def step() -> None:
+        cache.length = 16
+        model(token, cache, last_only=True)
+
+    return step
+
+
+@torch.no_grad()
+def _interleaved_rate(
+    reads: list[Any], moved: int, fixed_s: float, info: DeviceInfo, layer_ops: Any, min_run_time: float
+) -> float:
+    """Bytes/s of `reads` (calls that together read `moved` distinct bytes), `layer_ops` after
+    every `LAYER_READS` of them, less `fixed_s` per read and the layer ops' own time; `layer_ops`
+    None: the reads back to back. The median of `STREAM_REPEATS` measurements, each the chain and
+    the ops alone timed one after the other: one timing disturbed by the host would otherwise put
+    a dip or a spike in the curve that every shape of that size inherits."""
+    between = len(reads) // LAYER_READS
+
+    def chain() -> None:
+        for i, read in enumerate(reads):
+            read()
+            if layer_ops is not None and i % LAYER_READS == LAYER_READS - 1:
+                layer_ops()
+
+    def ops_alone() -> None:
+        for _ in range(between):
+            layer_ops()
+
+    rates = []
+    for _ in range(STREAM_REPEATS):
+        seconds = _median_seconds(chain, info, min_run_time)
+        if layer_ops is not None:
+            seconds -= _median_seconds(ops_alone, info, min_run_time)
+        rates.append(moved / max(seconds - len(reads) * fixed_s, 1e-12))
+    return float(np.median(rates))
+
+
 def _stream_bandwidths(
-    info: DeviceInfo, torch_dtype: torch.dtype, call_s: float, ceiling: float, min_run_time: float
+    info: DeviceInfo,
+    torch_dtype: torch.dtype,
+    call_s: float,
+    ceiling: float,
+    min_run_time: float,
+    interleaved: bool = True,
 ) -> tuple[tuple[int, float], ...]:
-    """(working set, bytes/s) for each of `STREAM_SET_BYTES`: a chain of 4-row GEMMs over
-    `STREAM_MATRICES` distinct (512 x n) matrices holding it, as a decode step reads its weights,
-    `call_s` (the calibrated fixed cost of a GEMM call) taken off each call, at most `ceiling`
-    (the calibrated, hot bandwidth) and at least a twentieth of it."""
+    """(working set, bytes/s) for each of `STREAM_SET_BYTES`: 4-row GEMMs over `STREAM_MATRICES`
+    distinct (512 x n) matrices holding it, as a decode step reads its weights, a layer's ops
+    between every `LAYER_READS` (`_interleaved_rate`), `call_s` (the calibrated fixed cost of a GEMM
+    call) taken off each; at most `ceiling` (the calibrated, hot bandwidth), at least a twentieth.
+    `interleaved` False: the GEMMs back to back (the model before 2026-11-27)."""
     size = torch.empty((), dtype=torch_dtype).element_size()
+    layer_ops = _layer_ops(info, torch_dtype) if interleaved else None
+    x = torch.randn(4, 512, dtype=torch_dtype, device=info.torch_device)
     out = []
     for total in STREAM_SET_BYTES:
         n = max(1, total // (STREAM_MATRICES * 512 * size))
         weights = [
             torch.randn(512, n, dtype=torch_dtype, device=info.torch_device) for _ in range(STREAM_MATRICES)
         ]
-        x = torch.randn(4, 512, dtype=torch_dtype, device=info.torch_device)
-
-        def chain(weights: list[torch.Tensor] = weights, x: torch.Tensor = x) -> None:
-            for w in weights:
-                x @ w
-
-        seconds = _median_seconds(chain, info, min_run_time) - STREAM_MATRICES * call_s
+        reads = [lambda w=w: x @ w for w in weights]
         moved = STREAM_MATRICES * 512 * n * size
-        out.append((moved, min(ceiling, max(ceiling / 20, moved / max(seconds, 1e-12)))))
+        rate = _interleaved_rate(reads, moved, call_s, info, layer_ops, min_run_time)
+        out.append((moved, min(ceiling, max(ceiling / 20, rate))))
+    return tuple(out)
+
+
+def _cache_bandwidths(
+    info: DeviceInfo, torch_dtype: torch.dtype, ceiling: float, min_run_time: float
+) -> tuple[tuple[int, float], ...]:
+    """(working set, bytes/s) for each of `STREAM_SET_BYTES`: one-query SDPA calls (`CACHE_CALL`)
+    over `STREAM_MATRICES` distinct K/V caches holding it, as a decode step reads its cache, a
+    layer's ops between every `LAYER_READS` (`_interleaved_rate`), the cost of a call over a
+    one-token cache taken off each; at most `ceiling` (the calibrated, hot bandwidth: below a few
+    MB a call is nearly all its fixed cost, and what is left after taking it off is noise), at
+    least a twentieth of it."""
+    b, h, d = CACHE_CALL
+    size = torch.empty((), dtype=torch_dtype).element_size()
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    q = torch.randn(b, h, 1, d, dtype=torch_dtype, device=info.torch_device)
+    one = torch.randn(b, h, 1, d, dtype=torch_dtype, device=info.torch_device)
+    with torch.no_grad():
+        fixed_s = _median_seconds(lambda: sdpa(q, one, one), info, min_run_time)
+    layer_ops = _layer_ops(info, torch_dtype)
+    out = []
+    for total in STREAM_SET_BYTES:
+        tokens = max(1, total // (STREAM_MATRICES * 2 * b * h * d * size))
+        caches = [
+            [torch.randn(b, h, tokens, d, dtype=torch_dtype, device=info.torch_device) for _ in "kv"]
+            for _ in range(STREAM_MATRICES)
+        ]
+        reads = [lambda k=k, v=v: sdpa(q, k, v) for k, v in caches]
+        moved = STREAM_MATRICES * 2 * b * h * tokens * d * size
+        rate = _interleaved_rate(reads, moved, fixed_s, info, layer_ops, min_run_time)
+        out.append((moved, min(ceiling, max(ceiling / 20, rate))))
     return tuple(out)
 
 
@@ -418,7 +526,20 @@ def _reference_op_s(device: str, dtype: str) -> float:
 
 
 @functools.lru_cache(maxsize=8)
-def _local_serve_model(device: str, dtype: str, threads: int) -> LocalServeModel:
+def _local_serve_model(device: str, dtype: str, threads: int, interleaved: bool = True) -> LocalServeModel:
+    """The model with its streamed rates (`interleaved` or back to back) on the shared calibration."""
+    calibrated, call_s, ceiling = _calibrated(device, dtype, threads)
+    info = detect_device(device)
+    torch_dtype = _check_dtype(info, dtype)
+    streams = _stream_bandwidths(info, torch_dtype, call_s, ceiling, 0.05, interleaved=interleaved)
+    caches = _cache_bandwidths(info, torch_dtype, ceiling, 0.05) if interleaved else ()
+    return dataclasses.replace(calibrated, stream_bandwidths=streams, cache_bandwidths=caches)
+
+
+@functools.lru_cache(maxsize=8)
+def _calibrated(device: str, dtype: str, threads: int) -> tuple[LocalServeModel, float, float]:
+    """(the model without streamed rates, the calibrated seconds per GEMM call, the calibrated hot
+    bandwidth): one calibration, whichever streamed rates are measured on it."""
     from archsearch.evaluators.hardware import GemmMeasurement, calibrate
     from archsearch.evaluators.profiler import time_gemm
 
@@ -431,7 +552,6 @@ def _local_serve_model(device: str, dtype: str, threads: int) -> LocalServeModel
     base = local_cpu(cores=info.threads)
     base = dataclasses.replace(base, device=dataclasses.replace(base.device, peak_tflops=((dtype, 0.05),)))
     fit = calibrate(base, gemms)
-    streams = _stream_bandwidths(info, torch_dtype, fit.model.launch_s, fit.model.bandwidth, 0.05)
     op_s = _reference_op_s(device, dtype)
     fitted: Accelerator = dataclasses.replace(
         fit.model.device,
@@ -445,8 +565,9 @@ def _local_serve_model(device: str, dtype: str, threads: int) -> LocalServeModel
         decode_attention_efficiency=decode_eff, other_head_dim_factor=1.0,  # measured at head_dim 32
     )  # fmt: skip
     elementwise = _elementwise_bandwidth(info, torch_dtype, 0.1)
-    return LocalServeModel(
+    calibrated = LocalServeModel(
         model=model, dtype=dtype, op_s=op_s, peak_flops=fitted.peak_flops(dtype),
         bandwidth=fitted.memory_bandwidth, elementwise_bandwidth=elementwise,
-        calibration_error=fit.median_error, stream_bandwidths=streams,
+        calibration_error=fit.median_error,
     )  # fmt: skip
+    return calibrated, fit.model.launch_s, fit.model.bandwidth

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -22,7 +24,7 @@ def test_the_decode_parts_split_the_measured_step_by_op_class():
     assert plain.decode_parts is None and plain.to_dict()["decode_parts"] is None
 
 
-def _local(streams):
+def _local(streams, caches=()):
     from archsearch.evaluators.hardware import local_cpu
     from archsearch.evaluators.serve_profiler import LocalServeModel
 
@@ -30,7 +32,7 @@ def _local(streams):
     return LocalServeModel(
         model=model, dtype="fp32", op_s=5e-6, peak_flops=model.device.peak_flops("fp32"),
         bandwidth=model.bandwidth, elementwise_bandwidth=20e9, calibration_error=0.05,
-        stream_bandwidths=streams,
+        stream_bandwidths=streams, cache_bandwidths=caches,
     )  # fmt: skip
 
 
@@ -75,3 +77,37 @@ def test_the_op_counter_counts_the_bytes_of_memory_bound_ops_and_leaves_gemms_an
     assert _count_ops(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q))[1] == 0
     assert _count_ops(lambda: torch.nn.functional.embedding(ids, table)) == (1, 2 * 3 * 64 * 4)
     assert _count_ops(lambda: a[:10] * 2)[1] == 2 * 40  # a slice counts its elements, not its storage
+
+
+def test_a_steps_cache_is_read_at_the_cache_rate_measured_for_its_working_set():
+    long_context = measure_serve(TINY, "cpu", batch=2, context=16, dtype="fp32", min_run_time=0.01)
+    long_context = dataclasses.replace(long_context, context=4096)  # the prediction's context
+    streams = ((2**20, 40e9), (2**28, 40e9))
+    same, slow = _local(streams), _local(streams, caches=((2**20, 10e9), (2**28, 10e9)))
+    assert same.cache_bandwidth(2**24) is None and slow.cache_bandwidth(2**24) == 10e9
+    (p_same, d_same), (p_slow, d_slow) = same.predict(TINY, long_context), slow.predict(TINY, long_context)
+    assert d_slow.cache_read_s == pytest.approx(4 * d_same.cache_read_s)  # 40 GB/s against 10
+    assert d_slow.weights_read_s == d_same.weights_read_s and d_slow.time_s > d_same.time_s
+    assert p_slow.time_s == p_same.time_s  # prefill writes the cache, its attention reads no cache
+
+
+def test_the_streamed_rates_are_measured_with_a_layers_eager_ops_between_every_4_reads(monkeypatch):
+    from archsearch.evaluators import serve_profiler as sp
+    from archsearch.evaluators.device import detect_device
+
+    info = detect_device("cpu")
+    calls = []
+    reads = [lambda i=i: calls.append(i) for i in range(8)]
+    rate = sp._interleaved_rate(reads, 10**6, 0.0, info, lambda: calls.append("ops"), 0.001)
+    cycle = calls[: calls.index(7) + 2]  # one call of the chain: every read, the ops after each 4
+    assert cycle[-10:] == [0, 1, 2, 3, "ops", 4, 5, 6, 7, "ops"] and rate > 0
+    monkeypatch.setattr(sp, "STREAM_SET_BYTES", (1 << 16, 1 << 18))  # small sets: a quick test
+    monkeypatch.setattr(sp, "STREAM_REPEATS", 1)
+    ceiling = 20e9
+    streams = sp._stream_bandwidths(info, torch.float32, 1e-6, ceiling, 0.005)
+    caches = sp._cache_bandwidths(info, torch.float32, ceiling, 0.005)
+    for measured in (streams, caches):
+        assert [size for size, _ in measured] == [1 << 16, 1 << 18]
+        assert all(ceiling / 20 <= rate <= ceiling for _, rate in measured)
+    back_to_back = sp._stream_bandwidths(info, torch.float32, 1e-6, ceiling, 0.005, interleaved=False)
+    assert [size for size, _ in back_to_back] == [1 << 16, 1 << 18]

@@ -138,3 +138,16 @@ def test_a_decode_attention_rate_of_its_own_prices_decode_and_leaves_prefill_alo
     assert slowed.attention_s > 2 * fast.attention_s and slowed.gemm_s == fast.gemm_s
     with pytest.raises(ConfigError, match="decode_attention_efficiency must be a positive number, got 0"):
         device_model("l4", decode_attention_efficiency=0)
+
+
+def test_a_cache_bandwidth_of_its_own_prices_the_decode_cache_read_and_leaves_the_weights_alone():
+    bandwidth = 3.35e12 * H100.bandwidth_efficiency
+    plain = predict_decode(H100, LLAMA2, 8, 32768)
+    slow = predict_decode(H100, LLAMA2, 8, 32768, cache_bandwidth=bandwidth / 4)
+    assert slow.cache_read_s == pytest.approx(4 * plain.cache_read_s)
+    assert slow.weights_read_s == plain.weights_read_s and slow.gemm_s == plain.gemm_s
+    # At 8 x 32k tokens decode attention is the cache read: it takes 4x as long.
+    assert slow.attention_s == pytest.approx(4 * plain.attention_s, rel=1e-3)
+    assert slow.floor_s == plain.floor_s  # the floor is the peak bandwidth's, whatever is achieved
+    prefill = predict_prefill(H100, LLAMA2, 4, 2048)
+    assert predict_prefill(H100, LLAMA2, 4, 2048, cache_bandwidth=bandwidth / 4).time_s == prefill.time_s
