@@ -107,6 +107,14 @@ def ladder(
         plot_ladders(summary.fit, plot)
         typer.echo(f"wrote {plot}", err=True)
     typer.echo(f"{summary.trained} rungs trained, {summary.skipped} reused from earlier runs", err=True)
+    if summary.busy:  # not failed: the ladder holding them stores them; a rerun then fits them
+        typer.echo(
+            f"note: {len(summary.busy)} rung{'s' * (len(summary.busy) != 1)} left to another ladder "
+            f"training {'them' if len(summary.busy) != 1 else 'it'} now ({', '.join(summary.busy[:3])}"
+            f"{', ...' if len(summary.busy) > 3 else ''}); rerun the same command once it finishes to fit "
+            "every rung",
+            err=True,
+        )
     if summary.failed:  # the ladder is incomplete: not a success (every rung failing exited 0: probe 8)
         typer.echo(
             f"error: {len(summary.failed)} rung{'s' * (len(summary.failed) != 1)} failed (above); rerun the "
@@ -135,6 +143,7 @@ def _summary_dict(summary: Any) -> dict[str, Any]:
         "trained": summary.trained,
         "skipped": summary.skipped,
         FAILED: list(summary.failed),
+        "busy": list(summary.busy),
         "rungs": [
             {
                 "trial": r.trial_number, "target_params": r.target_params, "params_total": r.params_total,

@@ -34,8 +34,11 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import socket
 import statistics
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -69,6 +72,11 @@ MIN_RUNG_STEPS = 500
 # Default top rungs tried, as multiples of the trial's size (`default_top`): 1 first, then up.
 TOP_SHIFTS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0)
 LADDER_SCHEDULE = dict(schedule="cosine", min_lr=0.1)  # as `validate`'s long runs: how users train
+# A ladder claims each rung just before it starts (`Storage.claim_ladder_rung`), so two ladders of
+# one study train each rung once; it renews its claims every CLAIM_RENEW_S while it runs, and a
+# killed ladder's claims lapse CLAIM_LEASE_S after their last renewal.
+CLAIM_LEASE_S = 600.0
+CLAIM_RENEW_S = 60.0
 
 
 class LadderError(ArchsearchError):
@@ -189,6 +197,7 @@ class LadderSummary:
     skipped: int
     failed: tuple[str, ...]
     signal: int | None = None
+    busy: tuple[str, ...] = ()  # rungs another ladder was training: left to it
 
 
 # ------------------------------------------------------------------------------------------------
@@ -486,8 +495,41 @@ def run_ladder(
     data = record.spec.get("data")
     start = time.monotonic()
     failed: list[str] = []
+    busy: list[str] = []
     trained = 0
     stop = _Stop("the ladder")
+    owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    renewed = time.monotonic()
+
+    def progress(last: str) -> None:
+        if on_update is not None:
+            elapsed = time.monotonic() - start
+            on_update(LadderProgress(skipped + trained, len(planned), len(failed), last, elapsed))
+
+    def admit(index: int) -> bool:
+        """Claim a rung just before it starts; leave it to the ladder that holds it, or count it
+        stored where another ladder stored it meanwhile."""
+        nonlocal skipped
+        rung = todo[index]
+        why = storage.claim_ladder_rung(
+            options.study, trial_number=rung.trial, tokens_per_param=ratio, batch_size=batch,
+            config=rung.config, seed=options.seed, owner=owner, lease_s=CLAIM_LEASE_S,
+        )  # fmt: skip
+        if why is None:
+            return True
+        if why == "claimed":
+            busy.append(_rung_name(rung))
+            progress(f"{_rung_name(rung)}: another ladder is training it")
+        else:  # stored by another ladder since this one planned
+            skipped += 1
+            progress(f"{_rung_name(rung)}: stored by another ladder")
+        return False
+
+    def renew() -> None:
+        nonlocal renewed
+        if time.monotonic() - renewed >= CLAIM_RENEW_S:
+            storage.renew_ladder_claims(owner, CLAIM_LEASE_S)
+            renewed = time.monotonic()
 
     def done(index: int, result: dict[str, Any] | None, reason: str | None) -> None:
         nonlocal trained, skipped
@@ -502,9 +544,7 @@ def run_ladder(
                 skipped += 1
         else:
             failed.append(last := f"{name}: {why}")  # the summary reports it (the CLI once)
-        if on_update is not None:
-            elapsed = time.monotonic() - start
-            on_update(LadderProgress(skipped + trained, len(planned), len(failed), last, elapsed))
+        progress(last)
 
     if todo:
         log.info("ladder %s: %d rungs to train, %d stored", options.study, len(todo), skipped)
@@ -520,7 +560,12 @@ def run_ladder(
                 (_rung_name(r), dict(config=r.config.to_dict(), settings=r.settings, data=data, cpus=cpus))
                 for r in todo
             ]
-            pool.run_each(requests, retries=options.retries, stop=stop, done=done)
+            try:
+                pool.run_each(
+                    requests, retries=options.retries, stop=stop, done=done, admit=admit, tick=renew
+                )
+            finally:
+                _release(storage, owner)
     rungs = tuple(storage.ladder_rungs(options.study, ratio, batch))
     if stop.signum is not None:
         return LadderSummary(
@@ -535,6 +580,7 @@ def run_ladder(
             skipped,
             tuple(failed),
             stop.signum,
+            tuple(busy),
         )
     fit, fit_error = None, None
     try:
@@ -544,8 +590,19 @@ def run_ladder(
     if fit is not None:
         storage.add_ladder_fit(options.study, tokens_per_param=ratio, batch_size=batch, fit=fit.to_dict())
     return LadderSummary(
-        options.study, ratio, batch, tuple(planned), rungs, fit, fit_error, trained, skipped, tuple(failed)
-    )
+        options.study, ratio, batch, tuple(planned), rungs, fit, fit_error, trained, skipped, tuple(failed),
+        busy=tuple(busy),
+    )  # fmt: skip
+
+
+def _release(storage: Storage, owner: str) -> None:
+    """Drop this ladder's claims; where the database fails now, they lapse after their lease."""
+    try:
+        storage.release_ladder_claims(owner)
+    except ArchsearchError as exc:
+        log.warning(
+            "the ladder's rung claims were not released (they lapse in %.0f s): %s", CLAIM_LEASE_S, exc
+        )
 
 
 def _store_twin(storage: Storage, options: LadderOptions, rung: PlannedRung, twin: LadderRungRecord) -> None:

@@ -483,12 +483,16 @@ class _RayPool:
         retries: int,
         stop: _Stop,
         done: Callable[[int, Any, str | None], None],
+        admit: Callable[[int], bool] | None = None,
+        tick: Callable[[], None] | None = None,
     ) -> None:
         """Run each `(name, request)` as a task, `options.workers` at a time, in order; `done(index,
         result, reason)` as each finishes (None and the reason when it failed), after up to
         `retries` more tries of one whose worker died. Stops starting new ones once `stop` holds a
         signal, and cancels what runs when it returns or raises (the callers store each result in
         `done`, so what finished is kept). `validate` and `ladder` run their long runs so.
+        `admit(index)` False just before a request would start leaves it out (another process has
+        it); `tick()` runs every turn of the wait (half a second at most), to renew such claims.
 
         Raises:
             RayNodeDiedError: the local node died (checked every turn and before a retry: a task
@@ -501,7 +505,12 @@ class _RayPool:
                 self.check_node()
                 while todo and len(running) < self.options.workers:
                     index, (_, request) = todo.pop(0)
-                    running[self.submit(request)] = (index, 1)
+                    if admit is None or admit(index):
+                        running[self.submit(request)] = (index, 1)
+                if tick is not None:
+                    tick()
+                if not running:
+                    continue
                 for ref in self.wait(list(running), 0.5):
                     index, attempt = running.pop(ref)
                     result, reason, died = self.result(ref)

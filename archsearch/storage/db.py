@@ -1507,6 +1507,59 @@ class Storage:
         )  # fmt: skip
         return self._add_once(schema.LadderRung, key, rung)
 
+    def claim_ladder_rung(
+        self,
+        study: str,
+        *,
+        trial_number: int,
+        tokens_per_param: float,
+        batch_size: int,
+        config: ArchConfig,
+        seed: int,
+        owner: str,
+        lease_s: float,
+    ) -> str | None:
+        """Claim one rung for `owner` to train, for `lease_s` seconds, in one transaction holding
+        the study's row locked (of two ladders racing for it, the first wins).
+
+        Returns:
+            None when claimed (a lapsed claim of another ladder is taken over); else why not:
+            "stored" (the rung is stored already) or "claimed" (another ladder holds it).
+        """
+        key = dict(
+            study=study, trial_number=trial_number, tokens_per_param=float(tokens_per_param),
+            batch_size=int(batch_size), shape_key=shape_key(config), seed=seed,
+        )  # fmt: skip
+        now = time.time()
+        with self._session() as s:
+            s.execute(select(schema.Study.name).where(schema.Study.name == study).with_for_update())
+            rung = [schema.LadderRung.__table__.c[c] == v for c, v in key.items()]
+            if s.scalar(select(schema.LadderRung.id).where(*rung)) is not None:
+                return "stored"
+            same = [schema.LadderClaim.__table__.c[c] == v for c, v in key.items()]
+            held = s.scalar(select(schema.LadderClaim).where(*same))
+            if held is not None and held.owner != owner and held.expires_at > now:
+                return "claimed"
+            if held is not None:
+                s.delete(held)
+                s.flush()
+            s.add(schema.LadderClaim(**key, owner=owner[:128], expires_at=now + lease_s))
+            return None
+
+    def renew_ladder_claims(self, owner: str, lease_s: float) -> None:
+        """Extend every claim `owner` holds to `lease_s` seconds from now."""
+        with self._session() as s:
+            s.execute(
+                update(schema.LadderClaim)
+                .where(schema.LadderClaim.owner == owner[:128])
+                .values(expires_at=time.time() + lease_s)
+            )
+
+    def release_ladder_claims(self, owner: str) -> None:
+        """Drop every claim `owner` holds (its rungs stored, failed or given up)."""
+        with self._session() as s:
+            s.execute(delete(schema.LadderClaim).where(schema.LadderClaim.owner == owner[:128]))
+
     def ladder_rungs(
         self, study: str, tokens_per_param: float | None = None, batch_size: int | None = None
     ) -> list[LadderRungRecord]:

@@ -36,8 +36,8 @@ from sqlalchemy.types import TypeDecorator
 # archsearch_ladder_fits; 5: archsearch_trials.prefill_time_s and decode_time_s; 6:
 # archsearch_trials.loss_change (older rows filled from their stored held-out curves on opening); 7:
 # archsearch_ladder_rungs.batch_size, part of a rung's key (the table is rebuilt on opening, each row's
-# batch read from its stored settings), archsearch_ladder_fits.batch_size
-SCHEMA_VERSION = 7
+# batch read from its stored settings), archsearch_ladder_fits.batch_size; 8: archsearch_ladder_claims
+SCHEMA_VERSION = 8
 ADDITIVE_SINCE = 1  # versions 1 .. SCHEMA_VERSION - 1 differ from this one only by missing tables
 # ... and by these nullable columns, added to existing tables on opening: (table, column).
 ADDED_COLUMNS = (
@@ -291,6 +291,28 @@ class LadderRung(Base):
     corpus_fingerprint: Mapped[str | None] = mapped_column(String(64))
     wall_time_s: Mapped[float | None] = mapped_column(Real)
     created_at: Mapped[float] = mapped_column(Real)
+
+
+class LadderClaim(Base):
+    """A rung one `archsearch ladder` is training: two ladders of one study started together train
+    each missing rung once (probe 10: both trained every rung). Keyed as a rung; the holder renews
+    `expires_at` while it trains and deletes the row when the rung is stored or given up, so a
+    killed ladder's claims lapse after their lease."""
+
+    __tablename__ = "archsearch_ladder_claims"
+    __table_args__ = (
+        UniqueConstraint("study", "trial_number", "tokens_per_param", "batch_size", "shape_key", "seed"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    study: Mapped[str] = mapped_column(ForeignKey("archsearch_studies.name", ondelete="CASCADE"), index=True)
+    trial_number: Mapped[int] = mapped_column(Integer)
+    tokens_per_param: Mapped[float] = mapped_column(Real)
+    batch_size: Mapped[int] = mapped_column(Integer)
+    shape_key: Mapped[str] = mapped_column(String(64))
+    seed: Mapped[int] = mapped_column(Integer)
+    owner: Mapped[str] = mapped_column(String(128))  # host:pid:token of the ladder holding it
+    expires_at: Mapped[float] = mapped_column(Real)  # unix time; past it, another ladder may take it
 
 
 class LadderFitRow(Base):

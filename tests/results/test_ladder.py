@@ -234,6 +234,47 @@ def test_ctrl_c_keeps_finished_rungs_and_a_rerun_trains_the_rest_once(url, tmp_p
     assert again.fit.coefficient(1) == pytest.approx(A["swiglu"], rel=1e-2)
 
 
+def test_a_rung_another_ladder_is_training_is_left_to_it_and_a_rerun_trains_it(
+    url, tmp_path, ray_session, monkeypatch
+):
+    # Probe 10: two ladders of one study started together trained every missing rung twice. Each
+    # rung is now claimed in the database just before it starts; here another ladder holds one.
+    import archsearch.results.ladder as ladder
+
+    log = tmp_path / "runs.log"
+    with Storage.open(url) as db:
+        planned = plan_ladder(db, OPTIONS)
+        held = planned[0]
+        assert db.claim_ladder_rung(
+            "tiny", trial_number=held.trial, tokens_per_param=OPTIONS.tokens_per_param,
+            batch_size=held.batch_size, config=held.config, seed=OPTIONS.seed, owner="other:1:x",
+            lease_s=600,
+        ) is None  # fmt: skip
+        summary = run_ladder(db, OPTIONS, run_fn=_logged(log))
+        assert summary.busy == (f"trial {held.trial} at {held.params / 1e3:.4g}k",)
+        assert summary.trained == len(planned) - 1 and summary.failed == ()
+        assert shape_key(held.config) not in _lines(log)  # not trained here
+        # Its claims are released when it ends; the other ladder's stays until that one ends.
+        assert db.claim_ladder_rung(
+            "tiny", trial_number=planned[1].trial, tokens_per_param=OPTIONS.tokens_per_param,
+            batch_size=planned[1].batch_size, config=planned[1].config, seed=OPTIONS.seed,
+            owner="third", lease_s=600,
+        ) == "stored"  # fmt: skip
+    # The command says so, exit 0: the ladder holding the rung stores it.
+    real = ladder.run_ladder
+    monkeypatch.setattr(ladder, "run_ladder", lambda db, o, **kw: real(db, o, run_fn=_logged(log), **kw))
+    argv = ["ladder", "--study", "tiny", "--storage", url, "--trial", "0", "--trial", "1", "--rungs", "3"]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    assert f"note: 1 rung left to another ladder training it now (trial {held.trial}" in result.output
+    assert "rerun the same command once it finishes" in result.output
+    with Storage.open(url) as db:
+        db.release_ladder_claims("other:1:x")  # the other ladder gave up: the rung is free again
+        log.unlink()
+        again = run_ladder(db, OPTIONS, run_fn=_logged(log))
+        assert (again.trained, again.busy) == (1, ()) and _lines(log) == [shape_key(held.config)]
+
+
 def test_another_batch_size_is_another_recipe_with_rungs_and_a_law_of_its_own(url, tmp_path, ray_session):
     log = tmp_path / "runs.log"
     with Storage.open(url) as db:

@@ -418,6 +418,33 @@ def test_ladder_rungs_are_stored_once_per_trial_recipe_shape_and_seed(storage):
     ]
 
 
+def test_a_rung_is_claimed_by_one_ladder_until_stored_released_or_lapsed(storage, monkeypatch):
+    def claim(owner, trial_number=2, lease_s=600.0, seed=0):
+        return storage.claim_ladder_rung(
+            "s", trial_number=trial_number, tokens_per_param=20.0, batch_size=16, config=CFG, seed=seed,
+            owner=owner, lease_s=lease_s,
+        )  # fmt: skip
+
+    assert claim("a") is None and claim("a") is None  # a ladder may claim its own rung again
+    assert claim("b") == "claimed" and claim("b", seed=1) is None  # another seed: another rung
+    storage.release_ladder_claims("a")
+    assert claim("b") is None and claim("a") == "claimed"
+    # A claim lapses when its holder stops renewing it (a killed ladder): time moves past the lease.
+    clock = [time.time()]
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    assert claim("c", trial_number=3, lease_s=60) is None
+    clock[0] += 59
+    assert claim("d", trial_number=3) == "claimed"
+    storage.renew_ladder_claims("c", 60)
+    clock[0] += 59  # renewed: still held
+    assert claim("d", trial_number=3) == "claimed"
+    clock[0] += 2
+    assert claim("d", trial_number=3) is None  # lapsed: taken over
+    # A stored rung is not claimed: the ladder that stored it was first.
+    assert _rung(storage, trial_number=4)
+    assert claim("a", trial_number=4) == "stored"
+
+
 def test_a_version_6_database_gains_batch_sizes_read_from_its_rungs_settings(db_url):
     wider = dataclasses.replace(CFG, d_model=CFG.d_model * 2)
     with Storage.open(db_url) as st:
