@@ -106,7 +106,7 @@ def measure_pair(
     cfg = shape(name)
     measured = measure_serve(cfg, "cpu", batch, context, "fp32", min_run_time, parts=parts)
     prefill, decode = local.predict(cfg, measured)
-    previous_prefill, previous_decode = with_op_s(previous, local.op_s).predict(cfg, measured)
+    previous_prefill, previous_decode = previous.with_op_s(local.op_s).predict(cfg, measured)
     # Side by side: the model before the streamed working sets and the measured attention rates
     # (every operand at the calibrated, hot bandwidth; SDPA at the default efficiency).
     uncounted = dataclasses.replace(measured, prefill_memory_bytes=None, decode_memory_bytes=None)
@@ -154,13 +154,6 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
             summary[phase][f"{model}median"] = statistics.median(errors)
             summary[phase][f"{model}worst"] = max(errors)
     return summary
-
-
-def with_op_s(local: LocalServeModel, op_s: float) -> LocalServeModel:
-    """`local` with `op_s` seconds per eager op (another model's fresh measurement)."""
-    return dataclasses.replace(
-        local, op_s=op_s, model=dataclasses.replace(local.model, launch_overhead_s=op_s)
-    )
 
 
 def main() -> None:

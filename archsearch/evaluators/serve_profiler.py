@@ -336,7 +336,10 @@ class LocalServeModel:
     def with_op_time_now(self, device: str = "cpu") -> LocalServeModel:
         """This model with the seconds per eager op measured again on the reference shape: on a
         shared machine the host's speed drifts with the load, and an op's cost with it."""
-        op_s = _reference_op_s(device, self.dtype)
+        return self.with_op_s(_reference_op_s(device, self.dtype))
+
+    def with_op_s(self, op_s: float) -> LocalServeModel:
+        """This model with `op_s` seconds per eager op (another measurement's)."""
         model = dataclasses.replace(self.model, launch_overhead_s=op_s)
         return dataclasses.replace(self, model=model, op_s=op_s)
 
