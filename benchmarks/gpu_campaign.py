@@ -36,8 +36,8 @@ come back even when the command is killed.
 
 On a lent CUDA machine (measured on an H200 on 2026-11-26 at `--min-run-time 0.05`: part 1 207 s
 for the 41 shapes, part 2 114 s for 6 trials at `--search-tokens 1000000`, part 3 297 s for the 39
-points; about 12 minutes of device time with the machine's start), from the repository root, each
-command under its 10 minutes;
+points; about 12 minutes of device time with the machine's start; the rounds, 2026-11-27: part 1's
+two more passes 120 s, part 3's 566 s), from the repository root, each command under its 10 minutes;
 copy the files that come back in $OUT into benchmarks/data/ before the next call, which may get a
 fresh machine (a second command of a part measures only what the first did not):
 
