@@ -73,8 +73,9 @@ MIN_RUNG_STEPS = 500
 TOP_SHIFTS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0)
 LADDER_SCHEDULE = dict(schedule="cosine", min_lr=0.1)  # as `validate`'s long runs: how users train
 # A ladder claims each rung just before it starts (`Storage.claim_ladder_rung`), so two ladders of
-# one study train each rung once; it renews its claims every CLAIM_RENEW_S while it runs, and a
-# killed ladder's claims lapse CLAIM_LEASE_S after their last renewal.
+# one study train each rung once; storing a rung drops its claim, the ladder renews the rest every
+# CLAIM_RENEW_S while it runs and releases them when it ends, and a killed ladder's claims lapse
+# CLAIM_LEASE_S after their last renewal.
 CLAIM_LEASE_S = 600.0
 CLAIM_RENEW_S = 60.0
 

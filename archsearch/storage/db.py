@@ -1487,8 +1487,8 @@ class Storage:
         corpus_fingerprint: str | None = None,
         wall_time_s: float | None = None,
     ) -> bool:
-        """Record one trained rung, in one transaction; the first of a (trial, tokens per parameter,
-        batch size, shape, seed) wins.
+        """Record one trained rung, in one transaction that also drops its claim (whoever holds it);
+        the first of a (trial, tokens per parameter, batch size, shape, seed) wins.
 
         Returns:
             True when written, False when that rung was already stored (it is left as it was).
@@ -1505,7 +1505,7 @@ class Storage:
                 tokens, val_loss, val_curve, settings, device_fingerprint, corpus_fingerprint, wall_time_s
             ),
         )  # fmt: skip
-        return self._add_once(schema.LadderRung, key, rung)
+        return self._add_once(schema.LadderRung, key, rung, settles=schema.LadderClaim)
 
     def claim_ladder_rung(
         self,
@@ -1609,10 +1609,13 @@ class Storage:
                 for r in (_checked(row, f"ladder fit {row.id} of {study!r}") for row in rows)
             ]
 
-    def _add_once(self, table: Any, key: Mapping[str, Any], columns: Mapping[str, Any]) -> bool:
+    def _add_once(
+        self, table: Any, key: Mapping[str, Any], columns: Mapping[str, Any], settles: Any = None
+    ) -> bool:
         """Insert a row of `table` (`key` and `columns`, stamped now) unless one with the same `key`
         columns is stored, in one transaction holding the study's row locked: of two writers racing
-        with the same key, the first wins.
+        with the same key, the first wins. The rows of `settles` with that key (claims on it) are
+        deleted in the same transaction either way.
 
         Returns:
             True when written, False when a row with that key was already stored (left as it was).
@@ -1620,6 +1623,8 @@ class Storage:
         with self._session() as s:
             s.execute(select(schema.Study.name).where(schema.Study.name == key["study"]).with_for_update())
             same = [table.__table__.c[column] == value for column, value in key.items()]
+            if settles is not None:
+                s.execute(delete(settles).where(*(settles.__table__.c[c] == v for c, v in key.items())))
             if s.scalar(select(table.id).where(*same)) is not None:
                 return False
             s.add(table(**key, **columns, created_at=time.time()))

@@ -418,7 +418,7 @@ def test_ladder_rungs_are_stored_once_per_trial_recipe_shape_and_seed(storage):
     ]
 
 
-def test_a_rung_is_claimed_by_one_ladder_until_stored_released_or_lapsed(storage, monkeypatch):
+def test_a_rung_is_claimed_by_one_ladder_until_stored_released_or_lapsed(storage, db_url, monkeypatch):
     def claim(owner, trial_number=2, lease_s=600.0, seed=0):
         return storage.claim_ladder_rung(
             "s", trial_number=trial_number, tokens_per_param=20.0, batch_size=16, config=CFG, seed=seed,
@@ -443,6 +443,23 @@ def test_a_rung_is_claimed_by_one_ladder_until_stored_released_or_lapsed(storage
     # A stored rung is not claimed: the ladder that stored it was first.
     assert _rung(storage, trial_number=4)
     assert claim("a", trial_number=4) == "stored"
+    # Storing a rung drops its claim in the same transaction; the holder's other claims stay.
+    assert claim("e", trial_number=5) is None and claim("e", trial_number=6) is None
+    assert _rung(storage, trial_number=5)
+    assert _claims(db_url) == [("b", 2), ("b", 2), ("d", 3), ("e", 6)]  # b: seeds 0 and 1
+
+
+def _claims(url: str) -> list[tuple[str, int]]:
+    """(owner, trial) of every rung claim stored, by trial."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as c:
+            rows = c.execute(
+                text("SELECT owner, trial_number FROM archsearch_ladder_claims ORDER BY trial_number")
+            )
+            return [tuple(r) for r in rows]
+    finally:
+        engine.dispose()
 
 
 def test_a_version_6_database_gains_batch_sizes_read_from_its_rungs_settings(db_url):
