@@ -203,10 +203,9 @@ def measures(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _est(e: dict[str, Any]) -> str:
-    def f(x: Any, spec: str) -> str:
-        return "-" if x is None else format(x, spec)
+    from archsearch.search.fidelity_stats import estimate_text
 
-    return f"{f(e['value'], '.3f')} [{f(e['low'], '.2f')}, {f(e['high'], '.2f')}]"
+    return estimate_text(e, value_spec=".3f")
 
 
 def _cpu_description() -> str:

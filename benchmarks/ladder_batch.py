@@ -156,11 +156,7 @@ def at_real(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _est(e: dict[str, Any]) -> str:
     """An estimate with its interval; "-" where there is none (too few designs to resample)."""
-
-    def f(x: float | None) -> str:
-        return "-" if x is None else f"{x:.2f}"
-
-    return f"{f(e['value'])} [{f(e['low'])}, {f(e['high'])}]"
+    return fs.estimate_text(e)
 
 
 def main() -> None:

@@ -122,10 +122,7 @@ def score(rows: list[dict[str, Any]], predicted: dict[int, float]) -> dict[str, 
 
 
 def _est(e: dict[str, Any]) -> str:
-    def f(x: float | None) -> str:
-        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
-
-    return f"{f(e['value'])} [{f(e['low'])}, {f(e['high'])}]"
+    return fs.estimate_text(e)
 
 
 def main() -> None:

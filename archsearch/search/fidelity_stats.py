@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +44,16 @@ class Estimate:
 
     def __str__(self) -> str:
         return f"{self.value:.3f} [{self.low:.3f}, {self.high:.3f}]"
+
+
+def estimate_text(e: Mapping[str, float | None], spec: str = ".2f", value_spec: str | None = None) -> str:
+    """An estimate as `Estimate.to_dict()` writes it, as "value [low, high]"; "-" for a part that
+    is undefined (None or NaN: too few shapes to resample)."""
+
+    def f(x: float | None, fmt: str) -> str:
+        return "-" if x is None or math.isnan(x) else format(x, fmt)
+
+    return f"{f(e['value'], value_spec or spec)} [{f(e['low'], spec)}, {f(e['high'], spec)}]"
 
 
 def _arrays(*columns: Sequence[float]) -> list[np.ndarray]:
