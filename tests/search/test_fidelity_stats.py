@@ -8,6 +8,7 @@ from scipy import stats
 
 from archsearch.search.fidelity_stats import (
     Estimate,
+    estimate_text,
     front_recall,
     knee_regret,
     pair_accuracy,
@@ -25,6 +26,12 @@ def test_a_perfect_ranking_is_one_with_a_degenerate_interval():
     # every resample repeats shapes in both columns alike, so it ranks perfectly too
     assert (est.value, est.low, est.high) == pytest.approx((1.0, 1.0, 1.0))
     assert rank_correlation([-t for t in TARGET], TARGET, "kendall").value == pytest.approx(-1.0)
+
+
+def test_an_estimate_reads_as_its_value_and_interval_with_undefined_parts_a_dash():
+    assert estimate_text(Estimate(0.3712, -0.35, 0.8).to_dict(), value_spec=".3f") == "0.371 [-0.35, 0.80]"
+    assert estimate_text(Estimate(0.5, float("nan"), float("nan")).to_dict()) == "0.50 [-, -]"
+    assert estimate_text({"value": None, "low": 0.1, "high": float("nan")}, ".1%") == "- [10.0%, -]"
 
 
 def test_the_values_are_scipys_and_the_interval_holds_them():
