@@ -23,6 +23,11 @@
    bootstrap interval over designs (`search.fidelity_stats`), and the ladder's paired difference
    against the proxy.
 
+`--replicate TRIAL` (repeatable) also trains a second real run of that design with seed 1 (keyed
+apart, appended to the same file): the seed-to-seed difference of the real loss, the noise floor
+of any prediction of it, is printed and recorded beside the errors (`real_seed_noise`); the errors
+stay measured against seed 0's run, as before.
+
 Every step's command is printed; the record (commands, rungs, real runs, predictions, measures)
 goes to `--out` (default benchmarks/data/ladder_accuracy.json) at the end. `--recorded-only`
 trains no real run: the record measures the designs whose real runs are recorded (the ladders are
@@ -31,6 +36,8 @@ trained as usual), so a partial campaign can be read while the rest waits.
     python benchmarks/ladder_accuracy.py                 # hours on 2 cores: ~8 x 40M tokens at 2M
     python benchmarks/ladder_accuracy.py --tokens-per-param 5 --out /tmp/l5.json
     python benchmarks/ladder_accuracy.py --tokens-per-param 5 --batch-size 16 --rung-batch-size 4
+    python benchmarks/ladder_accuracy.py --tokens-per-param 5 --batch-size 16 --rung-batch-size 4 \
+        --designs 12 --replicate 30 --replicate 74  # their real runs' seed noise too
     python benchmarks/ladder_accuracy.py --smoke         # a toy space, tiny budgets: a minute or two
 """
 
@@ -237,6 +244,10 @@ def main() -> None:
     parser.add_argument(
         "--recorded-only", action="store_true", help="train no real run; measure the recorded ones"
     )
+    parser.add_argument(
+        "--replicate", type=int, action="append", default=[], metavar="TRIAL",
+        help="also a real run of this design with seed 1 (repeatable): the real loss's seed noise",
+    )  # fmt: skip
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument(
         "--out", type=Path, default=None, help=f"the record (default {OUT.relative_to(ROOT)})"
@@ -293,25 +304,36 @@ def main() -> None:
                 break
             print(f"{len(chosen)} designs ladder at {count} rungs; trying {count - 1}", flush=True)
         rungs = count
+        if args.smoke and not args.replicate:
+            args.replicate = [chosen[0].number]  # the smoke exercises the replicate too
         rule = storage.require_study(args.study).loss_rule
         proxy = storage.require_study(args.study).spec["proxy"]
         data_path = storage.require_study(args.study).spec.get("data")
     if len(chosen) < designs:
         raise SystemExit(f"ladder_accuracy: only {len(chosen)} designs can be laddered; run more --trials")
+    unknown = sorted(set(args.replicate) - {t.number for t in chosen})
+    if unknown:
+        raise SystemExit(f"ladder_accuracy: --replicate {unknown[0]} is not one of the designs chosen")
     numbers = [a for t in chosen for a in ("--trial", str(t.number))]
 
     # The real runs first (the hours of the benchmark; each keeps a checkpoint, so a stopped run
     # goes on where it was): each design at `real_size`, built and trained as a rung would be.
     shapes = {t.number: rung_shape(t.config, real_size) for t in chosen}
-    requests = {}
+    requests, replicas = {}, {}  # seed 0's runs by key; seed 1's keys by trial
     for t in chosen:
         cfg = shapes[t.number]
-        settings = ladder_settings(proxy, rung_tokens(cfg, ratio), 0, args.batch_size)
-        key = f"{shape_key(cfg)}-{settings['tokens']}-b{settings['batch_size']}"
-        checkpoint = work / "checkpoints" / f"{key}.pt"
-        requests[key] = dict(
-            config=cfg.to_dict(), settings=settings, data=data_path, cpus=1.0, checkpoint=str(checkpoint)
-        )
+        for seed in (0, 1) if t.number in args.replicate else (0,):
+            settings = ladder_settings(proxy, rung_tokens(cfg, ratio), seed, args.batch_size)
+            key = f"{shape_key(cfg)}-{settings['tokens']}-b{settings['batch_size']}" + (
+                f"-s{seed}" if seed else ""
+            )
+            checkpoint = work / "checkpoints" / f"{key}.pt"
+            request = dict(
+                config=cfg.to_dict(), settings=settings, data=data_path, cpus=1.0, checkpoint=str(checkpoint)
+            )
+            if seed:
+                replicas[t.number] = key
+            requests[key] = request
     started = time.monotonic()
     results = real_runs(
         requests, work / f"{args.study}-real_runs.jsonl", args.workers, train=not args.recorded_only
@@ -325,6 +347,17 @@ def main() -> None:
         "--tokens-per-param", f"{ratio:g}", *batch, "--workers", workers,
     ))  # fmt: skip
 
+    seed_noise = []  # each replicated design: its two real losses
+    for trial, key in replicas.items():
+        first = results.get(key.rsplit("-s", 1)[0])
+        second = results.get(key)
+        if first and second:
+            seed_noise.append({
+                "trial": trial, "seed_0": first["val_loss"], "seed_1": second["val_loss"],
+                "difference": abs(second["val_loss"] - first["val_loss"]) / first["val_loss"],
+            })  # fmt: skip
+    for key in replicas.values():
+        del requests[key]  # the rows below are seed 0's
     with Storage.open(url, create=False) as storage:
         real_settings = next(iter(requests.values()))["settings"]
         real_batch = real_settings["batch_size"]
@@ -372,6 +405,7 @@ def main() -> None:
         "fit": fit.to_dict(),
         "rows": rows,
         "measures": result_measures,
+        "real_seed_noise": seed_noise,
     }
     write_atomic(out, (json.dumps(record, indent=1) + "\n").encode())
 
@@ -403,6 +437,11 @@ def main() -> None:
                 f"size-adjusted proxy {_est(s['proxy_adjusted'])}; ladder - proxy "
                 f"{_est(m['ladder_vs_proxy'])}"
             )
+    for n in seed_noise:
+        print(
+            f"trial {n['trial']}: real runs with seeds 0 and 1 {n['seed_0']:.4f} and {n['seed_1']:.4f}, "
+            f"{n['difference']:.2%} apart"
+        )
     print(f"recorded in {out}")
 
 

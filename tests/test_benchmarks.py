@@ -478,9 +478,14 @@ def test_ladder_accuracy_smoke_predicts_the_real_runs_and_resumes_without_traini
     assert all(r["low"] <= r["predicted"] <= r["high"] and r["distance"] > 1 for r in rows), rows
     assert any(c.startswith("archsearch ladder --study ladder-smoke") for c in record["commands"])
     assert set(record["measures"]["spearman"]) == {"ladder", "proxy", "proxy_adjusted"}
+    # The smoke replicates its first design's real run with seed 1: a second loss, its difference.
+    (noise,) = record["real_seed_noise"]
+    assert noise["trial"] == rows[0]["trial"] and noise["seed_0"] == rows[0]["real"]
+    assert noise["seed_1"] != noise["seed_0"] and noise["difference"] > 0
+    assert f"trial {noise['trial']}: real runs with seeds 0 and 1" in done.stdout
     # Again: the ladder finds every rung stored and the real runs recorded; nothing is trained.
     again = _smoke("ladder_accuracy.py", "--out", str(out), timeout=900, env=env)
-    assert "real runs: 0 to train, 3 recorded" in again.stdout, again.stdout[-3000:]
+    assert "real runs: 0 to train, 4 recorded" in again.stdout, again.stdout[-3000:]
     assert "0 rungs trained, 9 reused from earlier runs" in again.stderr, again.stderr[-3000:]
     assert [r["real"] for r in json.loads(out.read_text())["rows"]] == [r["real"] for r in rows]
     # Rungs at another batch than the real runs': a new ladder of each design predicts the same runs.
@@ -494,7 +499,7 @@ def test_ladder_accuracy_smoke_predicts_the_real_runs_and_resumes_without_traini
         timeout=900,
         env=env,
     )
-    assert "real runs: 0 left out, 3 recorded" in other.stdout, other.stdout[-3000:]
+    assert "real runs: 0 left out, 4 recorded" in other.stdout, other.stdout[-3000:]
     assert "9 rungs trained, 0 reused from earlier runs" in other.stderr, other.stderr[-3000:]
     record = json.loads(out.read_text())
     assert "the rungs at batch 2, the real runs at 4" in record["what"], record["what"]
