@@ -1,7 +1,7 @@
 """The GPU campaign (issue 25): every GPU claim archsearch makes, measured in one sitting on a lent
 CUDA device, in commands of at most 10 minutes that each resume what the last one recorded.
 
-Parts (`--parts 1,2,3`, the default; `--part N` for one):
+Parts (`--parts 1,2,3,4`, the default; `--part N` for one):
 1. steps: real eager training steps (bf16 autocast on a GPU, fp32 loss, fused AdamW: the step
    `model.eager_kernel_count` counts) of 41 shapes that vary d_model and d_ff alignment, head_dim,
    GQA groups, seq_len, vocab 50257 against 50304, batch, and the byte-level shapes the GPU search
@@ -21,6 +21,11 @@ Parts (`--parts 1,2,3`, the default; `--part N` for one):
    step replayed from a CUDA graph) against the serving model of the catalogued GPU, nothing
    fitted (benchmarks/gpu_campaign_serve.py); once every point is measured, each is measured again
    in passes until it has `--serve-rounds` timings (3), each call's time their median.
+4. trace: where the time of 6 real steps goes (`step_record.trace_train_step`, torch.profiler):
+   the shapes the step model missed most on the H200 (the byte-level sandwich shape, d1024 at
+   batch 32, GPT-2 small at batch 2, the byte-level 16-layer shape) and two it predicts well; per
+   step the wall time, the kernels' device time, the launches (beside the count the model uses) and
+   the 30 kernels that took longest, to tell the host's share from missing kernels.
 
 Records go to `--out` (default benchmarks/data/), named by the device (`gpu_campaign_<device>_*`),
 each written atomically as each measurement finishes: part 1's run as one JSON in the format
@@ -45,6 +50,7 @@ fresh machine (a second command of a part measures only what the first did not):
     PYTHONUNBUFFERED=1 python benchmarks/gpu_campaign.py --part 1 --budget-s 540 --mirror "$OUT"  # if cut
     PYTHONUNBUFFERED=1 python benchmarks/gpu_campaign.py --part 2 --budget-s 540 --mirror "$OUT"
     PYTHONUNBUFFERED=1 python benchmarks/gpu_campaign.py --part 3 --budget-s 540 --mirror "$OUT"
+    PYTHONUNBUFFERED=1 python benchmarks/gpu_campaign.py --part 4 --budget-s 300 --mirror "$OUT"
     python benchmarks/gpu_campaign.py --report       # anywhere: what is recorded, scored again
 
     python benchmarks/gpu_campaign.py --smoke        # CPU, tiny shapes and budgets, a temporary folder
@@ -73,7 +79,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "benchmarks" / "data"
 GPU_SPACE = ROOT / "examples" / "gpu.toml"
 STUDY = "gpu-campaign"
-PARTS = {1: "steps", 2: "search", 3: "serve"}
+PARTS = {1: "steps", 2: "search", 3: "serve", 4: "trace"}
 SNAPSHOT_EVERY_S = 30.0  # how often the search's database is copied out while it runs
 STOP_GRACE_S = 60.0  # after SIGTERM, time for the search to record its interrupted trial and stop
 SEARCH_START_S = 60.0  # Ray's start and the first trial's imports: a search needs this much budget
@@ -192,6 +198,16 @@ def smoke_shapes() -> list[tuple[str, Any, int]]:
 
 
 SMOKE_HELD_OUT = frozenset({"t-d64-s128", "t-v250"})
+# Part 4's shapes: the fit's worst held-out and fitted shapes on the H200, and two it predicts well.
+TRACED = (
+    "byte-d1024-L8-sandwich",
+    "d1024-b32",
+    "gpt2-small-b2",
+    "byte-d2048-L16-reglu",
+    "d1024-ff2752",
+    "d1024-b1",
+)
+SMOKE_TRACED = ("t-d64", "t-d128-mqa")
 SMOKE_FIT_GEMMS = ((64, 64, 64), (128, 128, 128), (256, 256, 256), (256, 64, 256), (512, 128, 64))
 
 
@@ -256,6 +272,10 @@ class Files:
     @property
     def serve(self) -> Path:
         return self.path("_serve.json")
+
+    @property
+    def trace(self) -> Path:
+        return self.path("_trace.json")
 
     @property
     def log(self) -> Path:
@@ -782,12 +802,59 @@ def part_serve(args: argparse.Namespace, info: Any, files: Files, budget: Budget
         files.event("part 3 scored", **summary)
 
 
+def part_trace(args: argparse.Namespace, info: Any, files: Files, budget: Budget) -> None:
+    """Part 4: each of `TRACED` (the smoke's `SMOKE_TRACED`) profiled once, recorded as it ends."""
+    from archsearch.evaluators.profiler import resolve_precision
+    from archsearch.evaluators.step_record import trace_train_step
+
+    table = {label: (cfg, batch) for label, cfg, batch in (smoke_shapes() if args.smoke else shapes())}
+    record = _load(files.trace)
+    if record is None:
+        record = {"device": info.to_dict(), "dtype": resolve_precision(info, "auto"), "shapes": {}}
+    else:
+        _same_device(record, info, files.trace)
+    todo = [label for label in (SMOKE_TRACED if args.smoke else TRACED) if label not in record["shapes"]]
+    print(f"part 4: {len(record['shapes'])} shapes traced, {len(todo)} to trace", flush=True)
+    files.event("part 4 start", recorded=len(record["shapes"]), to_trace=len(todo))
+    for i, label in enumerate(todo):
+        if not budget.allows(60.0 if info.type == "cuda" else 10.0):
+            print(f"part 4: budget spent: {len(todo) - i} shapes left, run again to resume", flush=True)
+            files.event("part 4 budget spent", left=len(todo) - i)
+            break
+        cfg, batch = table[label]
+        try:
+            entry = trace_train_step(cfg, batch, info, record["dtype"])
+        except (RuntimeError, MemoryError) as exc:  # an OOM: the others are still traced
+            print(f"part 4: {label}: not traced: {str(exc).splitlines()[0]}", flush=True)
+            _check_device(info)
+            continue
+        record["shapes"][label] = {"config": cfg.to_dict(), "batch": batch, **entry}
+        files.write_json(files.trace, record)
+        print_trace(label, record["shapes"][label])
+    else:
+        files.event("part 4 traced", shapes=len(record["shapes"]))
+
+
+def print_trace(label: str, entry: dict[str, Any], top: int = 5) -> None:
+    """One traced step: wall and device time, launches against the model's count, its top kernels."""
+    from archsearch.evaluators.model import eager_kernel_count
+    from archsearch.space.config import ArchConfig
+
+    counted = eager_kernel_count(ArchConfig.from_dict(entry["config"]))
+    busy = entry["device_s"] / entry["wall_s"]
+    print(f"part 4: {label} (batch {entry['batch']}): {entry['wall_s'] * 1e3:.2f} ms a step under the "
+          f"profiler, kernels {entry['device_s'] * 1e3:.2f} ms ({busy:.0%}), {entry['calls']:.0f} launches "
+          f"(the model counts {counted})", flush=True)  # fmt: skip
+    for k in entry["top"][:top]:
+        print(f"    {k['seconds'] * 1e3:8.3f} ms  {k['calls']:6.0f}x  {k['name'][:90]}")
+
+
 # ------------------------------------------------------------------------------------------------
 
 
 def report(args: argparse.Namespace) -> None:
     """Score what `--out` holds, on any machine: every device's records of each part."""
-    kinds = ("steps", "search", "serve")
+    kinds = ("steps", "search", "serve", "trace")
     found = [p for kind in kinds for p in sorted(args.out.glob(f"gpu_campaign_*_{kind}.json"))]
     if not found:
         raise CampaignError(f"no campaign records in {args.out}")
@@ -800,6 +867,9 @@ def report(args: argparse.Namespace) -> None:
             score_steps(raw, model, held, None)
         elif path.name.endswith("_serve.json"):
             gpu_campaign_serve.score(raw, catalogue_model(raw["device"], args.model))
+        elif path.name.endswith("_trace.json"):
+            for label, entry in raw["shapes"].items():
+                print_trace(label, entry)
         else:
             print(f"study {raw['study']}: " + ", ".join(f"{n} {s}" for s, n in sorted(raw["counts"].items())))
             model = raw["model"] if args.model == "auto" else catalogue_model({}, args.model)
@@ -836,7 +906,7 @@ def score_search(raw: dict[str, Any], model: str, space: Path) -> dict[str, floa
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = _Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--parts", default="1,2,3", help="comma-separated parts to run: 1 steps, 2 search, 3 serve"
+        "--parts", default="1,2,3,4", help="comma-separated parts to run: 1 steps, 2 search, 3 serve, 4 trace"
     )
     parser.add_argument("--part", type=int, help="one part (as --parts N)")
     parser.add_argument(
@@ -933,6 +1003,8 @@ def main(argv: list[str] | None = None) -> None:
             part_search(args, args.model, files, budget)
         if 3 in args.parts:
             part_serve(args, info, files, budget)
+        if 4 in args.parts:
+            part_trace(args, info, files, budget)
         files.event("end", elapsed_s=round(budget.elapsed(), 1))
         print(f"gpu campaign: {budget.elapsed():.0f} s", flush=True)
     finally:

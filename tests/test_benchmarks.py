@@ -286,6 +286,14 @@ def test_gpu_campaign_smoke_records_every_part_and_a_second_run_resumes_measurin
     assert all(p["decode_time_s"] == statistics.median(p["decode_time_rounds_s"]) for p in serve["points"])
     assert "part 3: prefill_time_s measured in 2 passes: spread" in done.stdout, done.stdout
     assert re.search(r"part 3: decode against h100-sxm: median \|error\| [\d.]+%", done.stdout), done.stdout
+    # Part 4: the traced steps, each with its launches and the operators that took longest.
+    trace = json.loads(next(out.glob("gpu_campaign_*_trace.json")).read_text())
+    assert list(trace["shapes"]) == ["t-d64", "t-d128-mqa"], trace["shapes"].keys()
+    for entry in trace["shapes"].values():
+        assert entry["steps"] == 3 and entry["wall_s"] > 0 and entry["calls"] > 0 and entry["top"]
+        assert sum(k["seconds"] for k in entry["top"]) <= entry["device_s"] * (1 + 1e-9)
+    assert re.search(r"part 4: t-d64 \(batch 4\): [\d.]+ ms a step .* launches \(the model counts \d+\)",
+                     done.stdout), done.stdout  # fmt: skip
     # The recorded run is what fit-device reads.
     fitted = subprocess.run(
         [sys.executable, "-m", "archsearch", "fit-device", str(steps_file), "--no-holdout", "--json"],
@@ -299,6 +307,7 @@ def test_gpu_campaign_smoke_records_every_part_and_a_second_run_resumes_measurin
     assert "part 2: resumed" in again.stdout and "3 of 3 trials finished" in again.stdout, again.stdout
     assert "part 2: nothing to run" in again.stdout and "+ archsearch search" not in again.stdout
     assert "part 3: 4 of 4 points recorded, 0 to measure" in again.stdout, again.stdout
+    assert "part 4: 2 shapes traced, 0 to trace" in again.stdout, again.stdout
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.suffix != ".jsonl"} == before
     events = [json.loads(line)["event"] for line in next(out.glob("*.jsonl")).read_text().splitlines()]
     assert events.count("start") == 3 and events.count("part 1 scored") == 2, events
@@ -314,13 +323,13 @@ def _campaign_trials(database: Path) -> list[tuple]:
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--part", "4"], "no part 4; parts: 1 steps, 2 search, 3 serve"),
+        (["--part", "5"], "no part 5; parts: 1 steps, 2 search, 3 serve, 4 trace"),
         (["--parts", "1,x"], "--parts must be numbers"),
         (["--budget-s", "-5"], "--budget-s must be positive, got -5"),
         (["--budget-s", "soon"], "argument --budget-s: invalid float value: 'soon'"),
         (["--report", "--out", "/nonexistent/records"], "no campaign records in /nonexistent/records"),
     ],
-    ids=["part-4", "parts", "budget", "budget-type", "no-records"],
+    ids=["part-5", "parts", "budget", "budget-type", "no-records"],
 )
 def test_gpu_campaign_refuses_bad_input_in_one_line(args, message):
     done = _campaign(*args, timeout=120)
@@ -359,6 +368,8 @@ def test_gpu_campaign_shapes_vary_every_knob_the_issue_names_and_hold_a_fixed_th
     assert len({c.seq_len for c in configs}) >= 5 and len({batch for _, _, batch in table}) >= 6
     assert {50257, 50304, 256} <= {c.vocab_size for c in configs}
     assert campaign.SMOKE_HELD_OUT < {label for label, _, _ in campaign.smoke_shapes()}
+    assert set(campaign.TRACED) < set(labels) and campaign.HELD_OUT & set(campaign.TRACED)
+    assert set(campaign.SMOKE_TRACED) < {label for label, _, _ in campaign.smoke_shapes()}
 
 
 def test_gpu_campaign_searches_the_gpu_example_with_only_the_proxy_cut(campaign):

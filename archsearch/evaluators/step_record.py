@@ -24,7 +24,7 @@ import gc
 import logging
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -83,6 +83,27 @@ def _autocast(dev: torch.device, dtype: str) -> contextlib.AbstractContextManage
     return torch.autocast(dev.type, dtype=TORCH_DTYPES[dtype])
 
 
+def _train_step(cfg: ArchConfig, batch: int, dev: torch.device, dtype: str) -> Callable[[], None]:
+    """One real eager training step of `cfg` on `batch` sequences, ready to call: `dtype` autocast
+    forward, fp32 cross-entropy, backward, fused AdamW, gradients set to None."""
+    torch.manual_seed(0)
+    with dev:  # parameters made on the device: a 1B model initialises there in a second
+        model = ProxyLM(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    data = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len + 1), device=dev)
+    x, y = data[:, :-1], data[:, 1:]  # (B, T) each
+
+    def step() -> None:
+        with _autocast(dev, dtype):
+            logits = model(x)  # (B, T, vocab)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
 def time_train_step(
     cfg: ArchConfig,
     batch: int,
@@ -108,21 +129,7 @@ def time_train_step(
         raise ValueError(f"steps must be positive, got {steps}")
     info = device if isinstance(device, DeviceInfo) else detect_device(device)
     dev = info.torch_device
-    torch.manual_seed(0)
-    with dev:  # parameters made on the device: a 1B model initialises there in a second
-        model = ProxyLM(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    data = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len + 1), device=dev)
-    x, y = data[:, :-1], data[:, 1:]  # (B, T) each
-
-    def step() -> None:
-        with _autocast(dev, dtype):
-            logits = model(x)  # (B, T, vocab)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
+    step = _train_step(cfg, batch, dev, dtype)
     for _ in range(warmup):
         step()
     clock = StepClock(dev)
@@ -136,6 +143,71 @@ def time_train_step(
         torch.cuda.synchronize(dev)  # the clock's events are read once the last step has run
     seconds, _ = clock.median(warmup=0)
     return float(seconds)  # type: ignore[arg-type]  # steps >= 1 were timed
+
+
+def trace_train_step(
+    cfg: ArchConfig,
+    batch: int,
+    device: str | DeviceInfo = "cpu",
+    dtype: str = DTYPE,
+    steps: int = 3,
+    warmup: int = STEP_WARMUP,
+    top: int = 30,
+) -> dict[str, Any]:
+    """Where a real step's time goes (`time_train_step`'s step, under `torch.profiler`).
+
+    Over `steps` steps after `warmup`: the wall time a step, and on CUDA every kernel the device
+    ran (on the CPU every top-level operator) by name, with its calls and seconds a step; the `top`
+    names by time, and the totals over all of them. On a GPU the device seconds against the wall
+    seconds say how long the device idled waiting on the host; the calls, how many launches the
+    host issued (what `model.eager_kernel_count` counts).
+
+    Raises:
+        ValueError: `steps` is not positive.
+        torch.OutOfMemoryError (or the CPU allocator's RuntimeError): the step does not fit.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    if steps <= 0:
+        raise ValueError(f"steps must be positive, got {steps}")
+    info = device if isinstance(device, DeviceInfo) else detect_device(device)
+    dev = info.torch_device
+    cuda = dev.type == "cuda"
+    step = _train_step(cfg, batch, dev, dtype)
+    for _ in range(warmup):
+        step()
+    if cuda:
+        torch.cuda.synchronize(dev)
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize(dev)
+        wall = time.perf_counter() - start
+    calls: dict[str, int] = {}
+    seconds: dict[str, float] = {}
+    for e in prof.events():
+        if cuda and e.device_type.name == "CUDA":
+            us = e.time_range.elapsed_us()
+        elif not cuda and e.device_type.name == "CPU" and e.cpu_parent is None:
+            us = e.cpu_time_total  # a top-level operator, its children inside it
+        else:
+            continue
+        calls[e.name] = calls.get(e.name, 0) + 1
+        seconds[e.name] = seconds.get(e.name, 0.0) + us * 1e-6
+    ranked = sorted(seconds, key=seconds.__getitem__, reverse=True)
+    return {
+        "steps": steps,
+        "wall_s": wall / steps,  # a step, the profiler's own overhead included
+        "device_s": sum(seconds.values()) / steps,
+        "calls": sum(calls.values()) / steps,
+        "names": len(calls),
+        "top": [
+            {"name": n[:120], "calls": calls[n] / steps, "seconds": seconds[n] / steps} for n in ranked[:top]
+        ],
+    }
 
 
 def attention_kernels(
