@@ -104,6 +104,19 @@ def _train_step(cfg: ArchConfig, batch: int, dev: torch.device, dtype: str) -> C
     return step
 
 
+def _warm_step(
+    cfg: ArchConfig, batch: int, device: str | DeviceInfo, dtype: str, steps: int, warmup: int
+) -> tuple[torch.device, Callable[[], None]]:
+    """The device and `_train_step`, run `warmup` times; `steps` (to be run next) checked."""
+    if steps <= 0:
+        raise ValueError(f"steps must be positive, got {steps}")
+    info = device if isinstance(device, DeviceInfo) else detect_device(device)
+    step = _train_step(cfg, batch, info.torch_device, dtype)
+    for _ in range(warmup):
+        step()
+    return info.torch_device, step
+
+
 def time_train_step(
     cfg: ArchConfig,
     batch: int,
@@ -125,13 +138,7 @@ def time_train_step(
         ValueError: `steps` is not positive.
         torch.OutOfMemoryError (or the CPU allocator's RuntimeError): the step does not fit.
     """
-    if steps <= 0:
-        raise ValueError(f"steps must be positive, got {steps}")
-    info = device if isinstance(device, DeviceInfo) else detect_device(device)
-    dev = info.torch_device
-    step = _train_step(cfg, batch, dev, dtype)
-    for _ in range(warmup):
-        step()
+    dev, step = _warm_step(cfg, batch, device, dtype, steps, warmup)
     clock = StepClock(dev)
     for _ in range(steps):
         clock.start()
@@ -168,14 +175,8 @@ def trace_train_step(
     """
     from torch.profiler import ProfilerActivity, profile
 
-    if steps <= 0:
-        raise ValueError(f"steps must be positive, got {steps}")
-    info = device if isinstance(device, DeviceInfo) else detect_device(device)
-    dev = info.torch_device
+    dev, step = _warm_step(cfg, batch, device, dtype, steps, warmup)
     cuda = dev.type == "cuda"
-    step = _train_step(cfg, batch, dev, dtype)
-    for _ in range(warmup):
-        step()
     if cuda:
         torch.cuda.synchronize(dev)
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]

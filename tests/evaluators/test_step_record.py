@@ -39,3 +39,17 @@ def test_the_fit_set_the_header_and_a_bad_step_count():
     header = step_record.run_header(detect_device("cpu"), 0.1)
     assert header["shapes"] == header["fit_gemms"] == [] and header["nvidia_smi"] == ""
     assert header["device"]["fingerprint"] == detect_device("cpu").fingerprint
+
+
+def test_a_traced_step_names_where_its_time_went():
+    trace = step_record.trace_train_step(TINY, 2, "cpu", "fp32", steps=2, warmup=1, top=500)
+    assert trace["steps"] == 2 and trace["wall_s"] > 0 and 0 < trace["device_s"]
+    assert len(trace["top"]) == trace["names"] > 3  # every name, under a large enough `top`
+    seconds = [k["seconds"] for k in trace["top"]]
+    assert seconds == sorted(seconds, reverse=True) and sum(seconds) == pytest.approx(trace["device_s"])
+    # The step's one fused AdamW step: a top-level operator on the CPU, once a step.
+    (optimizer,) = [k for k in trace["top"] if k["name"].startswith("Optimizer.step")]
+    assert optimizer["calls"] == 1
+    assert len(step_record.trace_train_step(TINY, 2, "cpu", "fp32", steps=1, warmup=0, top=2)["top"]) == 2
+    with pytest.raises(ValueError, match="steps must be positive, got 0"):
+        step_record.trace_train_step(TINY, 1, "cpu", "fp32", steps=0)
