@@ -1,0 +1,93 @@
+"""How much the rungs' training seeds move a ladder's prediction 4x past its top rung (issue 23).
+
+Reads a `ladder_accuracy.py` record (its designs and their real runs) and the study's database
+(every stored rung of the recipe, of every seed: `archsearch ladder ... --seed S` stores each seed's
+rungs beside the others), fits the shipped law (`results.ladder_fit.fit_ladders`: E and alpha
+shared, A per design) over the rungs of each subset of the stored seeds, and scores each fit
+against the same real runs: E and alpha, the median absolute error (its 95% bootstrap interval over
+designs) and the worst, and how many real losses fall inside the fit's 95% intervals. The spread
+over the subsets is how much the prediction owes to which seeds the rungs happened to get.
+
+    python benchmarks/ladder_seeds.py           # the 12 designs, seeds 0-2 (about a minute)
+    python benchmarks/ladder_seeds.py --smoke   # seeds 0 and 1 only
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from ladder_heads import score  # benchmarks/ is this script's folder
+
+from archsearch.results.ladder_fit import RungPoint, fit_ladders
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "benchmarks" / "data"
+RECORD = DATA / "ladder_accuracy_tp5_b4_b16_d12_seeds3.json"
+DB = DATA / "ladder_tp5" / "ladder-tiny-hf.db"
+
+
+def rungs_by_seed(db: Path, trials: set[int], ratio: float, batch: int) -> dict[int, list[RungPoint]]:
+    """Each seed's stored rungs of `trials` at the recipe (`ratio` tokens per parameter, `batch`)."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    rows = con.execute(
+        "SELECT seed, trial_number, params_non_embedding, val_loss FROM archsearch_ladder_rungs "
+        "WHERE tokens_per_param = ? AND batch_size = ? ORDER BY seed, trial_number, params_non_embedding",
+        (ratio, batch),
+    ).fetchall()
+    con.close()
+    out: dict[int, list[RungPoint]] = {}
+    for seed, trial, params, loss in rows:
+        if trial in trials:
+            out.setdefault(seed, []).append(RungPoint(trial, float(params), loss))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--record", type=Path, default=RECORD, help="a ladder_accuracy.py record")
+    parser.add_argument("--db", type=Path, default=DB, help="the study's database")
+    parser.add_argument("--tokens-per-param", type=float, default=5.0, help="the rungs' recipe")
+    parser.add_argument("--batch-size", type=int, default=4, help="the rungs' recipe")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--smoke", action="store_true", help="seeds 0 and 1 only")
+    args = parser.parse_args()
+    rows = [r for r in json.loads(args.record.read_text())["rows"] if r["real"] is not None]
+    seeds = rungs_by_seed(args.db, {r["trial"] for r in rows}, args.tokens_per_param, args.batch_size)
+    if args.smoke:
+        seeds = {s: p for s, p in seeds.items() if s in (0, 1)}
+    print(
+        f"{len(rows)} designs with a real run ({args.record.name}); rungs at {args.tokens_per_param:g} "
+        f"tokens per parameter, batch {args.batch_size}: "
+        + ", ".join(f"seed {s} {len(p)}" for s, p in sorted(seeds.items()))
+    )
+    results: dict[str, Any] = {}
+    for n in range(1, len(seeds) + 1):
+        for subset in itertools.combinations(sorted(seeds), n):
+            # In the order the database gives `fit_study_ladders` (trial, size, seed): the bootstrap
+            # draws rungs by position, so another order gives other (equally valid) intervals.
+            points = sorted((p for s in subset for p in seeds[s]), key=lambda p: (p.design, p.n))
+            fit = fit_ladders(points)
+            predictions = {
+                r["trial"]: fit.predict(r["trial"], float(r["params_non_embedding"])) for r in rows
+            }
+            s = score(rows, {t: p.loss for t, p in predictions.items()})
+            inside = sum(p.low <= r["real"] <= p.high for r in rows for p in [predictions[r["trial"]]])
+            name = "+".join(map(str, subset))
+            results[name] = {"e": fit.e, "alpha": fit.alpha, "inside": inside, **s}
+            low, high = s["interval"]
+            print(
+                f"seeds {name:<6} E {fit.e:.3f}, alpha {fit.alpha:.3f}: median |error| {s['median']:.2%} "
+                f"[{low:.2%}, {high:.2%}], worst {s['worst']:.2%}, {inside}/{len(rows)} inside the 95% "
+                "interval"
+            )
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
