@@ -319,25 +319,33 @@ def main() -> None:
     # The real runs first (the hours of the benchmark; each keeps a checkpoint, so a stopped run
     # goes on where it was): each design at `real_size`, built and trained as a rung would be.
     shapes = {t.number: rung_shape(t.config, real_size) for t in chosen}
-    requests, replicas = {}, {}  # seed 0's runs by key; seed 1's keys by trial
+
+    def real_request(cfg: Any, seed: int) -> tuple[str, dict[str, Any]]:
+        """A real run's key (a seed other than 0 keyed apart) and its request."""
+        settings = ladder_settings(proxy, rung_tokens(cfg, ratio), seed, args.batch_size)
+        key = f"{shape_key(cfg)}-{settings['tokens']}-b{settings['batch_size']}" + (
+            f"-s{seed}" if seed else ""
+        )
+        checkpoint = work / "checkpoints" / f"{key}.pt"
+        return key, dict(
+            config=cfg.to_dict(), settings=settings, data=data_path, cpus=1.0, checkpoint=str(checkpoint)
+        )
+
+    requests: dict[str, dict[str, Any]] = {}  # seed 0's real runs, by key: the rows below
+    seed_1: dict[str, dict[str, Any]] = {}  # the --replicate designs' second runs, by key
+    replicas: dict[int, tuple[str, str]] = {}  # a --replicate design's seed-0 and seed-1 keys
     for t in chosen:
-        cfg = shapes[t.number]
-        for seed in (0, 1) if t.number in args.replicate else (0,):
-            settings = ladder_settings(proxy, rung_tokens(cfg, ratio), seed, args.batch_size)
-            key = f"{shape_key(cfg)}-{settings['tokens']}-b{settings['batch_size']}" + (
-                f"-s{seed}" if seed else ""
-            )
-            checkpoint = work / "checkpoints" / f"{key}.pt"
-            request = dict(
-                config=cfg.to_dict(), settings=settings, data=data_path, cpus=1.0, checkpoint=str(checkpoint)
-            )
-            if seed:
-                replicas[t.number] = key
-            requests[key] = request
+        key, request = real_request(shapes[t.number], 0)
+        requests[key] = request
+        if t.number in args.replicate:
+            again, request = real_request(shapes[t.number], 1)
+            seed_1[again] = request
+            replicas[t.number] = (key, again)
     started = time.monotonic()
     results = real_runs(
-        requests, work / f"{args.study}-real_runs.jsonl", args.workers, train=not args.recorded_only
-    )
+        {**requests, **seed_1}, work / f"{args.study}-real_runs.jsonl", args.workers,
+        train=not args.recorded_only,
+    )  # fmt: skip
     print(f"real runs: {time.monotonic() - started:.0f} s", flush=True)
 
     rung_batch = args.batch_size if args.rung_batch_size is None else args.rung_batch_size
@@ -348,16 +356,13 @@ def main() -> None:
     ))  # fmt: skip
 
     seed_noise = []  # each replicated design: its two real losses
-    for trial, key in replicas.items():
-        first = results.get(key.rsplit("-s", 1)[0])
-        second = results.get(key)
+    for trial, (key, again) in replicas.items():
+        first, second = results.get(key), results.get(again)
         if first and second:
             seed_noise.append({
                 "trial": trial, "seed_0": first["val_loss"], "seed_1": second["val_loss"],
                 "difference": abs(second["val_loss"] - first["val_loss"]) / first["val_loss"],
             })  # fmt: skip
-    for key in replicas.values():
-        del requests[key]  # the rows below are seed 0's
     with Storage.open(url, create=False) as storage:
         real_settings = next(iter(requests.values()))["settings"]
         real_batch = real_settings["batch_size"]
