@@ -2,7 +2,7 @@
 
 Reads a `ladder_accuracy.py` record (its designs and their real runs) and the study's database
 (every stored rung of the recipe, of every seed: `archsearch ladder ... --seed S` stores each seed's
-rungs beside the others), fits the shipped law (`results.ladder_fit.fit_ladders`: E and alpha
+rungs beside the others), fits the shipped law (`results.ladder.fit_study_ladders`: E and alpha
 shared, A per design) over the rungs of each subset of the stored seeds, and scores each fit
 against the same real runs: E and alpha, the median absolute error (its 95% bootstrap interval over
 designs) and the worst, and how many real losses fall inside the fit's 95% intervals. The spread
@@ -17,13 +17,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import sqlite3
 from pathlib import Path
 from typing import Any
 
 from ladder_heads import score  # benchmarks/ is this script's folder
 
-from archsearch.results.ladder_fit import RungPoint, fit_ladders
+from archsearch.results.ladder import fit_study_ladders
+from archsearch.storage import Storage
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "benchmarks" / "data"
@@ -31,52 +31,46 @@ RECORD = DATA / "ladder_accuracy_tp5_b4_b16_d12_seeds3.json"
 DB = DATA / "ladder_tp5" / "ladder-tiny-hf.db"
 
 
-def rungs_by_seed(db: Path, trials: set[int], ratio: float, batch: int) -> dict[int, list[RungPoint]]:
-    """Each seed's stored rungs of `trials` at the recipe (`ratio` tokens per parameter, `batch`)."""
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    rows = con.execute(
-        "SELECT seed, trial_number, params_non_embedding, val_loss FROM archsearch_ladder_rungs "
-        "WHERE tokens_per_param = ? AND batch_size = ? ORDER BY seed, trial_number, params_non_embedding",
-        (ratio, batch),
-    ).fetchall()
-    con.close()
-    out: dict[int, list[RungPoint]] = {}
-    for seed, trial, params, loss in rows:
-        if trial in trials:
-            out.setdefault(seed, []).append(RungPoint(trial, float(params), loss))
-    return out
+def stored_rungs(db: Path, study: str, trials: set[int], ratio: float, batch: int) -> list[Any]:
+    """The stored rungs of `trials` at the recipe (`ratio` tokens per parameter, `batch`), every
+    seed, in the order `Storage.ladder_rungs` gives them to `fit_study_ladders` (the bootstrap
+    draws rungs by position: in this order a fit is the one `ladder_accuracy.py` makes)."""
+    with Storage.open(f"sqlite:///{db}", read_only=True) as storage:
+        return [r for r in storage.ladder_rungs(study, ratio, batch) if r.trial_number in trials]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--record", type=Path, default=RECORD, help="a ladder_accuracy.py record")
     parser.add_argument("--db", type=Path, default=DB, help="the study's database")
+    parser.add_argument("--study", default="ladder-tiny-hf", help="the study the rungs belong to")
     parser.add_argument("--tokens-per-param", type=float, default=5.0, help="the rungs' recipe")
     parser.add_argument("--batch-size", type=int, default=4, help="the rungs' recipe")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--smoke", action="store_true", help="seeds 0 and 1 only")
     args = parser.parse_args()
     rows = [r for r in json.loads(args.record.read_text())["rows"] if r["real"] is not None]
-    seeds = rungs_by_seed(args.db, {r["trial"] for r in rows}, args.tokens_per_param, args.batch_size)
+    trials = {r["trial"] for r in rows}
+    rungs = stored_rungs(args.db, args.study, trials, args.tokens_per_param, args.batch_size)
+    seeds = sorted({r.seed for r in rungs})
     if args.smoke:
-        seeds = {s: p for s, p in seeds.items() if s in (0, 1)}
+        seeds = [s for s in seeds if s in (0, 1)]
     print(
         f"{len(rows)} designs with a real run ({args.record.name}); rungs at {args.tokens_per_param:g} "
         f"tokens per parameter, batch {args.batch_size}: "
-        + ", ".join(f"seed {s} {len(p)}" for s, p in sorted(seeds.items()))
+        + ", ".join(f"seed {s} {sum(r.seed == s for r in rungs)}" for s in seeds)
     )
     results: dict[str, Any] = {}
     for n in range(1, len(seeds) + 1):
-        for subset in itertools.combinations(sorted(seeds), n):
-            # In the order the database gives `fit_study_ladders` (trial, size, seed): the bootstrap
-            # draws rungs by position, so another order gives other (equally valid) intervals.
-            points = sorted((p for s in subset for p in seeds[s]), key=lambda p: (p.design, p.n))
-            fit = fit_ladders(points)
+        for subset in itertools.combinations(seeds, n):
+            fit = fit_study_ladders([r for r in rungs if r.seed in subset])
             predictions = {
                 r["trial"]: fit.predict(r["trial"], float(r["params_non_embedding"])) for r in rows
             }
             s = score(rows, {t: p.loss for t, p in predictions.items()})
-            inside = sum(p.low <= r["real"] <= p.high for r in rows for p in [predictions[r["trial"]]])
+            inside = sum(
+                predictions[r["trial"]].low <= r["real"] <= predictions[r["trial"]].high for r in rows
+            )
             name = "+".join(map(str, subset))
             results[name] = {"e": fit.e, "alpha": fit.alpha, "inside": inside, **s}
             low, high = s["interval"]
