@@ -906,7 +906,9 @@ def score_search(raw: dict[str, Any], model: str, space: Path) -> dict[str, floa
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = _Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--parts", default="1,2,3,4", help="comma-separated parts to run: 1 steps, 2 search, 3 serve, 4 trace"
+        "--parts",
+        default=",".join(map(str, PARTS)),
+        help="comma-separated parts to run: " + ", ".join(f"{n} {name}" for n, name in PARTS.items()),
     )
     parser.add_argument("--part", type=int, help="one part (as --parts N)")
     parser.add_argument(
