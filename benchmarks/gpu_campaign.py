@@ -6,8 +6,8 @@ Parts (`--parts 1,2,3,4`, the default; `--part N` for one):
    `model.eager_kernel_count` counts) of 53 shapes that vary d_model and d_ff alignment, head_dim,
    GQA groups, seq_len, vocab 50257 against 50304, batch, and the byte-level shapes the GPU search
    trains (12 of them, labelled "fresh-", added after the H200 refit to judge a change to the
-   model on shapes it was not made for), each with every distinct GEMM and SDPA call of its step timed and the synthetic GEMM
-   set that `archsearch fit-device` reads (`evaluators.step_record`, shared with
+   model on shapes it was not made for), each with every distinct GEMM and SDPA call of its step
+   timed and the synthetic GEMM set that `archsearch fit-device` reads (`evaluators.step_record`, shared with
    benchmarks/gpu_model_accuracy.py); once every shape is recorded, each real step is timed again
    in passes over the table until it has `--step-rounds` timings (3), its step their median. Then
    the step model is fitted as `fit-device` fits it
@@ -388,6 +388,7 @@ def _same_device(raw: dict[str, Any], info: Any, path: Path) -> None:
 
 def part_steps(args: argparse.Namespace, info: Any, files: Files, budget: Budget) -> None:
     from archsearch.evaluators import step_record
+    from archsearch.evaluators.model import eager_kernel_count
     from archsearch.evaluators.profiler import InMemoryCache, ProfilerError, resolve_precision
 
     table = smoke_shapes() if args.smoke else shapes()
@@ -399,14 +400,19 @@ def part_steps(args: argparse.Namespace, info: Any, files: Files, budget: Budget
     else:
         _same_device(raw, info, files.steps)
     dtype = raw["dtype"]
-    wanted = {label: (cfg.to_dict(), batch) for label, cfg, batch in table}
+    # A record is kept while its shape and the step the trainer runs for it (its launches) are
+    # today's: a label whose config changed, or whose step now launches other kernels (the
+    # trainer's code changed), is measured again.
+    wanted = {label: (cfg.to_dict(), batch, eager_kernel_count(cfg)) for label, cfg, batch in table}
     if args.retry_failed:
         raw["failed"] = []
     failed = {f["label"] for f in raw.setdefault("failed", [])}
-    kept = [e for e in raw["shapes"] if wanted.get(e["label"]) == (e["config"], e["batch"])]
-    if len(kept) < len(raw["shapes"]):  # a label whose shape changed in this file is measured again
+    kept = [
+        e for e in raw["shapes"] if wanted.get(e["label"]) == (e["config"], e["batch"], e.get("launches"))
+    ]
+    if len(kept) < len(raw["shapes"]):
         dropped = sorted({e["label"] for e in raw["shapes"]} - {e["label"] for e in kept})
-        print(f"part 1: dropped {len(dropped)} record(s) whose shape changed: {', '.join(dropped)}")
+        print(f"part 1: dropped {len(dropped)} record(s) whose shape or step changed: {', '.join(dropped)}")
         raw["shapes"] = kept
     done = {e["label"] for e in kept} | failed
     todo = [(label, cfg, batch) for label, cfg, batch in table if label not in done]
@@ -442,7 +448,7 @@ def part_steps(args: argparse.Namespace, info: Any, files: Files, budget: Budget
             print(f"part 1: {label}: not measured: {error}", flush=True)
             _check_device(info)  # a lost CUDA context fails every later shape: stop here instead
             continue
-        raw["shapes"].append(entry)
+        raw["shapes"].append({**entry, "launches": wanted[label][2]})
         files.write_json(files.steps, raw)
         measured += 1
         real = entry["train_step_s"]
@@ -572,10 +578,11 @@ def score_steps(
     }  # fmt: skip
     print(f"part 1: fitted shapes: median |error| {summary['fitted_median']:.1%}, worst "
           f"{summary['fitted_worst']:.1%}")  # fmt: skip
+    fresh = [h for h in holdouts if h.label.startswith(FRESH_PREFIX)]
     groups = {
-        "held_out": ("held out in advance", [h for h in holdouts if not h.label.startswith(FRESH_PREFIX)]),
-        "fresh": ("fresh (measured after the refit)", [h for h in holdouts if h.label.startswith(FRESH_PREFIX)]),
-    }  # fmt: skip
+        "held_out": ("held out in advance", [h for h in holdouts if h not in fresh]),
+        "fresh": ("fresh (measured after the refit)", fresh),
+    }
     for key, (name, group) in groups.items():
         if not group:
             continue
@@ -917,7 +924,7 @@ def score_search(raw: dict[str, Any], model: str, space: Path) -> dict[str, floa
     """Each finished trial's measured step (its local profile) against `model` as it models it now
     (the stored modelled profiles are the catalogue's at search time); `space`: the search's file."""
     from archsearch.evaluators.hardware import modelled_profile
-    from archsearch.evaluators.model import eager_kernel_count
+    from archsearch.evaluators.model import eager_kernel_count, eager_memory_ops
     from archsearch.space.config import ArchConfig
 
     batch = tomllib.loads(space.read_text())["proxy"]["batch_size"]
@@ -927,7 +934,10 @@ def score_search(raw: dict[str, Any], model: str, space: Path) -> dict[str, floa
         if not (local and t["config"]):
             continue
         cfg = ArchConfig.from_dict(t["config"])
-        report = modelled_profile(cfg, model, batch, "bf16", launches=eager_kernel_count(cfg))
+        memory = eager_memory_ops(cfg, batch, "bf16")
+        report = modelled_profile(
+            cfg, model, batch, "bf16", launches=eager_kernel_count(cfg), memory_ops=memory
+        )
         assert report is not None  # a catalogued model
         errors.append(report.step_time_s / local - 1)
         print(f"  trial {t['number']}: {cfg.describe()}: measured {local * 1e3:.2f} ms, {model} now "

@@ -246,25 +246,29 @@ def test_gpu_campaign_smoke_records_every_part_and_a_second_run_resumes_measurin
     # Cut off: a budget spent before the first shape stops part 1 cleanly, with the fit set kept.
     cut = _smoke("gpu_campaign.py", "--out", str(out), "--part", "1", "--budget-s", "0.001", timeout=300)
     assert "part 1: budget spent" in cut.stdout, cut.stdout
-    assert "6 shapes left, run again to resume" in cut.stdout, cut.stdout
+    assert "7 shapes left, run again to resume" in cut.stdout, cut.stdout
     (steps_file,) = out.glob("gpu_campaign_*_steps.json")
     cut_run = json.loads(steps_file.read_text())
     assert cut_run["shapes"] == [] and len(cut_run["fit_gemms"]) == 5
     # The whole campaign resumes it: the fit set is not timed again, every shape is measured once.
     done = _smoke("gpu_campaign.py", "--out", str(out), timeout=900)
     assert "part 1: resumed" in done.stdout, done.stdout
-    assert "0 of 6 shapes recorded, 6 to measure" in done.stdout, done.stdout
+    assert "0 of 7 shapes recorded, 7 to measure" in done.stdout, done.stdout
     run = json.loads(steps_file.read_text())
     assert run["fit_gemms"] == cut_run["fit_gemms"]
-    labels = ["t-d64", "t-d64-ff196", "t-d128-mqa", "t-d64-b8", "t-d64-s128", "t-v250"]
+    labels = ["t-d64", "t-d64-ff196", "t-d128-mqa", "t-d64-b8", "t-d64-s128", "t-v250", "fresh-t-d128"]
     assert [s["label"] for s in run["shapes"]] == labels
     assert all(s["train_step_s"] > 0 and s["report"]["kernels"] for s in run["shapes"])
     # Each real step timed twice (the smoke's --step-rounds), in a second pass: the step is their median.
     assert all(len(s["train_step_rounds_s"]) == 2 for s in run["shapes"])
     assert all(s["train_step_s"] == statistics.median(s["train_step_rounds_s"]) for s in run["shapes"])
     assert "real steps timed 2 times each, in separate passes" in done.stdout, done.stdout
-    assert "fitting h100-sxm on 4 as `archsearch fit-device` does, scoring it on 2 held out" in done.stdout
-    assert re.search(r"held out: median \|error\| [\d.]+%, worst [\d.]+% \(t-", done.stdout), done.stdout
+    assert "fitting h100-sxm on 4 as `archsearch fit-device` does, scoring it on 3 held out" in done.stdout
+    assert re.search(r"held out in advance: median \|error\| [\d.]+%, worst [\d.]+% \(t-", done.stdout)
+    fresh = (
+        r"fresh \(measured after the refit\): median \|error\| [\d.]+%, worst [\d.]+% \(fresh-t-d128\) over 1"
+    )
+    assert re.search(fresh, done.stdout), done.stdout
     # Part 2: the generated space searched end to end on the database kept beside the records.
     search = json.loads(next(out.glob("gpu_campaign_*_search.json")).read_text())
     counts = search["counts"]
@@ -300,11 +304,11 @@ def test_gpu_campaign_smoke_records_every_part_and_a_second_run_resumes_measurin
         [sys.executable, "-m", "archsearch", "fit-device", str(steps_file), "--no-holdout", "--json"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    assert fitted.returncode == 0 and len(json.loads(fitted.stdout)["shapes"]) == 6, fitted.stderr
+    assert fitted.returncode == 0 and len(json.loads(fitted.stdout)["shapes"]) == 7, fitted.stderr
     # Again: nothing is measured or trained; the records are the same bytes.
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.suffix != ".jsonl"}
     again = _smoke("gpu_campaign.py", "--out", str(out), timeout=600)
-    assert "part 1: resumed" in again.stdout and "6 of 6 shapes recorded, 0 to measure" in again.stdout
+    assert "part 1: resumed" in again.stdout and "7 of 7 shapes recorded, 0 to measure" in again.stdout
     assert "part 2: resumed" in again.stdout and "3 of 3 trials finished" in again.stdout, again.stdout
     assert "part 2: nothing to run" in again.stdout and "+ archsearch search" not in again.stdout
     assert "part 3: 4 of 4 points recorded, 0 to measure" in again.stdout, again.stdout
@@ -423,13 +427,21 @@ def test_gpu_campaign_records_a_failing_shape_and_measures_the_rest(campaign, mo
     }]  # fmt: skip
     assert "t-d128-mqa: not measured: RuntimeError: no kernel for this shape" in capsys.readouterr().out
     assert run()["shapes"] == first["shapes"] and measured == []  # recorded as failed: not tried again
-    assert "5 of 6 shapes recorded (1 failed: --retry-failed measures them again), 0 to measure" in (
+    assert "6 of 7 shapes recorded (1 failed: --retry-failed measures them again), 0 to measure" in (
         capsys.readouterr().out
     )
     broken.clear()
     again = run("--retry-failed")
     assert measured == ["t-d128-mqa"] and again["failed"] == []
     assert sorted(s["label"] for s in again["shapes"]) == sorted(labels)
+    # A record of a step the trainer no longer runs (other launches: its code changed) is measured again.
+    assert all(s["launches"] > 0 for s in again["shapes"])
+    again["shapes"][0]["launches"] += 1
+    files.write_json(files.steps, again)
+    assert [s["label"] for s in run()["shapes"]][-1] == again["shapes"][0]["label"] and len(measured) == 1
+    assert f"dropped 1 record(s) whose shape or step changed: {again['shapes'][0]['label']}" in (
+        capsys.readouterr().out
+    )
 
 
 def test_gpu_campaign_times_steps_again_in_passes_and_resumes_a_cut_pass(campaign, monkeypatch, tmp_path):

@@ -175,14 +175,20 @@ def check_device(device: str) -> bool:
 
 
 def modelled_profile(
-    cfg: ArchConfig, device: str, batch: int, dtype: str, launches: int = 0
+    cfg: ArchConfig,
+    device: str,
+    batch: int,
+    dtype: str,
+    launches: int = 0,
+    memory_ops: tuple[MemoryOp, ...] | None = None,
 ) -> ProfileReport | None:
     """One training step of `cfg` on `batch` sequences, modelled on the catalogued GPU `device`;
     None when `device` is one to measure here instead (cpu, cuda, cuda:N: see `step_time.step_profile`).
 
     `dtype` "auto" is bf16 on a modelled GPU: what training runs in on every catalogued one.
     `launches`: kernels the eager step launches (`model.eager_kernel_count`), charged the device's
-    fitted overhead each.
+    fitted overhead each; `memory_ops`: its memory-bound kernels (`model.eager_memory_ops`; None:
+    `kernels.step_kernels`'s estimate).
 
     Raises:
         ConfigError: `device` is neither catalogued nor local.
@@ -191,7 +197,7 @@ def modelled_profile(
     if not check_device(device):
         return None
     dtype = "bf16" if dtype == "auto" else dtype
-    return predict_step(device_model(device), step_kernels(cfg, batch, dtype), dtype, launches)
+    return predict_step(device_model(device), step_kernels(cfg, batch, dtype, memory_ops), dtype, launches)
 
 
 def local_cpu(

@@ -142,8 +142,15 @@ class GemmWidths:
         )
 
 
-def step_kernels(cfg: ArchConfig, batch: int, dtype: str = "bf16") -> StepKernels:
+def step_kernels(
+    cfg: ArchConfig, batch: int, dtype: str = "bf16", memory_ops: tuple[MemoryOp, ...] | None = None
+) -> StepKernels:
     """The kernel inventory of one training step on `batch` sequences of `cfg.seq_len` tokens.
+
+    Its memory-bound kernels are `memory_ops` where given (an eager step's, counted:
+    `model.eager_memory_ops`), else estimated here from the widths: the bytes a fused step would
+    move, about a third of what PyTorch's eager step moves (autocast's casts, copies, the rotary
+    embedding's and the loss's passes).
 
     Raises:
         ConfigError: batch is not a whole number in 1..2**31 - 1 (`space.serve.check_count`).
@@ -164,7 +171,7 @@ def step_kernels(cfg: ArchConfig, batch: int, dtype: str = "bf16") -> StepKernel
     n_norms = L * norms_per_layer + int(cfg.placement.final)
     norm_rw = 2 + (1 if NORMS[cfg.norm].has_bias and cfg.bias else 0)  # x in, y out (+ stats)
     mlp_act = M * cfg.d_ff * size
-    memory_ops = [
+    estimated = [
         MemoryOp("norms", n_norms * act * (norm_rw + 3)),
         MemoryOp("activation", L * mlp_act * ((3 if cfg.gated else 2) + (5 if cfg.gated else 3))),
         MemoryOp("residual_add", L * 2 * act * (3 + 2)),
@@ -176,11 +183,12 @@ def step_kernels(cfg: ArchConfig, batch: int, dtype: str = "bf16") -> StepKernel
     ]
     if POSITIONS[cfg.pos_embedding].rotary:
         qk = M * (cfg.q_dim + cfg.kv_dim) * size
-        memory_ops.append(MemoryOp("rope", L * qk * (2 + 2)))
+        estimated.append(MemoryOp("rope", L * qk * (2 + 2)))
     if cfg.qk_norm:
         qk = M * (cfg.q_dim + cfg.kv_dim) * size
-        memory_ops.append(MemoryOp("qk_norm", L * qk * (2 + 3)))
-    return StepKernels(cfg, batch, dtype, gemms, tuple(attention), tuple(memory_ops))
+        estimated.append(MemoryOp("qk_norm", L * qk * (2 + 3)))
+    memory = tuple(estimated) if memory_ops is None else memory_ops
+    return StepKernels(cfg, batch, dtype, gemms, tuple(attention), memory)
 
 
 # --- timing reports: the same shape whether measured (profiler) or modelled (hardware) ---

@@ -21,6 +21,7 @@ Pure: numpy only; kernel counts come with the records.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
 from collections.abc import Callable, Collection, Sequence
@@ -40,7 +41,7 @@ from archsearch.evaluators.hardware import (
     predict_gemm,
     predict_step,
 )
-from archsearch.evaluators.kernels import step_kernels
+from archsearch.evaluators.kernels import StepKernels, step_kernels
 from archsearch.space.config import ArchConfig
 from archsearch.units import format_si
 
@@ -75,6 +76,15 @@ class StepRecord:
     real_step_s: float  # the measured training step (median)
     launches: int  # kernels the eager step launches (`model.eager_kernel_count`)
     copy_bandwidth: float | None = None  # bytes/s a device-to-device copy reached in the run
+
+    @functools.cached_property
+    def kernels(self) -> StepKernels:
+        """The step's inventory: its GEMMs and attention, and the memory-bound kernels the eager
+        step runs (`model.eager_memory_ops`)."""
+        from archsearch.evaluators.model import eager_memory_ops
+
+        memory = eager_memory_ops(self.config, self.batch, self.dtype)
+        return step_kernels(self.config, self.batch, self.dtype, memory_ops=memory)
 
 
 def records_from_benchmark(raw: dict[str, Any], launches: dict[str, int]) -> list[StepRecord]:
@@ -270,7 +280,7 @@ def _fit_attention(model: DeviceModel, records: Sequence[StepRecord]) -> DeviceM
 
 def _kernel_step(model: DeviceModel, record: StepRecord) -> tuple[float, float]:
     """(the kernels' predicted step, the part of it in ops over misaligned rows)."""
-    inventory = step_kernels(record.config, record.batch, record.dtype)
+    inventory = record.kernels
     align = model.device.alignment_elements(record.dtype)
     misaligned = sum(op.bytes / model.bandwidth for op in inventory.memory_ops if op.row and op.row % align)
     return predict_step(model, inventory).kernel_sum_s, misaligned
@@ -338,8 +348,7 @@ def fit_step_model(
 
 def predicted_step(model: DeviceModel, record: StepRecord) -> float:
     """The modelled real step of a record's shape: its kernels plus its launches' overhead."""
-    inventory = step_kernels(record.config, record.batch, record.dtype)
-    return predict_step(model, inventory, launches=record.launches).step_time_s
+    return predict_step(model, record.kernels, launches=record.launches).step_time_s
 
 
 @dataclass(frozen=True)
@@ -460,9 +469,7 @@ def refit(
         model=model,
         records=tuple(records),
         predicted=tuple(predicted_step(model, r) for r in records),
-        kernel_sums=tuple(
-            predict_step(base, step_kernels(r.config, r.batch, r.dtype)).step_time_s for r in records
-        ),
+        kernel_sums=tuple(predict_step(base, r.kernels).step_time_s for r in records),
         holdout=tuple(fits),
     )
 

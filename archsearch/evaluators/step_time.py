@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from archsearch.evaluators.hardware import check_device, modelled_profile
 from archsearch.evaluators.kernels import ProfileReport
-from archsearch.evaluators.model import eager_kernel_count
+from archsearch.evaluators.model import eager_kernel_count, eager_memory_ops
 from archsearch.evaluators.profiler import DEFAULT_MIN_RUN_TIME, InMemoryCache, MeasurementCache, profile_step
 from archsearch.evaluators.trainer import MEASURE_STEPS, measure_step
 from archsearch.space.config import ArchConfig
@@ -51,7 +51,11 @@ def step_profile(
             training run failed.
     """
     if check_device(device):  # raises on a device neither here nor catalogued
-        return modelled_profile(cfg, device, batch, dtype, launches=eager_kernel_count(cfg))
+        dtype = "bf16" if dtype == "auto" else dtype
+        memory = eager_memory_ops(cfg, batch, dtype)
+        return modelled_profile(
+            cfg, device, batch, dtype, launches=eager_kernel_count(cfg), memory_ops=memory
+        )
     cache = InMemoryCache() if cache is None else cache
     report = profile_step(cfg, batch, device, dtype, cache, min_run_time, progress=progress)
     if trained is None and steps:

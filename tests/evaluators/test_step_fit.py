@@ -2,7 +2,7 @@
 
 The recorded run (benchmarks/gpu_model_accuracy_h100_2026-11-22.json) is the fit's data: the
 catalogued constants must be what `fit-device` gets from it today, and they must predict the
-run's real steps, which the bare kernel roofline misses by 36-90%.
+run's real steps, which the bare kernel roofline misses by 11-84%.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from archsearch.errors import ConfigError
 from archsearch.evaluators.catalogue import FITTED
 from archsearch.evaluators.hardware import device_model, misalignment, plan_gemm, predict_step
 from archsearch.evaluators.kernels import step_kernels
-from archsearch.evaluators.model import _kernels_per_step, eager_kernel_count
+from archsearch.evaluators.model import _count_step, _kernels_per_step, eager_kernel_count, eager_memory_ops
 from archsearch.evaluators.step_fit import fitted_fields, held_out_fit, refit
 from archsearch.space import preset
 from archsearch.space.knobs import config_from_knobs
@@ -48,11 +48,11 @@ def test_the_catalogued_h100_constants_are_a_refit_of_their_recorded_run(h100_re
 def test_the_fitted_model_predicts_the_real_steps_the_kernel_sum_misses(h100_refit):
     before = [k / r.real_step_s - 1 for k, r in zip(h100_refit.kernel_sums, h100_refit.records, strict=True)]
     after = [p / r.real_step_s - 1 for p, r in zip(h100_refit.predicted, h100_refit.records, strict=True)]
-    assert max(before) < -0.35  # the bare roofline: every real step 1.57x its kernel sum or more
-    assert max(abs(e) for e in after) < 0.06
+    assert max(before) < -0.10  # the bare roofline: every real step 1.12x its kernel sum or more
+    assert max(abs(e) for e in after) < 0.065  # d1024-ff2750, off the 8 bytes: -6.1%
     assert statistics.median(abs(e) for e in after) < 0.04
     # The catalogue's record of the held-out errors (fit-device --holdout measures them).
-    assert (H100.holdout_median, H100.holdout_worst) == (0.049, 0.221)
+    assert (H100.holdout_median, H100.holdout_worst) == (0.022, 0.577)
 
 
 def test_a_refit_reports_each_fit_it_makes():
@@ -132,6 +132,38 @@ def test_eager_kernel_count_is_the_real_count_at_every_head_count_of_a_layout(he
         head_dim=8, d_ff=32, activation="swiglu",
     )  # fmt: skip
     assert eager_kernel_count(cfg) == _kernels_per_step(cfg)
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        dict(activation="swiglu", norm_placement="sandwich", qk_norm=True, n_heads=4, n_kv_heads=2),
+        dict(activation="gelu", norm="layernorm", pos_embedding="learned", bias=True, tie_embeddings=True,
+             n_heads=3),
+        dict(activation="reglu", n_heads=4, n_kv_heads=1),
+    ],
+    ids=["sandwich-gqa-qk_norm", "gpt2-like", "mqa"],
+)  # fmt: skip
+def test_eager_memory_bytes_are_the_dispatchers_count_at_sizes_the_fit_never_saw(knobs):
+    # Fitted on tiny copies of the structure (batch 2-4, widths 8-40), evaluated at other sizes and
+    # depth: the bytes each group of kernels moves, exactly as counting this very step gives them.
+    cfg = config_from_knobs(vocab_size=50, seq_len=12, d_model=44, n_layers=3, head_dim=10, d_ff=56, **knobs)
+    counted = _count_step(cfg, batch=5).bytes
+    assert {op.name: op.bytes for op in eager_memory_ops(cfg, 5)} == counted
+    assert set(counted) == {"elementwise", "cross_entropy", "optimizer"}
+    rows = {op.name: op.row for op in eager_memory_ops(cfg, 5)}
+    assert rows == {"elementwise": 0, "cross_entropy": 50, "optimizer": 0}  # the loss streams vocab rows
+
+
+def test_a_fit_prices_the_bytes_the_eager_step_moves_not_the_fused_estimate(h100_refit):
+    # PyTorch's eager step moves about 3x the bytes a fused step would (autocast's casts, RoPE's
+    # and the loss's passes, copies): on the H200 (2026-11-27) d1024 at batch 32 traced 95.8 ms
+    # of kernels, where the estimate priced 58.6 ms and the counted bytes 91.8 ms.
+    record = next(r for r in h100_refit.records if r.label == "d1024-ff2752")
+    eager = eager_memory_ops(record.config, record.batch, record.dtype)
+    assert record.kernels.memory_ops == eager
+    estimate = step_kernels(record.config, record.batch, record.dtype).memory_ops
+    assert sum(op.bytes for op in eager) > 2.5 * sum(op.bytes for op in estimate)  # 45.0 GB against 15.1
 
 
 def test_head_counts_of_one_layout_are_counted_once():
