@@ -33,9 +33,10 @@ each written atomically as each measurement finishes: part 1's run as one JSON i
 `archsearch fit-device` and `gpu_model_accuracy.py --load` read, rewritten after every shape; part
 2's database as a self-contained SQLite snapshot, copied every 30 s while the search runs and at
 its end, with a JSON of its trials; a JSONL log of what each invocation did. A run cut off keeps
-what it measured; the next one resumes (a recorded shape is not measured again, the study is
-resumed with `--resume`), as long as it runs on the same device and torch (checked; a different
-one is refused in one line). `--budget-s` bounds one invocation: no new shape starts that would
+what it measured; the next one resumes (a recorded shape is not measured again unless the step
+the trainer runs for it changed, which its recorded launches tell; the study is resumed with
+`--resume`), as long as it runs on the same device and torch (checked; a different one is refused
+in one line). `--budget-s` bounds one invocation: no new shape starts that would
 not end inside it, and the search is stopped (SIGTERM: its running trial is re-queued) when it
 runs out. `--mirror DIR` writes every record to DIR too: on the lent machine, $OUT, whose files
 come back even when the command is killed.
@@ -782,6 +783,7 @@ def snapshot(db: Path, files: Files) -> None:
 
 def _record_search(db: Path, files: Files, model: str) -> dict[str, Any] | None:
     """The study's trials as JSON beside the database, and a summary on stdout."""
+    from archsearch.evaluators.model import eager_kernel_count
     from archsearch.storage import Storage
     from archsearch.trial import FINISHED
 
@@ -792,12 +794,16 @@ def _record_search(db: Path, files: Files, model: str) -> dict[str, Any] | None:
         if study is None:
             print("part 2: no study recorded yet")
             return None
+        # The kernels each trial's step launched, as counted when it was first recorded: a later
+        # change to the trainer must not re-price steps measured before it (`score_search`).
+        before = {t["number"]: t.get("launches") for t in (_load(files.search) or {}).get("trials", [])}
         trials = []
         for t in storage.trials(STUDY):
             profiles = {p["device"]: p["step_time_s"] for p in storage.profiles(t.id)}
+            launches = before.get(t.number) or (eager_kernel_count(t.config) if t.config else None)
             trials.append({
                 "number": t.number, "status": t.status, "reason": t.reason,
-                "config": t.config.to_dict() if t.config else None,
+                "config": t.config.to_dict() if t.config else None, "launches": launches,
                 **{k: t.values.get(k) for k in ("params_total", "loss", "flops_forward_per_token", "steps",
                                                 "train_seconds", "tokens_per_second", "mfu", "precision",
                                                 "pruned_rung", "step_time_s", "step_time_device")},
@@ -935,9 +941,8 @@ def score_search(raw: dict[str, Any], model: str, space: Path) -> dict[str, floa
             continue
         cfg = ArchConfig.from_dict(t["config"])
         memory = eager_memory_ops(cfg, batch, "bf16")
-        report = modelled_profile(
-            cfg, model, batch, "bf16", launches=eager_kernel_count(cfg), memory_ops=memory
-        )
+        launches = t.get("launches") or eager_kernel_count(cfg)  # the step as it was measured
+        report = modelled_profile(cfg, model, batch, "bf16", launches=launches, memory_ops=memory)
         assert report is not None  # a catalogued model
         errors.append(report.step_time_s / local - 1)
         print(f"  trial {t['number']}: {cfg.describe()}: measured {local * 1e3:.2f} ms, {model} now "

@@ -149,3 +149,29 @@ def test_every_activation_and_placement_overfits_a_batch(activation, norm_placem
 def test_other_variants_overfit_a_batch(changes):
     first, last = overfit(dataclasses.replace(TINY, **changes))
     assert last < 0.1 * first
+
+
+def test_an_rmsnorm_casts_its_weight_to_a_bf16_input_so_cuda_can_fuse_it():
+    # Under autocast a qk-norm sees bf16 projections and a sandwich norm a bf16 sublayer output;
+    # against the fp32 weight PyTorch warns "Cannot dispatch to fused implementation" and runs a
+    # dozen kernels each way on CUDA. Cast, it runs one; the weight's gradient stays fp32.
+    import warnings
+
+    import torch.nn.functional as F
+
+    from archsearch.evaluators.model import NORM_EPS, make_norm
+
+    cfg = dataclasses.replace(preset("gpt2-small"), norm="rmsnorm", bias=False)
+    norm = make_norm(cfg, 16)
+    torch.nn.init.normal_(norm.weight)
+    x = torch.randn(4, 16).bfloat16()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "Mismatch dtype between input and weight"
+        y = norm(x)
+    assert y.dtype == torch.bfloat16
+    expected = F.rms_norm(x.float(), (16,), norm.weight.detach(), NORM_EPS)
+    torch.testing.assert_close(y.float(), expected, atol=0.05, rtol=0.02)
+    y.float().sum().backward()
+    assert norm.weight.grad is not None and norm.weight.grad.dtype == torch.float32
+    fp32 = torch.randn(4, 16)
+    torch.testing.assert_close(norm(fp32), F.rms_norm(fp32, (16,), norm.weight, NORM_EPS))  # as before
