@@ -3,16 +3,17 @@ CUDA device, in commands of at most 10 minutes that each resume what the last on
 
 Parts (`--parts 1,2,3,4`, the default; `--part N` for one):
 1. steps: real eager training steps (bf16 autocast on a GPU, fp32 loss, fused AdamW: the step
-   `model.eager_kernel_count` counts) of 53 shapes that vary d_model and d_ff alignment, head_dim,
+   `model.eager_kernel_count` counts) of 65 shapes that vary d_model and d_ff alignment, head_dim,
    GQA groups, seq_len, vocab 50257 against 50304, batch, and the byte-level shapes the GPU search
-   trains (12 of them, labelled "fresh-", added after the H200 refit to judge a change to the
-   model on shapes it was not made for), each with every distinct GEMM and SDPA call of its step
-   timed and the synthetic GEMM set that `archsearch fit-device` reads (`evaluators.step_record`, shared with
-   benchmarks/gpu_model_accuracy.py); once every shape is recorded, each real step is timed again
-   in passes over the table until it has `--step-rounds` timings (3), its step their median. Then
-   the step model is fitted as `fit-device` fits it
-   (`step_fit.refit`) on a part of the shapes fixed here in advance (`HELD_OUT` is the rest) and
-   scored on the shapes it never saw: median and worst held-out error, the fresh ones apart.
+   trains (24 of them, labelled "fresh-" and "fresh2-", added after changes to the step model to
+   judge the next change on shapes it was not made for), each with every distinct GEMM and SDPA
+   call of its step timed and the synthetic GEMM set that `archsearch fit-device` reads
+   (`evaluators.step_record`, shared with benchmarks/gpu_model_accuracy.py); once every shape is
+   recorded, each real step is timed again in passes over the table until it has `--step-rounds`
+   timings (3), its step their median. Then the step model is fitted as `fit-device` fits it
+   (`step_fit.refit`) on a part of the shapes fixed here in advance (`HELD_OUT` and the fresh ones
+   are the rest) and scored on the shapes it never saw: median and worst held-out error, each
+   fresh group apart.
 2. search: `archsearch search` on examples/gpu.toml end to end (Ray, the SQLite database, the
    measured and modelled step times, pruning), as a real process, for a handful of trials at a
    shortened proxy: the generated space file (the example with `[proxy] tokens` and `[search]
@@ -196,6 +197,33 @@ def shapes() -> list[tuple[str, Any, int]]:
         ("fresh-gpt2-small-b3", gpt2, 3),
         ("fresh-gpt2-medium-b2", preset("gpt2-medium"), 2),
         ("fresh-d512-L8-b2", knobs(head_dim=64, **{**d1024, "d_model": 512, "d_ff": 1408}), 2),
+        # FRESH2: added 2026-11-28 after the eager step's bytes and the RMSNorm fusion, measured
+        # before any change to how the host's time is charged (a launch's cost is not alike: GPT-2
+        # small at batch 2-3 and the fused-norm shapes missed most). GPT-2 small taken apart one
+        # of its choices at a time (vocab, norm, bias, positions, tying); the norms' placements
+        # one at a time; depth, the parallel block, and mixed host/GPU-bound steps.
+        ("fresh2-gpt2-small-v50304-b2", dc.replace(gpt2, vocab_size=50304), 2),
+        ("fresh2-gpt2-small-rms-nobias-b2", dc.replace(gpt2, norm="rmsnorm", bias=False), 2),
+        ("fresh2-gpt2-small-rope-untied-b2", dc.replace(gpt2, pos_embedding="rope", tie_embeddings=False), 2),
+        ("fresh2-gpt2-medium-b1", preset("gpt2-medium"), 1),
+        ("fresh2-byte-d1024-L8-qk", knobs(d_model=1024, n_layers=8, head_dim=128, n_kv_heads=2,
+                                          d_ff=2816, activation="swiglu", qk_norm=True, **BYTES), 4),
+        ("fresh2-byte-d1024-L8-sandwich-noqk", knobs(d_model=1024, n_layers=8, head_dim=128, n_kv_heads=2,
+                                                     d_ff=2816, activation="swiglu",
+                                                     norm_placement="sandwich", **BYTES), 4),
+        ("fresh2-byte-d1024-L16", knobs(d_model=1024, n_layers=16, head_dim=128, n_kv_heads=2, d_ff=2816,
+                                        activation="swiglu", **BYTES), 4),
+        ("fresh2-byte-d1024-L8-parallel", knobs(d_model=1024, n_layers=8, head_dim=128, n_kv_heads=2,
+                                                d_ff=2816, activation="swiglu", parallel_block=True,
+                                                **BYTES), 4),
+        ("fresh2-byte-d512-L8-gelu-gqa", knobs(d_model=512, n_layers=8, head_dim=64, n_kv_heads=2, d_ff=2048,
+                                               activation="gelu", **BYTES), 4),
+        ("fresh2-d1024-b2", knobs(**D1024), 2),
+        ("fresh2-byte-d2048-L8-sandwich", knobs(d_model=2048, n_layers=8, head_dim=128, n_kv_heads=4,
+                                                d_ff=5632, activation="swiglu", norm_placement="sandwich",
+                                                qk_norm=True, **BYTES), 4),
+        ("fresh2-byte-d1536-L6-reglu-b8", knobs(d_model=1536, n_layers=6, head_dim=128, n_kv_heads=3,
+                                                d_ff=4096, activation="reglu", **BYTES), 8),
     ]  # fmt: skip
 
 
@@ -206,10 +234,11 @@ HELD_OUT = frozenset({
     "d1024-s4096-b2", "d1024-v50304", "gpt2-small-b2", "d1024-b32", "byte-d1024-L8-sandwich",
     "byte-d256-L2-b16",
 })  # fmt: skip
-# Scored on, never fitted to either: the shapes labelled "fresh-", added after the H200 refit of
-# 2026-11-27 and measured before any change to the step model, to judge such a change on shapes it
-# was not made to fit. Reported as their own group.
-FRESH_PREFIX = "fresh-"
+# Scored on, never fitted to either, each a group of its own: shapes added after a change to the
+# step model was made and measured before the next, to judge that next change on shapes it was not
+# made to fit. "fresh-": after the H200 refit of 2026-11-27, before the eager step's bytes;
+# "fresh2-": after the RMSNorm fusion and the bytes, before any change to the host's cost.
+FRESH_GROUPS = {"fresh-": "fresh (measured after the refit)", "fresh2-": "fresh2 (measured after the bytes)"}
 
 
 def smoke_shapes() -> list[tuple[str, Any, int]]:
@@ -540,6 +569,11 @@ def _expected_seconds(raw: dict[str, Any], info: Any) -> float:
     return 1.25 * max(times)
 
 
+def _fresh_group(label: str) -> str | None:
+    """The `FRESH_GROUPS` prefix `label` starts with, if any."""
+    return next((prefix for prefix in FRESH_GROUPS if label.startswith(prefix)), None)
+
+
 def score_steps(
     raw: dict[str, Any], model: str, held_out: frozenset[str], files: Files | None
 ) -> dict | None:
@@ -551,7 +585,7 @@ def score_steps(
     for f in raw.get("failed", []):
         print(f"part 1: {f['label']} was not measured: {f['error']}")
     timed = [e for e in raw["shapes"] if e.get("train_step_s")]
-    held = {e["label"] for e in timed if e["label"] in held_out or e["label"].startswith(FRESH_PREFIX)}
+    held = {e["label"] for e in timed if e["label"] in held_out or _fresh_group(e["label"])}
     fitted = [e for e in timed if e["label"] not in held]
     if len(fitted) < 2:  # a partial record between parts: nothing to fit yet
         print(f"part 1: {len(raw['shapes'])} shapes recorded, {len(timed)} with a real step: too few to fit")
@@ -579,11 +613,9 @@ def score_steps(
     }  # fmt: skip
     print(f"part 1: fitted shapes: median |error| {summary['fitted_median']:.1%}, worst "
           f"{summary['fitted_worst']:.1%}")  # fmt: skip
-    fresh = [h for h in holdouts if h.label.startswith(FRESH_PREFIX)]
-    groups = {
-        "held_out": ("held out in advance", [h for h in holdouts if h not in fresh]),
-        "fresh": ("fresh (measured after the refit)", fresh),
-    }
+    groups = {"held_out": ("held out in advance", [h for h in holdouts if not _fresh_group(h.label)])}
+    for prefix, name in FRESH_GROUPS.items():
+        groups[prefix.rstrip("-")] = (name, [h for h in holdouts if _fresh_group(h.label) == prefix])
     for key, (name, group) in groups.items():
         if not group:
             continue

@@ -272,8 +272,10 @@ FITTED["h100-sxm"] = FittedModel(
 # groups, seq_len 256-8192, vocab 50257 against 50304, batch 1-32, byte-level shapes of
 # examples/gpu.toml; 12 of them, "fresh-", measured 2026-11-27; the 5 with qk-norm or sandwich
 # norms measured again that day once the proxy's RMSNorm was fused), on one H200 (143771 MiB),
-# torch 2.11.0+cu130, the same step. Both fits price the eager step's memory-bound kernels by the bytes
-# PyTorch's dispatcher counts (`model.eager_memory_ops`).
+# torch 2.11.0+cu130, the same step. The file as of commit 85b460f (sha256 below): the 12
+# "fresh2-" shapes recorded since are held out of this fit, to judge the next change to the model.
+# Both fits price the eager step's memory-bound kernels by the bytes PyTorch's dispatcher counts
+# (`model.eager_memory_ops`).
 FITTED["h200"] = FittedModel(
     fields=(
         ("compute_efficiency", 0.7745),
