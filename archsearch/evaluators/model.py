@@ -639,9 +639,10 @@ def eager_memory_ops(cfg: ArchConfig, batch: int, dtype: str = "bf16") -> tuple[
     Counted with PyTorch's dispatcher, as `eager_kernel_count` counts launches: each kernel's
     tensors read and written, on tiny copies of `cfg`'s structure on the CPU, where the bytes
     are sums of products of the sizes (`_width_terms`); fitted once per structure (a second or
-    two, cached) and evaluated at `cfg`'s sizes in an instant. On the H200 (2026-11-27) this
-    counted 215 GB for d1024 at batch 32, where the traced step's memory-bound kernels took about
-    52 ms (4 TB/s); the analytic inventory of `kernels.step_kernels` counts 46 GB.
+    two, cached) and evaluated at `cfg`'s sizes in an instant. For d1024 at batch 32 it counts
+    158 GB, where `kernels.step_kernels` estimates 46; on the H200 (2026-11-27) that step's
+    elementwise and copy kernels took about 52 ms of its 96 (a trace: benchmarks/gpu_campaign.py
+    part 4).
     """
     heads, kv_heads = _head_layout(cfg)
     structure = dataclasses.replace(
