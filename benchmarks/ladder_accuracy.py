@@ -231,6 +231,10 @@ def main() -> None:
     parser.add_argument("--designs", type=int, default=8)
     parser.add_argument("--rungs", type=int, default=4, help="3 when fewer than --designs ladder at 4")
     parser.add_argument("--top", default="500k", help="the largest rung's parameters")
+    parser.add_argument(
+        "--spacing", type=float, default=2.0, help="each rung's size over the one below's (1.41421356: "
+        "twice the rungs between the same sizes, with --rungs 7)"
+    )  # fmt: skip
     parser.add_argument("--real", default="2M", help="the size of the real runs")
     parser.add_argument("--tokens-per-param", type=float, default=20.0)
     parser.add_argument(
@@ -299,7 +303,8 @@ def main() -> None:
         # Fewer rungs when too few designs can be built down to the smallest (a design's smallest
         # shape has a floor: one layer of its narrowest valid width plus the embeddings).
         for count in range(rungs, min(rungs, 3) - 1, -1):  # down to 3 rungs, or the 2 asked for
-            chosen = choose_designs(storage, args.study, designs, rung_targets(top, count), real_size)
+            targets = rung_targets(top, count, args.spacing)
+            chosen = choose_designs(storage, args.study, designs, targets, real_size)
             if len(chosen) == designs:
                 break
             print(f"{len(chosen)} designs ladder at {count} rungs; trying {count - 1}", flush=True)
@@ -352,6 +357,7 @@ def main() -> None:
     batch = [] if rung_batch is None else ["--batch-size", str(rung_batch)]
     step(archsearch(
         "ladder", "--study", args.study, "--storage", url, *numbers, "--rungs", str(rungs), "--top", str(top),
+        *(["--spacing", str(args.spacing)] if args.spacing != 2.0 else []),
         "--tokens-per-param", f"{ratio:g}", *batch, "--workers", workers,
     ))  # fmt: skip
 

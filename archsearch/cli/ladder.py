@@ -27,7 +27,11 @@ def ladder(
     ] = None,
     knee: Annotated[bool, typer.Option("--knee", help="Ladder the knee of the Pareto front.")] = False,
     front: Annotated[bool, typer.Option("--front", help="Ladder every member of the Pareto front.")] = False,
-    rungs: Annotated[int, typer.Option(help="Sizes per design, each about 2x the one below (>= 2).")] = 4,
+    rungs: Annotated[int, typer.Option(help="Sizes per design, each --spacing x the one below (>= 2).")] = 4,
+    spacing: Annotated[
+        float,
+        typer.Option(help="Each rung's size over the one below's (1.414: twice the rungs in one span)."),
+    ] = 2.0,
     top: Annotated[
         str | None,
         typer.Option(help="Total parameters of the largest rung (500k, 2M); default the trial's own size."),
@@ -65,7 +69,13 @@ def ladder(
     `export --scale-to` prints the predicted loss and `pareto --at-size` ranks the laddered designs.
     """
     from archsearch.fileio import check_writable
-    from archsearch.results.ladder import LadderOptions, few_steps_note, plan_ladder, run_ladder
+    from archsearch.results.ladder import (
+        LadderOptions,
+        few_steps_note,
+        merged_rungs_note,
+        plan_ladder,
+        run_ladder,
+    )
     from archsearch.storage import Storage, database_files
     from archsearch.units import parse_count
 
@@ -75,15 +85,16 @@ def ladder(
         check_writable(plot, inputs=database_files(storage))
 
     options = LadderOptions(
-        study=study, numbers=tuple(trial or ()), knee=knee, front=front, rungs=rungs,
+        study=study, numbers=tuple(trial or ()), knee=knee, front=front, rungs=rungs, spacing=spacing,
         top=parse_count(top, "--top") if top is not None else None, tokens_per_param=tokens_per_param,
         batch_size=batch_size, seed=seed, workers=workers, address=address, cpus_per_trial=cpus_per_run,
         gpus_per_trial=gpus_per_run,
     )  # fmt: skip
     with Storage.open(storage, create=False) as db:
         planned = plan_ladder(db, options)
-        if note := few_steps_note(planned):
-            typer.echo(note, err=True)
+        for note in (merged_rungs_note(planned, rungs), few_steps_note(planned)):
+            if note:
+                typer.echo(note, err=True)
         with ladder_display() as update:
             summary = run_ladder(db, options, on_update=update, planned=planned)
     for line in summary.failed:

@@ -6,9 +6,10 @@ trial's design at several sizes and fits a law across ladders (`ladder_fit`):
 
 1. The designs: `--trial N` (repeatable), the front's `--knee`, or every `--front` member; each a
    complete trial whose design (`space.scale.design_choices`) is kept.
-2. The rungs: `rungs` sizes spaced `SPACING` x apart, the largest `top` total parameters (default
-   the trial's own size, raised when the smallest rung cannot be built: `default_top`; never past
-   the space's `[budget]`). Each rung's shape is re-chosen the
+2. The rungs: `rungs` sizes spaced `spacing` x apart (`SPACING`, 2x, by default), the largest
+   `top` total parameters (default the trial's own size, raised when the smallest rung cannot be
+   built: `default_top`; never past the space's `[budget]`); neighbours that come out as one shape
+   are one rung. Each rung's shape is re-chosen the
    way `export --scale-to` re-chooses one (`space.scale.scaled_candidates`: the design kept,
    depth from the aspect window published models use at that size) on finer grids than a GPU's
    (d_model a multiple of `D_MODEL_GRID`, d_ff of `D_FF_GRID`, the trial's head_dim): at 20k-2M
@@ -58,10 +59,11 @@ log = logging.getLogger(__name__)
 
 DEFAULT_RUNGS = 4
 SPACING = 2.0  # "about 2x apart": four rungs span 8x, the top one 4x from the size predicted
-# The most rungs SPACING apart between one parameter and the most the database stores: 64.
-MAX_RUNGS = math.floor(math.log(MAX_WHOLE, SPACING)) + 1
+MAX_SPACING = 16.0  # wider and a ladder of 2 rungs spans more than the law is known to hold over
 DEFAULT_TOKENS_PER_PARAM = 20.0  # Chinchilla's compute-optimal ratio (Hoffmann et al. 2022)
-TOLERANCE = 0.25  # a rung within 25% of its target: 2x apart, neighbours never overlap
+TOLERANCE = (
+    0.25  # a rung within 25% of its target: 2x apart, neighbours never overlap (denser: plan_ladder checks)
+)
 ASPECT_SLACK = 2.0  # the published aspect window, widened 2x each way for tiny shapes (rung_shape)
 D_MODEL_GRID = 32  # finer than the GPU tile (128): 2x in parameters is about 1.4x in width
 D_FF_GRID = 16
@@ -94,6 +96,7 @@ class LadderOptions:
     knee: bool = False
     front: bool = False
     rungs: int = DEFAULT_RUNGS
+    spacing: float = SPACING  # each rung this many times the one below (--spacing 1.414: twice as dense)
     top: int | None = None  # the largest rung's total parameters; None: the trial's own size
     tokens_per_param: float = DEFAULT_TOKENS_PER_PARAM
     batch_size: int | None = None  # sequences per step of every rung; None: the study's proxy batch
@@ -123,9 +126,13 @@ class LadderOptions:
                 f"a ladder of {self.rungs} rung{'s' * (self.rungs != 1)} fits no trend: give --rungs 2 "
                 "or more"
             )
-        if self.rungs > MAX_RUNGS:  # `SPACING ** k` overflowed at --rungs 1000000
+        s = self.spacing
+        if not (isinstance(s, (int, float)) and math.isfinite(s) and 1.0 < s <= MAX_SPACING):
+            raise LadderError(f"--spacing must be a ratio > 1 and <= {MAX_SPACING:g}, got {s}")
+        most = max_rungs(s)
+        if self.rungs > most:  # `spacing ** k` overflowed at --rungs 1000000
             raise LadderError(
-                f"--rungs must be at most {MAX_RUNGS} (rungs {SPACING:g}x apart from one parameter up to "
+                f"--rungs must be at most {most} (rungs {s:g}x apart from one parameter up to "
                 f"the most the database stores, 2**63 - 1), got {short_number(self.rungs)}"
             )
         t = self.tokens_per_param
@@ -204,6 +211,12 @@ class LadderSummary:
 # ------------------------------------------------------------------------------------------------
 # Rungs
 # ------------------------------------------------------------------------------------------------
+def max_rungs(spacing: float = SPACING) -> int:
+    """The most rungs `spacing` apart between one parameter and the most the database stores (64 at
+    2x)."""
+    return math.floor(math.log(MAX_WHOLE) / math.log(spacing)) + 1
+
+
 def rung_targets(top: int, rungs: int, spacing: float = SPACING) -> tuple[int, ...]:
     """The rungs' target sizes, smallest first: `top / spacing^k` for k = rungs-1 .. 0, at least one
     parameter (`rung_shape` then says no shape is that small, not that a target of 0 is invalid)."""
@@ -261,7 +274,9 @@ def rung_shape(cfg: ArchConfig, target: int, params_max: int | None = None) -> A
     return min(candidates, key=cost)
 
 
-def default_top(cfg: ArchConfig, own: int, rungs: int, params_max: int | None = None) -> int:
+def default_top(
+    cfg: ArchConfig, own: int, rungs: int, params_max: int | None = None, spacing: float = SPACING
+) -> int:
     """The top rung when none is given: the trial's own size, raised (up to `TOP_SHIFTS`) until
     every rung below it can be built, within the budget. A design's smallest shape has a floor (a
     layer of its smallest valid width plus the embeddings: 93k parameters for an MQA SwiGLU 4x design
@@ -271,7 +286,7 @@ def default_top(cfg: ArchConfig, own: int, rungs: int, params_max: int | None = 
         if params_max is not None and top > params_max:
             break
         try:
-            for target in rung_targets(top, rungs):
+            for target in rung_targets(top, rungs, spacing):
                 rung_shape(cfg, target, params_max)
         except LadderError:
             continue
@@ -362,14 +377,15 @@ def plan_ladder(storage: Storage, options: LadderOptions) -> list[PlannedRung]:
         if options.top is not None:
             top = options.top
         else:
-            top = default_top(cfg, int(trial["params_total"]), options.rungs, params_max)  # type: ignore[arg-type]
+            top = default_top(cfg, int(trial["params_total"]), options.rungs, params_max, options.spacing)  # type: ignore[arg-type]
         if params_max is not None and top > params_max:
             raise LadderError(
                 f"the top rung of {format_si(top)} parameters is past the space's budget of "
                 f"{format_si(params_max)}: give a smaller --top"
             )
+        targets = rung_targets(top, options.rungs, options.spacing)  # type: ignore[arg-type]
         try:
-            shapes = [rung_shape(cfg, t, params_max) for t in rung_targets(top, options.rungs)]  # type: ignore[arg-type]
+            shapes = [rung_shape(cfg, t, params_max) for t in targets]
         except LadderError as exc:
             raise LadderError(f"trial {trial.number}: {exc}") from None
         for shape in shapes:
@@ -379,17 +395,42 @@ def plan_ladder(storage: Storage, options: LadderOptions) -> list[PlannedRung]:
                     f"needs {format_si(flop_counts(shape).forward)} forward FLOPs/token, past the space's "
                     f"budget of {format_si(flops_max)}: give a smaller --top"
                 )
-        if len(set(shapes)) < len(shapes):
+        # Neighbouring targets can come out as one shape where the grid is coarse (one 64-wide head:
+        # d_model 64 at 1 layer is both 62k's and 88k's nearest at --spacing 1.41): one rung, the
+        # first target's (`merged_rungs_note` says so); a design needs 2 shapes to have a trend.
+        distinct = {shape: target for target, shape in reversed(list(zip(targets, shapes, strict=True)))}
+        if len(distinct) < 2:
             raise LadderError(
-                f"trial {trial.number}'s rungs below {format_si(top)} repeat a shape: give a larger --top or "
-                "fewer --rungs"
+                f"trial {trial.number}'s rungs below {format_si(top)} are all one shape: give a larger "
+                "--top or a wider --spacing"
             )
-        for target, shape in zip(rung_targets(top, options.rungs), shapes, strict=True):
+        for shape, target in sorted(distinct.items(), key=lambda item: item[1]):
             tokens = rung_tokens(shape, options.tokens_per_param)
             settings = ladder_settings(proxy, tokens, options.seed, options.batch_size)
             planned.append(PlannedRung(trial.number, target, shape, settings))  # type: ignore[arg-type]
+    if len(planned) <= d + 2:
+        raise LadderError(
+            f"{d} design{'s' * (d > 1)} with {len(planned)} distinct rungs cannot fit the law's {d + 2} "
+            "constants (E, alpha and one A per design): give a larger --top or more --rungs"
+        )
     _check_memory(planned)
     return planned
+
+
+def merged_rungs_note(planned: Sequence[PlannedRung], rungs: int) -> str | None:
+    """A note naming the designs whose neighbouring rungs came out as one shape (trained once), or
+    None when every design has `rungs` shapes."""
+    counts: dict[int, int] = {}
+    for p in planned:
+        counts[p.trial] = counts.get(p.trial, 0) + 1
+    short = {t: n for t, n in counts.items() if n < rungs}
+    if not short:
+        return None
+    listed = ", ".join(f"trial {t} {n}" for t, n in sorted(short.items()))
+    return (
+        f"note: neighbouring rungs of {len(short)} design{'s' * (len(short) > 1)} are one shape on the "
+        f"width grid and train once ({listed} of {rungs} sizes); a wider --spacing gives distinct ones"
+    )
 
 
 def _check_memory(planned: Sequence[PlannedRung]) -> None:

@@ -23,6 +23,7 @@ from archsearch.results.ladder import (
     default_top,
     few_steps_note,
     fit_study_ladders,
+    merged_rungs_note,
     plan_ladder,
     predict_trial,
     run_ladder,
@@ -148,6 +149,22 @@ def test_without_top_the_ladder_rises_until_its_smallest_rung_can_be_built():
 
 def test_rung_targets_halve_from_the_top():
     assert rung_targets(400_000, 4) == (50_000, 100_000, 200_000, 400_000)
+    assert rung_targets(400_000, 3, 2**0.5) == (200_000, 282_843, 400_000)
+
+
+def test_denser_rungs_that_come_out_as_one_shape_train_once_and_say_so(url):
+    # 7 rungs 1.19x apart under 500k: the width grid (d_model on 32s, whole layers) has fewer shapes.
+    options = LadderOptions("tiny", numbers=(0,), rungs=7, spacing=2**0.25, top=500_000)
+    with Storage.open(url) as db:
+        planned = plan_ladder(db, options)
+    targets = rung_targets(500_000, 7, 2**0.25)
+    assert 2 <= len(planned) < 7 and len({p.config for p in planned}) == len(planned)
+    assert [p.target for p in planned] == sorted(p.target for p in planned)
+    assert {p.target for p in planned} <= set(targets) and planned[0].target == targets[0]
+    note = merged_rungs_note(planned, 7)
+    assert note is not None and f"trial 0 {len(planned)} of 7 sizes" in note
+    with Storage.open(url) as db:
+        assert merged_rungs_note(plan_ladder(db, OPTIONS), 3) is None
 
 
 def test_the_scaled_shape_at_a_large_size_keeps_the_design():
@@ -180,10 +197,13 @@ def _run(*args: str):
         (("--trial", "0", "--tokens-per-param", "1e308"),
          "a rung cannot train: tokens budget a 309-digit number"),  # probe 8: OverflowError
         (("--trial", "0", "--batch-size", "1099511627776"), "trial 0 at "),  # probe 8: all failed, exit 0
+        (("--trial", "0", "--spacing", "1"), "--spacing must be a ratio > 1 and <= 16, got 1.0"),
+        (("--trial", "0", "--spacing", "nan"), "--spacing must be a ratio > 1 and <= 16, got nan"),
+        (("--trial", "0", "--rungs", "40", "--spacing", "4"), "--rungs must be at most 32 (rungs 4x apart"),
     ],
     ids=["one-rung", "no-design", "unknown-trial", "past-budget", "too-few-rungs", "two-selectors",
          "no-tokens", "too-small", "plot-suffix", "endless-rungs", "no-batch", "overflowing-tokens",
-         "batch-past-memory"],
+         "batch-past-memory", "spacing-1", "spacing-nan", "rungs-past-spacing"],
 )  # fmt: skip
 def test_bad_ladders_exit_2_with_one_line_and_store_nothing(tmp_path, args, message):
     url = _study(f"sqlite:///{tmp_path / 't.db'}", tiny_spec(budget="params = { max = 2e6 }"))
