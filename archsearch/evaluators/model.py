@@ -13,9 +13,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
+import json
+import logging
 import math
 import random
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +33,7 @@ from torch.utils.flop_counter import (
     shape_wrapper,
 )
 
+from archsearch.errors import ArchsearchError
 from archsearch.evaluators.kernels import MemoryOp
 from archsearch.registry import Registry
 from archsearch.space.config import POSITIONS, ArchConfig
@@ -507,23 +512,36 @@ def _count_norms_as_fused(model: nn.Module, counter: _KernelCounter) -> None:
 def _count_step(structure: ArchConfig, batch: int = 1, dtype: str = "bf16") -> _KernelCounter:
     """Count one steady-state training step of `structure` on `batch` sequences: autocast forward
     in `dtype` (fp32 and tf32: none), fp32 cross-entropy, backward, fused AdamW, gradients set to
-    None (benchmarks/gpu_model_accuracy.py's real step). Runs a step first so that the optimizer's
-    state already exists."""
+    None (benchmarks/gpu_model_accuracy.py's real step). The optimizer steps once first, on zero
+    gradients, so that its state already exists (the same count as after a whole step, checked by
+    tests/evaluators/test_step_fit.py, in half the time). On one thread: the tensors are tiny, and
+    a second thread waiting on a busy core made it 3x slower (5.3 s against 1.8 s a structure)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _count_step_here(structure, batch, dtype)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _count_step_here(structure: ArchConfig, batch: int, dtype: str) -> _KernelCounter:
     torch.manual_seed(0)
     model = ProxyLM(structure)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
     idx = torch.randint(0, structure.vocab_size, (batch, structure.seq_len + 1))
     autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype)
     counter = _KernelCounter()
     _count_norms_as_fused(model, counter)
-    for step in range(2):
-        counter.kernels, counter.bytes = 0, {}  # the first step's fused norms counted outside the mode
-        with counter if step else contextlib.nullcontext():
-            with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
-                logits = model(idx[:, :-1])
-            F.cross_entropy(logits.float().flatten(0, 1), idx[:, 1:].flatten()).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+    with counter:
+        with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
+            logits = model(idx[:, :-1])
+        F.cross_entropy(logits.float().flatten(0, 1), idx[:, 1:].flatten()).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
     return counter
 
 
@@ -571,6 +589,11 @@ def eager_kernel_count(cfg: ArchConfig) -> int:
 
 
 # --- bytes an eager step's memory-bound kernels move ---
+log = logging.getLogger(__name__)
+# What counted the cached bytes (`_byte_coefficients`): this module's source, which builds the step.
+_MODULE_HASH = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+
+
 def _width_terms(cfg: ArchConfig, batch: int) -> tuple[int, ...]:
     """The products of sizes that the tensors of an eager step's memory-bound kernels have: per
     token (M = batch * seq_len) the residual stream, the query, key/value and MLP widths, the
@@ -607,6 +630,35 @@ def _tiny_variants(cfg: ArchConfig) -> list[tuple[ArchConfig, int]]:
 
 @functools.lru_cache(maxsize=64)
 def _byte_coefficients(structure: ArchConfig, dtype: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per group, the coefficients of `_width_terms` that give the bytes of a one-layer step and
+    of each layer more (`_fit_byte_coefficients`), kept in the cache folder
+    (`data.cache_dir()/eager-bytes`) across processes: a search's Ray workers and each CLI call
+    would otherwise count the same structure again (2-4 s on a CPU core). A file is keyed by the
+    structure, the dtype, torch's version and this module's source, so a change to either counts
+    anew; a folder that cannot be written only loses the saving."""
+    from archsearch.evaluators.data import cache_dir
+    from archsearch.fileio import write_atomic
+
+    key = json.dumps([structure.to_dict(), dtype, torch.__version__, _MODULE_HASH], sort_keys=True)
+    path = cache_dir() / "eager-bytes" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+    try:
+        stored = json.loads(path.read_text())
+        return {g: (torch.tensor(one, dtype=torch.float64), torch.tensor(more, dtype=torch.float64))
+                for g, (one, more) in stored.items()}  # fmt: skip
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass  # not counted yet here (or a file that is not ours): count it
+    out = _fit_byte_coefficients(structure, dtype)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(
+            path, json.dumps({g: [one.tolist(), more.tolist()] for g, (one, more) in out.items()}).encode()
+        )
+    except (OSError, ArchsearchError) as exc:
+        log.debug("eager bytes of %s not cached: %s", structure.describe(), exc)
+    return out
+
+
+def _fit_byte_coefficients(structure: ArchConfig, dtype: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Per group, the coefficients of `_width_terms` that give the bytes of a one-layer step and
     of each layer more, found by least squares on `_tiny_variants` (one and two layers each). A
     step's tensors are products of its sizes, so the fit is exact: checked, not assumed."""

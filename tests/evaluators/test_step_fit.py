@@ -155,6 +155,72 @@ def test_eager_memory_bytes_are_the_dispatchers_count_at_sizes_the_fit_never_saw
     assert rows == {"elementwise": 0, "cross_entropy": 50, "optimizer": 0}  # the loss streams vocab rows
 
 
+def _counted_after_a_whole_step(cfg, batch: int, dtype: str):
+    """The step counted as the GPU campaign's real steps run: after a whole first step."""
+    import contextlib
+
+    import torch
+    import torch.nn.functional as F
+
+    from archsearch.evaluators.model import ProxyLM, _count_norms_as_fused, _KernelCounter
+
+    torch.manual_seed(0)
+    model = ProxyLM(cfg)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    idx = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len + 1))
+    counter = _KernelCounter()
+    _count_norms_as_fused(model, counter)
+    for step in range(2):
+        counter.kernels, counter.bytes = 0, {}
+        with counter if step else contextlib.nullcontext():
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+                logits = model(idx[:, :-1])
+            F.cross_entropy(logits.float().flatten(0, 1), idx[:, 1:].flatten()).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    return counter
+
+
+@pytest.mark.parametrize(
+    ("knobs", "dtype"),
+    [
+        (dict(activation="swiglu", norm_placement="sandwich", qk_norm=True, n_heads=4, n_kv_heads=2), "bf16"),
+        (dict(activation="gelu", norm="layernorm", pos_embedding="learned", bias=True, tie_embeddings=True,
+              n_heads=3), "bf16"),
+        (dict(activation="relu", norm_placement="post", pos_embedding="none", n_heads=2), "fp32"),
+    ],
+    ids=["sandwich-gqa-qk_norm", "gpt2-like", "post-fp32"],
+)  # fmt: skip
+def test_the_counted_step_is_the_step_after_a_whole_one(knobs, dtype):
+    # `_count_step` makes the optimizer's state with one step on zero gradients, not a whole
+    # forward and backward (half the time): nothing else a first step does is lazy.
+    cfg = config_from_knobs(vocab_size=40, seq_len=10, d_model=24, n_layers=2, head_dim=6, d_ff=40, **knobs)
+    whole, counted = _counted_after_a_whole_step(cfg, 3, dtype), _count_step(cfg, 3, dtype)
+    assert (counted.kernels, counted.bytes) == (whole.kernels, whole.bytes)
+
+
+def test_eager_bytes_are_counted_once_per_structure_across_processes(tmp_path, monkeypatch):
+    # Kept in the cache folder: a Ray worker or a CLI call reads them instead of counting again.
+    import archsearch.evaluators.model as model
+
+    monkeypatch.setenv("ARCHSEARCH_CACHE", str(tmp_path))
+    cfg = config_from_knobs(
+        vocab_size=48, seq_len=12, d_model=40, n_layers=2, head_dim=10, activation="geglu"
+    )
+    model._byte_coefficients.cache_clear()  # as a fresh process
+    first = eager_memory_ops(cfg, 3)
+    [kept] = (tmp_path / "eager-bytes").iterdir()
+    model._byte_coefficients.cache_clear()
+    monkeypatch.setattr(model, "_count_step", lambda *a: pytest.fail("counted again"))
+    assert eager_memory_ops(cfg, 3) == first
+    kept.write_text("not json")  # a damaged file is counted again, not trusted
+    model._byte_coefficients.cache_clear()
+    monkeypatch.undo()
+    monkeypatch.setenv("ARCHSEARCH_CACHE", str(tmp_path))
+    assert eager_memory_ops(cfg, 3) == first and json.loads(kept.read_text())
+    model._byte_coefficients.cache_clear()
+
+
 def test_a_fit_prices_the_bytes_the_eager_step_moves_not_the_fused_estimate(h100_refit):
     # PyTorch's eager step moves about 3x the bytes a fused step would (autocast's casts, RoPE's
     # and the loss's passes, copies): on the H200 (2026-11-27) d1024 at batch 32 traced 95.8 ms
