@@ -6,7 +6,9 @@ rungs beside the others), fits the shipped law (`results.ladder.fit_study_ladder
 shared, A per design) over the rungs of each subset of the stored seeds, and scores each fit
 against the same real runs: E and alpha, the median absolute error (its 95% bootstrap interval over
 designs) and the worst, and how many real losses fall inside the fit's 95% intervals. The spread
-over the subsets is how much the prediction owes to which seeds the rungs happened to get.
+over the subsets is how much the prediction owes to which seeds the rungs happened to get. Where a
+denser ladder stored sizes between the 2x ones (`archsearch ladder --rungs 7 --spacing 1.41421356`),
+every subset is fitted twice: on the 4 sizes 2x apart, and on all of them.
 
     python benchmarks/ladder_seeds.py           # the 12 designs, seeds 0-2 (about a minute)
     python benchmarks/ladder_seeds.py --smoke   # seeds 0 and 1 only
@@ -22,7 +24,7 @@ from typing import Any
 
 from ladder_heads import score  # benchmarks/ is this script's folder
 
-from archsearch.results.ladder import fit_study_ladders
+from archsearch.results.ladder import fit_study_ladders, rung_targets
 from archsearch.storage import Storage
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,25 +62,44 @@ def main() -> None:
         f"tokens per parameter, batch {args.batch_size}: "
         + ", ".join(f"seed {s} {sum(r.seed == s for r in rungs)}" for s in seeds)
     )
+    # The rungs 2x apart (`--rungs 4`) and, where a denser ladder stored more sizes between them
+    # (`--rungs 7 --spacing 1.41421356`: preregistered_dense.md), all of them.
+    top = max(r.target_params for r in rungs)
+    two_x = set(rung_targets(top, 4))
+    sizes = {"2x": [r for r in rungs if r.target_params in two_x]}
+    if len(sizes["2x"]) < len(rungs):
+        sizes["all"] = rungs
+        every = len({r.target_params for r in rungs})
+        print(
+            f"sizes: {len(two_x)} 2x apart ({len(sizes['2x'])} rungs), all {every} ({len(rungs)} rungs; "
+            "where neighbours are one shape they are one rung)"
+        )
     results: dict[str, Any] = {}
-    for n in range(1, len(seeds) + 1):
-        for subset in itertools.combinations(seeds, n):
-            fit = fit_study_ladders([r for r in rungs if r.seed in subset])
-            predictions = {
-                r["trial"]: fit.predict(r["trial"], float(r["params_non_embedding"])) for r in rows
-            }
-            s = score(rows, {t: p.loss for t, p in predictions.items()})
-            inside = sum(
-                predictions[r["trial"]].low <= r["real"] <= predictions[r["trial"]].high for r in rows
-            )
-            name = "+".join(map(str, subset))
-            results[name] = {"e": fit.e, "alpha": fit.alpha, "inside": inside, **s}
-            low, high = s["interval"]
-            print(
-                f"seeds {name:<6} E {fit.e:.3f}, alpha {fit.alpha:.3f}: median |error| {s['median']:.2%} "
-                f"[{low:.2%}, {high:.2%}], worst {s['worst']:.2%}, {inside}/{len(rows)} inside the 95% "
-                "interval"
-            )
+    for which, chosen in sizes.items():
+        for n in range(1, len(seeds) + 1):
+            for subset in itertools.combinations(seeds, n):
+                fit = fit_study_ladders([r for r in chosen if r.seed in subset])
+                predictions = {
+                    r["trial"]: fit.predict(r["trial"], float(r["params_non_embedding"])) for r in rows
+                }
+                s = score(rows, {t: p.loss for t, p in predictions.items()})
+                inside = sum(
+                    predictions[r["trial"]].low <= r["real"] <= predictions[r["trial"]].high for r in rows
+                )
+                name = "+".join(map(str, subset))
+                # The 2x sizes keep the keys the records before the dense rungs had.
+                results[name if which == "2x" else f"{which}:{name}"] = {
+                    "e": fit.e, "alpha": fit.alpha, "inside": inside, "rungs": len(fit.points), **s
+                }  # fmt: skip
+                low, high = s["interval"]
+                print(
+                    f"{which:>3} sizes, seeds {name:<6} E {fit.e:.3f}, alpha {fit.alpha:.3f}: median |error| "
+                    f"{s['median']:.2%} [{low:.2%}, {high:.2%}], worst {s['worst']:.2%}, "
+                    f"{inside}/{len(rows)} inside the 95% interval"
+                )
+        spread = [results[str(seed) if which == "2x" else f"{which}:{seed}"]["median"] for seed in seeds]
+        if len(spread) > 1:
+            print(f"{which:>3} sizes: the single seeds' median errors span {max(spread) - min(spread):.2%}")
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
 
