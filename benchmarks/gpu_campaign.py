@@ -3,9 +3,9 @@ CUDA device, in commands of at most 10 minutes that each resume what the last on
 
 Parts (`--parts 1,2,3,4`, the default; `--part N` for one):
 1. steps: real eager training steps (bf16 autocast on a GPU, fp32 loss, fused AdamW: the step
-   `model.eager_kernel_count` counts) of 65 shapes that vary d_model and d_ff alignment, head_dim,
+   `model.eager_kernel_count` counts) of 77 shapes that vary d_model and d_ff alignment, head_dim,
    GQA groups, seq_len, vocab 50257 against 50304, batch, and the byte-level shapes the GPU search
-   trains (24 of them, labelled "fresh-" and "fresh2-", added after changes to the step model to
+   trains (36 of them, labelled "fresh-", "fresh2-" and "fresh3-", added after changes to the step model to
    judge the next change on shapes it was not made for), each with every distinct GEMM and SDPA
    call of its step timed and the synthetic GEMM set that `archsearch fit-device` reads
    (`evaluators.step_record`, shared with benchmarks/gpu_model_accuracy.py); once every shape is
@@ -224,6 +224,32 @@ def shapes() -> list[tuple[str, Any, int]]:
                                                 qk_norm=True, **BYTES), 4),
         ("fresh2-byte-d1536-L6-reglu-b8", knobs(d_model=1536, n_layers=6, head_dim=128, n_kv_heads=3,
                                                 d_ff=4096, activation="reglu", **BYTES), 8),
+        # FRESH3: added 2026-11-28 with the host charged per launch and autograd node
+        # (`model.eager_host_ops`), to be measured before any change to it: steps the host bounds,
+        # with launches and nodes in other proportions than any recorded (deep and narrow,
+        # post-norm, LayerNorm with biases and a learned table, no positions, MQA at batch 1), and a
+        # few the GPU bounds or shares.
+        ("fresh3-byte-d256-L12-b2", knobs(d_model=256, n_layers=12, head_dim=64, d_ff=1024, **BYTES), 2),
+        ("fresh3-byte-d384-L6-gpt-b2", knobs(d_model=384, n_layers=6, head_dim=64, d_ff=1536,
+                                             activation="gelu", norm="layernorm", bias=True,
+                                             pos_embedding="learned", tie_embeddings=True, **BYTES), 2),
+        ("fresh3-byte-d768-L12-mqa-b1", knobs(d_model=768, n_layers=12, head_dim=64, n_kv_heads=1,
+                                              d_ff=2048, activation="swiglu", **BYTES), 1),
+        ("fresh3-byte-d512-L8-post-b4", knobs(d_model=512, n_layers=8, head_dim=64, d_ff=1408,
+                                              activation="geglu", norm_placement="post", **BYTES), 4),
+        ("fresh3-byte-d640-L10-nope-b2", knobs(d_model=640, n_layers=10, head_dim=64, d_ff=1792,
+                                               activation="reglu", pos_embedding="none", **BYTES), 2),
+        ("fresh3-byte-d1024-L4-parallel-sandwich-b2", knobs(d_model=1024, n_layers=4, head_dim=128,
+                                                            n_kv_heads=2, d_ff=2816, activation="swiglu",
+                                                            parallel_block=True, norm_placement="sandwich",
+                                                            **BYTES), 2),
+        ("fresh3-gpt2-small-rms-b4", dc.replace(gpt2, norm="rmsnorm"), 4),
+        ("fresh3-gpt2-medium-b4", preset("gpt2-medium"), 4),
+        ("fresh3-d2048-L2-b1", knobs(**{**d2048, "n_layers": 2}), 1),
+        ("fresh3-d1024-L24-b1", knobs(**{**D1024, "n_layers": 24}), 1),
+        ("fresh3-d1536-L8-b2", knobs(head_dim=64, **{**d1024, "d_model": 1536, "d_ff": 4096}), 2),
+        ("fresh3-byte-d1024-L8-qk-b8", knobs(d_model=1024, n_layers=8, head_dim=128, n_kv_heads=2, d_ff=2816,
+                                             activation="swiglu", qk_norm=True, **BYTES), 8),
     ]  # fmt: skip
 
 
@@ -237,8 +263,13 @@ HELD_OUT = frozenset({
 # Scored on, never fitted to either, each a group of its own: shapes added after a change to the
 # step model was made and measured before the next, to judge that next change on shapes it was not
 # made to fit. "fresh-": after the H200 refit of 2026-11-27, before the eager step's bytes;
-# "fresh2-": after the RMSNorm fusion and the bytes, before any change to the host's cost.
-FRESH_GROUPS = {"fresh-": "fresh (measured after the refit)", "fresh2-": "fresh2 (measured after the bytes)"}
+# "fresh2-": after the RMSNorm fusion and the bytes, before any change to the host's cost;
+# "fresh3-": after the host was charged per launch and autograd node (not measured yet).
+FRESH_GROUPS = {
+    "fresh-": "fresh (measured after the refit)",
+    "fresh2-": "fresh2 (measured after the bytes)",
+    "fresh3-": "fresh3 (measured after the host's autograd nodes)",
+}
 
 
 def smoke_shapes() -> list[tuple[str, Any, int]]:
@@ -962,7 +993,7 @@ def score_search(raw: dict[str, Any], model: str, space: Path) -> dict[str, floa
     """Each finished trial's measured step (its local profile) against `model` as it models it now
     (the stored modelled profiles are the catalogue's at search time); `space`: the search's file."""
     from archsearch.evaluators.hardware import modelled_profile
-    from archsearch.evaluators.model import eager_kernel_count, eager_memory_ops
+    from archsearch.evaluators.model import eager_host_ops, eager_kernel_count, eager_memory_ops
     from archsearch.space.config import ArchConfig
 
     batch = tomllib.loads(space.read_text())["proxy"]["batch_size"]
@@ -974,7 +1005,12 @@ def score_search(raw: dict[str, Any], model: str, space: Path) -> dict[str, floa
         cfg = ArchConfig.from_dict(t["config"])
         memory = eager_memory_ops(cfg, batch, "bf16")
         launches = t.get("launches") or eager_kernel_count(cfg)  # the step as it was measured
-        report = modelled_profile(cfg, model, batch, "bf16", launches=launches, memory_ops=memory)
+        # The host's ops: the launches as measured and today's autograd nodes, as
+        # `step_fit.StepRecord.host_ops` counts a recorded step's.
+        host_ops = launches + eager_host_ops(cfg) - eager_kernel_count(cfg)
+        report = modelled_profile(
+            cfg, model, batch, "bf16", launches=launches, memory_ops=memory, host_ops=host_ops
+        )
         assert report is not None  # a catalogued model
         errors.append(report.step_time_s / local - 1)
         print(f"  trial {t['number']}: {cfg.describe()}: measured {local * 1e3:.2f} ms, {model} now "

@@ -63,8 +63,10 @@ def predict(model: Any, cfg: Any, point: dict[str, Any]) -> dict[str, float | No
 
     b, c, d = point["batch"], point["context"], point["dtype"]
     eager = model.launch_overhead_s if model.launch_overhead_s is not None else model.device.launch_overhead_s
-    prefill = predict_prefill(model, cfg, b, c, d, d, kernel_s=eager, kernels=point["prefill_ops"])
-    decode = predict_decode(model, cfg, b, c, d, d, kernel_s=eager, kernels=point["decode_ops"])
+    prefill = predict_prefill(
+        model, cfg, b, c, d, d, kernel_s=eager, kernels=point["prefill_ops"], eager=True
+    )
+    decode = predict_decode(model, cfg, b, c, d, d, kernel_s=eager, kernels=point["decode_ops"], eager=True)
     graph = predict_decode(model, cfg, b, c, d, d, kernel_s=GRAPH_KERNEL_S, kernels=point["decode_ops"])
     engine = predict_decode(model, cfg, b, c, d, d)  # a serving engine's fused kernels: shown, not scored
     return {

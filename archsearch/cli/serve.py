@@ -49,13 +49,13 @@ def serve_profile(
         DeviceError, ProfilerError: a local device or dtype this machine does not have.
     """
     from archsearch.errors import ConfigError
-    from archsearch.evaluators.hardware import check_device
+    from archsearch.evaluators.hardware import check_device, modelled_dtype
     from archsearch.evaluators.serving import resolve_scenario
     from archsearch.space.costs import DTYPE_BYTES
     from archsearch.space.serve import ServeScenario, serve_costs
 
     modelled = check_device(device)
-    storage_dtype = "bf16" if dtype == "auto" and modelled else dtype
+    storage_dtype = modelled_dtype(dtype) if modelled else dtype
     if storage_dtype != "auto" and storage_dtype not in DTYPE_BYTES:
         raise ConfigError(f"--dtype {dtype!r} is unknown; valid: auto, {', '.join(DTYPE_BYTES.names())}")
     out: dict[str, Any] = {"config": cfg.to_dict(), "batch": batch, "context": context, "modelled": modelled}

@@ -97,8 +97,9 @@ class DeviceModel:
     # - GPU time per kernel an eager PyTorch step launches beyond the roofline's kernels (gaps
     #   between kernels, the many small elementwise kernels the memory ops lump together);
     eager_kernel_s: float = 0.0
-    # - host time to issue one (Python, dispatcher, autograd, launch): a step lasts at least
-    #   launches * host_kernel_s, so a small shape waits on the host, not the GPU.
+    # - host time per launch and per autograd node (Python, dispatcher, autograd's recording and
+    #   its engine, the launch itself): a step lasts at least host ops * host_kernel_s
+    #   (`model.eager_host_ops`), so a small shape waits on the host, not the GPU.
     host_kernel_s: float = 0.0
 
     def __post_init__(self) -> None:
@@ -174,6 +175,11 @@ def check_device(device: str) -> bool:
     )
 
 
+def modelled_dtype(dtype: str) -> str:
+    """`dtype` on a modelled GPU: "auto" is bf16, what training runs in on every catalogued one."""
+    return "bf16" if dtype == "auto" else dtype
+
+
 def modelled_profile(
     cfg: ArchConfig,
     device: str,
@@ -181,14 +187,16 @@ def modelled_profile(
     dtype: str,
     launches: int = 0,
     memory_ops: tuple[MemoryOp, ...] | None = None,
+    host_ops: int | None = None,
 ) -> ProfileReport | None:
     """One training step of `cfg` on `batch` sequences, modelled on the catalogued GPU `device`;
     None when `device` is one to measure here instead (cpu, cuda, cuda:N: see `step_time.step_profile`).
 
-    `dtype` "auto" is bf16 on a modelled GPU: what training runs in on every catalogued one.
-    `launches`: kernels the eager step launches (`model.eager_kernel_count`), charged the device's
-    fitted overhead each; `memory_ops`: its memory-bound kernels (`model.eager_memory_ops`; None:
-    `kernels.step_kernels`'s estimate).
+    `dtype` "auto" is bf16 (`modelled_dtype`). `launches`: kernels the eager step launches
+    (`model.eager_kernel_count`), charged the device's fitted GPU gap each; `host_ops`: what its
+    host does, launches and autograd nodes (`model.eager_host_ops`; None: the launches alone),
+    charged the fitted host time each; `memory_ops`: its memory-bound kernels
+    (`model.eager_memory_ops`; None: `kernels.step_kernels`'s estimate).
 
     Raises:
         ConfigError: `device` is neither catalogued nor local.
@@ -196,8 +204,9 @@ def modelled_profile(
     """
     if not check_device(device):
         return None
-    dtype = "bf16" if dtype == "auto" else dtype
-    return predict_step(device_model(device), step_kernels(cfg, batch, dtype, memory_ops), dtype, launches)
+    dtype = modelled_dtype(dtype)
+    kernels = step_kernels(cfg, batch, dtype, memory_ops)
+    return predict_step(device_model(device), kernels, dtype, launches, host_ops)
 
 
 def local_cpu(
@@ -437,7 +446,11 @@ def predict_memory_op(model: DeviceModel, op: MemoryOp, dtype: str = "bf16") -> 
 
 # --- a whole step ---
 def predict_step(
-    model: DeviceModel, kernels: StepKernels, compute_dtype: str | None = None, launches: int = 0
+    model: DeviceModel,
+    kernels: StepKernels,
+    compute_dtype: str | None = None,
+    launches: int = 0,
+    host_ops: int | None = None,
 ) -> ProfileReport:
     """Predict every kernel of one training step: the profiler's report, marked as modelled.
 
@@ -447,8 +460,10 @@ def predict_step(
         compute_dtype: math mode of GEMMs and attention; default the inventory's dtype (pass
             "tf32" for fp32 tensors with TF32 enabled).
         launches: kernels the eager step launches (`model.eager_kernel_count`); the step is
-            then `max(kernels + launches * eager_kernel_s, launches * host_kernel_s)` and the
+            then `max(kernels + launches * eager_kernel_s, host_ops * host_kernel_s)` and the
             difference to the kernels its framework overhead (0: the kernels alone).
+        host_ops: launches and autograd nodes the host handles (`model.eager_host_ops`); None:
+            `launches` (a call without autograd).
 
     Raises:
         UnknownNameError: the dtype is unknown or the device lacks it.
@@ -470,8 +485,9 @@ def predict_step(
         MemoryRow(op.name, op.bytes, predict_memory_op(model, op, dtype)) for op in kernels.memory_ops
     )
     kernel_sum = sum(row.total_s for row in rows) + sum(row.time_s for row in memory)
+    host_ops = launches if host_ops is None else host_ops
     gpu = kernel_sum + launches * model.eager_kernel_s
-    overhead = max(gpu, launches * model.host_kernel_s) - kernel_sum
+    overhead = max(gpu, host_ops * model.host_kernel_s) - kernel_sum
     device = model.device
     return ProfileReport(
         config=kernels.config,
@@ -485,6 +501,7 @@ def predict_step(
         min_run_time=0.0,
         modelled=True,
         launches=launches,
+        host_ops=host_ops,
         overhead_s=overhead,
     )
 

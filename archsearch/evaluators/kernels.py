@@ -282,6 +282,7 @@ class ProfileReport:
     measured_step_s: float | None = None  # the real training step (median), when one was timed
     measured_steps: int = 0  # how many steady-state steps that median is of
     launches: int = 0  # kernels the eager step launches (modelled steps)
+    host_ops: int = 0  # its launches and autograd nodes: what the host is charged for
     overhead_s: float = 0.0  # modelled framework overhead of those launches
 
     @property
@@ -339,8 +340,12 @@ class ProfileReport:
             holds = "launches, framework overhead, elementwise ops, optimizer"
             parts.append(("residual", self.residual_s, holds))
         elif self.overhead_s:
-            each = self.overhead_s / self.launches * 1e6
-            holds = f"{self.launches} eager kernel launches, {each:.1f} us each (fitted)"
+            nodes = self.host_ops - self.launches
+            holds = (
+                f"{self.launches} eager kernel launches"
+                + (f" and {nodes} autograd nodes" if nodes > 0 else "")
+                + " at their fitted GPU and host times"
+            )
             parts.append(("framework overhead", self.overhead_s, holds))
         return tuple(parts)
 
@@ -361,6 +366,7 @@ class ProfileReport:
             "measured_steps": self.measured_steps,
             "residual_s": self.residual_s,
             "launches": self.launches,
+            "host_ops": self.host_ops,
             "overhead_s": self.overhead_s,
             "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
             "min_run_time": self.min_run_time,
@@ -395,5 +401,6 @@ class ProfileReport:
             measured_step_s=data.get("measured_step_s"),
             measured_steps=int(data.get("measured_steps", 0)),
             launches=int(data.get("launches", 0)),
+            host_ops=int(data.get("host_ops", data.get("launches", 0))),  # before 2026-11-28: launches
             overhead_s=float(data.get("overhead_s", 0.0)),
         )

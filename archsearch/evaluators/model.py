@@ -417,7 +417,7 @@ def _tensor_bytes(x: object) -> int:
 
 # ATen ops that run a GEMM or attention kernel: the device models price those from their shapes
 # (`kernels.step_kernels`); every other kernel is memory-bound and priced by the bytes it moves.
-_COMPUTE_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear"})
+_COMPUTE_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm"})  # matmul and linear decompose to these
 # The memory-bound kernels' groups, by ATen op (the rest: "elementwise"): the loss streams rows of
 # the vocabulary's width (`kernels.MemoryOp.row`), the fused optimizer the fp32 parameters.
 _BYTE_GROUPS = {
@@ -435,6 +435,7 @@ class _KernelCounter(TorchDispatchMode):
         super().__init__()
         self.kernels = 0
         self.bytes: dict[str, int] = {}
+        self.nodes = 0  # the autograd graph's, set by `_count_step`
         self.paused = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -539,16 +540,38 @@ def _count_step_here(structure: ArchConfig, batch: int, dtype: str) -> _KernelCo
     with counter:
         with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
             logits = model(idx[:, :-1])
-        F.cross_entropy(logits.float().flatten(0, 1), idx[:, 1:].flatten()).backward()
+        loss = F.cross_entropy(logits.float().flatten(0, 1), idx[:, 1:].flatten())
+        counter.nodes = _graph_nodes(loss)
+        loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return counter
 
 
+def _graph_nodes(loss: torch.Tensor) -> int:
+    """The nodes of `loss`'s autograd graph: one per differentiable op of the forward (a fused
+    norm's `_FusedRMSNorm` is one) and one per parameter whose gradient it accumulates."""
+    seen: set[object] = set()
+    todo = [loss.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            todo.extend(parent for parent, _ in node.next_functions)
+    return len(seen)
+
+
 @functools.lru_cache(maxsize=256)
+def _counts_per_step(structure: ArchConfig) -> tuple[int, int]:
+    """(kernels, autograd nodes) of one steady-state bf16 training step of `structure`
+    (`_count_step`)."""
+    counter = _count_step(structure)
+    return counter.kernels, counter.nodes
+
+
 def _kernels_per_step(structure: ArchConfig) -> int:
     """Kernels one steady-state bf16 training step of `structure` runs (`_count_step`)."""
-    return _count_step(structure).kernels
+    return _counts_per_step(structure)[0]
 
 
 def _head_layout(cfg: ArchConfig) -> tuple[int, int]:
@@ -577,14 +600,37 @@ def eager_kernel_count(cfg: ArchConfig) -> int:
     counts: it is counted with PyTorch's dispatcher on a one- and a two-layer copy of `cfg` at tiny
     widths and the layout's smallest head counts (`_head_layout`), on the CPU (an instant, cached
     per structure), and extended linearly in depth, as every block is the same. The device
-    models (`hardware.DeviceModel.eager_kernel_s`) charge each launch its host overhead.
+    models charge each launch the GPU's gap between kernels (`hardware.DeviceModel.eager_kernel_s`)
+    and, with the autograd graph's nodes, the host's time (`eager_host_ops`).
     """
+    return _in_depth(cfg, 0)
+
+
+def eager_host_ops(cfg: ArchConfig) -> int:
+    """The host's work in one eager training step of `cfg`, counted in ops: the kernels it launches
+    (`eager_kernel_count`) and the nodes of its autograd graph, each recorded in the forward and
+    run by the backward engine (one per differentiable op, one per parameter's gradient
+    accumulated). Counted as `eager_kernel_count` counts, extended linearly in depth.
+
+    The host's time a step is charged per unit (`hardware.DeviceModel.host_kernel_s`). Per launch
+    alone, the H200's fit charged 36 us a launch while the 656 launches a fused RMSNorm removed had
+    cost 4 us each, and left out of its own fit the H100's host-bound byte-level shape was 58% off;
+    per launch and node, 20 us (H200) and 21 us (H100) each, and that shape is 1% off
+    (benchmarks/data/gpu_campaign_nvidia-h200_steps.json, docs/accuracy.md). A call without
+    autograd (prefill, decode) is charged its launches alone (`serving`).
+    """
+    return _in_depth(cfg, 0) + _in_depth(cfg, 1)
+
+
+def _in_depth(cfg: ArchConfig, which: int) -> int:
+    """`_counts_per_step(...)[which]` of `cfg`, counted at one and two layers of tiny widths and
+    the layout's smallest head counts, extended linearly to `cfg`'s depth."""
     heads, kv_heads = _head_layout(cfg)
     tiny = dict(
         n_heads=heads, n_kv_heads=kv_heads, d_model=8 * heads, head_dim=8, d_ff=32, vocab_size=64, seq_len=16
     )
-    one = _kernels_per_step(dataclasses.replace(cfg, n_layers=1, **tiny))
-    two = _kernels_per_step(dataclasses.replace(cfg, n_layers=2, **tiny))
+    one = _counts_per_step(dataclasses.replace(cfg, n_layers=1, **tiny))[which]
+    two = _counts_per_step(dataclasses.replace(cfg, n_layers=2, **tiny))[which]
     return one + (cfg.n_layers - 1) * (two - one)
 
 

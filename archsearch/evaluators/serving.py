@@ -101,7 +101,11 @@ class ServeTime:
             `time_s` add the tile and wave losses, and small batches' padding to whole tiles).
         gemm_s, attention_s: the parts of `time_s` that are the GEMMs' rooflines and attention's.
         launch_s: `kernels` launches at `kernel_s` each.
-        time_s: the kernels' rooflines, `max(compute, memory)` each, plus the launches.
+        host_s: an eager call's host time: its `kernels` at the device's fitted host time per
+            launch (`DeviceModel.host_kernel_s`, fitted on training steps, whose host also runs
+            an autograd graph); 0 for a serving engine's replayed graphs and where not eager.
+        time_s: the kernels' rooflines, `max(compute, memory)` each, plus the launches; at
+            least `host_s` (the GPU then waits on the host).
         floor_s: the bytes that must be read over the peak bandwidth, or the FLOPs at peak,
             whichever is larger: no implementation beats it.
     """
@@ -128,6 +132,7 @@ class ServeTime:
     launch_s: float
     time_s: float
     floor_s: float
+    host_s: float = 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -136,9 +141,11 @@ class ServeTime:
 
     @property
     def bound(self) -> str:
-        """What dominates: "compute", "memory" or "launches"."""
+        """What dominates: "compute", "memory", "launches" or (an eager call) "host"."""
         memory = self.weights_read_s + self.cache_read_s + self.other_memory_s
         parts = {"compute": self.compute_s, "memory": memory, "launches": self.launch_s}
+        if self.host_s >= self.time_s:
+            return "host"
         return max(parts, key=lambda k: parts[k])
 
     @property
@@ -173,6 +180,7 @@ def _serve_time(
     memory_op_bandwidth: float | None = None,
     memory_op_bytes: int | None = None,
     cache_bandwidth: float | None = None,
+    eager: bool = False,
 ) -> ServeTime:
     _check(batch, tokens, context)
     if context < tokens:
@@ -230,7 +238,8 @@ def _serve_time(
     n_kernels = serve_kernels(cfg) if kernels is None else kernels
     each = GRAPH_KERNEL_S if kernel_s is None else kernel_s
     launch = n_kernels * each
-    time_s = roofline + attention + other_s + launch
+    host = n_kernels * model.host_kernel_s if eager else 0.0
+    time_s = max(roofline + attention + other_s + launch, host)
     must_read = weight_bytes + cache_read
     floor = max(must_read / peak_bw, flops / device.peak_flops(weight_dtype))
     return ServeTime(
@@ -239,7 +248,7 @@ def _serve_time(
         cache_bytes_written=cache_written, flops=flops, weights_read_s=weight_bytes / model.bandwidth,
         cache_read_s=cache_read / (cache_bandwidth or model.bandwidth), compute_s=compute, gemm_s=roofline,
         attention_s=attention, other_memory_s=other_s,
-        kernels=n_kernels, kernel_s=each, launch_s=launch, time_s=time_s, floor_s=floor,
+        kernels=n_kernels, kernel_s=each, launch_s=launch, time_s=time_s, floor_s=floor, host_s=host,
     )  # fmt: skip
 
 
@@ -255,6 +264,7 @@ def predict_prefill(
     memory_op_bandwidth: float | None = None,
     memory_op_bytes: int | None = None,
     cache_bandwidth: float | None = None,
+    eager: bool = False,
 ) -> ServeTime:
     """The prefill of `batch` prompts of `prompt` tokens, into an empty cache.
 
@@ -269,6 +279,9 @@ def predict_prefill(
         cache_bandwidth: bytes/s at which attention reads the cache; None: the model's bandwidth.
             A CPU's SDPA kernel streams a cache faster than its 4-row GEMMs stream weights
             (`serve_profiler` measures both).
+        eager: the host issues each kernel as the call runs (PyTorch's eager call, not a replayed
+            graph): the call takes at least `kernels` x the device's fitted host time
+            (`DeviceModel.host_kernel_s`; 0 on a model without one).
 
     Raises:
         ConfigError: a size is not a positive integer.
@@ -276,7 +289,7 @@ def predict_prefill(
     """
     return _serve_time(
         model, cfg, "prefill", batch, prompt, prompt, weight_dtype, cache_dtype, kernel_s, kernels,
-        memory_op_bandwidth, memory_op_bytes, cache_bandwidth,
+        memory_op_bandwidth, memory_op_bytes, cache_bandwidth, eager,
     )  # fmt: skip
 
 
@@ -292,6 +305,7 @@ def predict_decode(
     memory_op_bandwidth: float | None = None,
     memory_op_bytes: int | None = None,
     cache_bandwidth: float | None = None,
+    eager: bool = False,
 ) -> ServeTime:
     """One decode step of `batch` sequences whose caches hold `context` tokens each: the step reads
     them all and adds one token per sequence (arguments as `predict_prefill`). Its time is the
@@ -299,7 +313,7 @@ def predict_decode(
     _check(batch, 1, context)
     return _serve_time(
         model, cfg, "decode", batch, 1, context + 1, weight_dtype, cache_dtype, kernel_s, kernels,
-        memory_op_bandwidth, memory_op_bytes, cache_bandwidth,
+        memory_op_bandwidth, memory_op_bytes, cache_bandwidth, eager,
     )  # fmt: skip
 
 

@@ -12,7 +12,8 @@ what the roofline lacks, in four stages, each on the data that shows it:
 2. flash attention: forward and backward efficiency and the sequence length at which the
    kernel reaches half of it (`efficiency * s / (s + half)`), least squares on log time;
 3. whole steps: per kernel an eager step launches (`model.eager_kernel_count`), the GPU's gap
-   between kernels and the host's time to issue one (a step waits on the slower of the two),
+   between kernels, and the host's time per launch and per autograd node (`model.eager_host_ops`;
+   a step waits on the slower of the two),
    and the bandwidth of elementwise ops over rows off the alignment (vocab 50257): least
    squares on the relative error of the real steps.
 Pure: numpy only; kernel counts come with the records.
@@ -76,6 +77,14 @@ class StepRecord:
     real_step_s: float  # the measured training step (median)
     launches: int  # kernels the eager step launches (`model.eager_kernel_count`)
     copy_bandwidth: float | None = None  # bytes/s a device-to-device copy reached in the run
+
+    @functools.cached_property
+    def host_ops(self) -> int:
+        """The ops the host handles: the launches as recorded (a step measured before a change to
+        the proxy ran those) and its autograd graph's nodes as counted now (`model.eager_host_ops`)."""
+        from archsearch.evaluators.model import eager_host_ops, eager_kernel_count
+
+        return self.launches + eager_host_ops(self.config) - eager_kernel_count(self.config)
 
     @functools.cached_property
     def kernels(self) -> StepKernels:
@@ -287,19 +296,21 @@ def _kernel_step(model: DeviceModel, record: StepRecord) -> tuple[float, float]:
 
 
 def _fit_overheads(model: DeviceModel, records: Sequence[StepRecord]) -> DeviceModel:
-    """Per-launch GPU gap, per-launch host time and the misaligned-row bandwidth, from real steps.
+    """Per-launch GPU gap, host time per launch and autograd node, and the misaligned-row
+    bandwidth, from real steps.
 
-    The step is `max(kernels + misaligned extra + launches * gap, launches * host)`: the GPU
-    runs its kernels with a gap each, while the host issues them; a small shape waits on the
-    host. Least squares on relative error over a grid, refined around the best point.
+    The step is `max(kernels + misaligned extra + launches * gap, host ops * host)`: the GPU
+    runs its kernels with a gap each, while the host records the autograd graph, runs its
+    backward and issues the kernels (`StepRecord.host_ops`); a small shape waits on the host.
+    Least squares on relative error over a grid, refined around the best point.
     """
     flat = dataclasses.replace(model, misaligned_memory_factor=1.0, eager_kernel_s=0.0, host_kernel_s=0.0)
-    rows = np.array([[*_kernel_step(flat, r), r.launches, r.real_step_s] for r in records])
-    kernels, misaligned, launches, real = rows.T
+    rows = np.array([[*_kernel_step(flat, r), r.launches, r.host_ops, r.real_step_s] for r in records])
+    kernels, misaligned, launches, host_ops, real = rows.T
 
     def loss(gap: np.ndarray, host: np.ndarray, extra: np.ndarray) -> np.ndarray:
         g, h, c = (v[:, None] for v in (gap, host, extra))
-        step = np.maximum(kernels + misaligned * c + launches * g, launches * h)
+        step = np.maximum(kernels + misaligned * c + launches * g, host_ops * h)
         return ((step / real - 1) ** 2).sum(axis=1)
 
     # (gap s, host s, extra bandwidth cost); each round a 21^3 grid, then a window 1/5 as wide.
@@ -348,7 +359,7 @@ def fit_step_model(
 
 def predicted_step(model: DeviceModel, record: StepRecord) -> float:
     """The modelled real step of a record's shape: its kernels plus its launches' overhead."""
-    return predict_step(model, record.kernels, launches=record.launches).step_time_s
+    return predict_step(model, record.kernels, launches=record.launches, host_ops=record.host_ops).step_time_s
 
 
 @dataclass(frozen=True)

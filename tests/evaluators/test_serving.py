@@ -151,3 +151,21 @@ def test_a_cache_bandwidth_of_its_own_prices_the_decode_cache_read_and_leaves_th
     assert slow.floor_s == plain.floor_s  # the floor is the peak bandwidth's, whatever is achieved
     prefill = predict_prefill(H100, LLAMA2, 4, 2048)
     assert predict_prefill(H100, LLAMA2, 4, 2048, cache_bandwidth=bandwidth / 4).time_s == prefill.time_s
+
+
+def test_an_eager_call_waits_on_the_host_a_replayed_graph_does_not():
+    # An eager call (the campaign's measured calls) is at least its launches at the fitted host
+    # time each (catalogue.FITTED, fitted on training steps); a serving engine's graph replays
+    # them without the host, whatever its gap a kernel.
+    small = preset("gpt2-small")
+    eager = predict_decode(H100, small, 1, 512, kernel_s=H100.eager_kernel_s, kernels=300, eager=True)
+    assert eager.host_s == pytest.approx(300 * H100.host_kernel_s) and eager.time_s == eager.host_s
+    assert eager.bound == "host" and eager.to_dict()["host_s"] == eager.host_s
+    graph = predict_decode(H100, small, 1, 512, kernel_s=GRAPH_KERNEL_S, kernels=300)
+    assert graph.host_s == 0.0 and graph.time_s < eager.time_s and graph.bound != "host"
+    # A long prompt's kernels outlast the host: the GPU's time.
+    long = predict_prefill(H100, LLAMA2, 8, 4096, kernel_s=H100.eager_kernel_s, kernels=300, eager=True)
+    assert long.time_s > long.host_s > 0 and long.bound == "compute"
+    # No host time fitted (a bare model, the CPU's): nothing changes.
+    bare = device_model("h100-sxm", fitted=False)
+    assert predict_decode(bare, small, 1, 512, kernel_s=1e-5, kernels=300, eager=True).host_s == 0.0

@@ -18,7 +18,7 @@ from archsearch.evaluators.data import load_dataset
 from archsearch.evaluators.device import DeviceError, detect_device
 from archsearch.evaluators.hardware import device_model, predict_step
 from archsearch.evaluators.kernels import step_kernels
-from archsearch.evaluators.model import eager_kernel_count, eager_memory_ops
+from archsearch.evaluators.model import eager_host_ops, eager_kernel_count, eager_memory_ops
 from archsearch.evaluators.profiler import (
     PEAK_KIND,
     InMemoryCache,
@@ -57,7 +57,8 @@ def test_a_catalogued_gpu_is_modelled_and_a_local_device_measured_by_the_same_ca
     assert modelled.modelled and modelled.dtype == "bf16" and modelled.residual_s is None
     launches = eager_kernel_count(TINY)
     inventory = step_kernels(TINY, 4, "bf16", eager_memory_ops(TINY, 4, "bf16"))  # the eager step's bytes
-    assert modelled == predict_step(device_model("h100-sxm"), inventory, "bf16", launches)
+    host_ops = eager_host_ops(TINY)  # the launches and the autograd graph's nodes
+    assert modelled == predict_step(device_model("h100-sxm"), inventory, "bf16", launches, host_ops)
     assert modelled.launches == launches > 0 and modelled.overhead_s > 0  # H100 has fitted constants
     kernels_only = step_profile(TINY, "cpu", 4, "fp32", steps=0, min_run_time=0.002)
     assert not kernels_only.modelled and kernels_only.measured_step_s is None
