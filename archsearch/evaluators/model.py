@@ -636,8 +636,13 @@ def _in_depth(cfg: ArchConfig, which: int) -> int:
 
 # --- bytes an eager step's memory-bound kernels move ---
 log = logging.getLogger(__name__)
-# What counted the cached bytes (`_byte_coefficients`): this module's source, which builds the step.
-_MODULE_HASH = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+
+
+@functools.cache
+def _module_hash() -> str:
+    """What counted the cached bytes (`_byte_coefficients`): this module's source, which builds
+    the step (read once, when a count is first looked up, not at import)."""
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
 
 
 def _width_terms(cfg: ArchConfig, batch: int) -> tuple[int, ...]:
@@ -685,7 +690,7 @@ def _byte_coefficients(structure: ArchConfig, dtype: str) -> dict[str, tuple[tor
     from archsearch.evaluators.data import cache_dir
     from archsearch.fileio import write_atomic
 
-    key = json.dumps([structure.to_dict(), dtype, torch.__version__, _MODULE_HASH], sort_keys=True)
+    key = json.dumps([structure.to_dict(), dtype, torch.__version__, _module_hash()], sort_keys=True)
     path = cache_dir() / "eager-bytes" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
     try:
         stored = json.loads(path.read_text())
