@@ -49,11 +49,22 @@ def main() -> None:
     parser.add_argument("--tokens-per-param", type=float, default=5.0, help="the rungs' recipe")
     parser.add_argument("--batch-size", type=int, default=4, help="the rungs' recipe")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument(
+        "--min-layers",
+        type=int,
+        default=1,
+        help="fit only the rungs of at least this many layers (preregistered_two_layers.md: 2)",
+    )
     parser.add_argument("--smoke", action="store_true", help="seeds 0 and 1 only")
     args = parser.parse_args()
     rows = [r for r in json.loads(args.record.read_text())["rows"] if r["real"] is not None]
     trials = {r["trial"] for r in rows}
     rungs = stored_rungs(args.db, args.study, trials, args.tokens_per_param, args.batch_size)
+    top = max(r.target_params for r in rungs)
+    if args.min_layers > 1:
+        kept = [r for r in rungs if r.config.n_layers >= args.min_layers]
+        print(f"rungs of at least {args.min_layers} layers: {len(kept)} of {len(rungs)}")
+        rungs = kept
     seeds = sorted({r.seed for r in rungs})
     if args.smoke:
         seeds = [s for s in seeds if s in (0, 1)]
@@ -64,7 +75,6 @@ def main() -> None:
     )
     # The rungs 2x apart (`--rungs 4`) and, where a denser ladder stored more sizes between them
     # (`--rungs 7 --spacing 1.41421356`: preregistered_dense.md), all of them.
-    top = max(r.target_params for r in rungs)
     two_x = set(rung_targets(top, 4))
     sizes = {"2x": [r for r in rungs if r.target_params in two_x]}
     if len(sizes["2x"]) < len(rungs):
@@ -95,7 +105,8 @@ def main() -> None:
                 print(
                     f"{which:>3} sizes, seeds {name:<6} E {fit.e:.3f}, alpha {fit.alpha:.3f}: median |error| "
                     f"{s['median']:.2%} [{low:.2%}, {high:.2%}], worst {s['worst']:.2%}, "
-                    f"{inside}/{len(rows)} inside the 95% interval"
+                    f"{inside}/{len(rows)} inside the 95% interval, "
+                    f"{sum(e < -0.02 for e in s['errors'].values())} predicted >2% low"
                 )
         spread = [results[str(seed) if which == "2x" else f"{which}:{seed}"]["median"] for seed in seeds]
         if len(spread) > 1:
