@@ -25,6 +25,7 @@ from typing import Any
 from ladder_heads import score  # benchmarks/ is this script's folder
 
 from archsearch.results.ladder import fit_study_ladders, rung_targets
+from archsearch.results.ladder_fit import LadderFit, RungPoint, fit_ladders
 from archsearch.storage import Storage
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +42,19 @@ def stored_rungs(db: Path, study: str, trials: set[int], ratio: float, batch: in
         return [r for r in storage.ladder_rungs(study, ratio, batch) if r.trial_number in trials]
 
 
+def fit_total(rungs: list[Any]) -> LadderFit:
+    """The shipped law with N the rungs' total parameters (`preregistered_total_params.md`), as
+    `fit_study_ladders` builds its points otherwise (designs of 2 sizes or more, in the same order)."""
+    sizes: dict[int, set[int]] = {}
+    for r in rungs:
+        sizes.setdefault(r.trial_number, set()).add(r.params_total)
+    return fit_ladders(
+        RungPoint(r.trial_number, float(r.params_total), r.val_loss)
+        for r in rungs
+        if len(sizes[r.trial_number]) >= 2
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--record", type=Path, default=RECORD, help="a ladder_accuracy.py record")
@@ -54,6 +68,12 @@ def main() -> None:
         type=int,
         default=1,
         help="fit only the rungs of at least this many layers (preregistered_two_layers.md: 2)",
+    )
+    parser.add_argument(
+        "--size",
+        choices=("non_embedding", "total"),
+        default="non_embedding",
+        help="the law's N: the shipped non-embedding parameters, or total (preregistered_total_params.md)",
     )
     parser.add_argument("--smoke", action="store_true", help="seeds 0 and 1 only")
     args = parser.parse_args()
@@ -88,9 +108,10 @@ def main() -> None:
     for which, chosen in sizes.items():
         for n in range(1, len(seeds) + 1):
             for subset in itertools.combinations(seeds, n):
-                fit = fit_study_ladders([r for r in chosen if r.seed in subset])
+                some = [r for r in chosen if r.seed in subset]
+                fit = fit_total(some) if args.size == "total" else fit_study_ladders(some)
                 predictions = {
-                    r["trial"]: fit.predict(r["trial"], float(r["params_non_embedding"])) for r in rows
+                    r["trial"]: fit.predict(r["trial"], float(r[f"params_{args.size}"])) for r in rows
                 }
                 s = score(rows, {t: p.loss for t, p in predictions.items()})
                 inside = sum(
@@ -105,8 +126,11 @@ def main() -> None:
                 print(
                     f"{which:>3} sizes, seeds {name:<6} E {fit.e:.3f}, alpha {fit.alpha:.3f}: median |error| "
                     f"{s['median']:.2%} [{low:.2%}, {high:.2%}], worst {s['worst']:.2%}, "
-                    f"{inside}/{len(rows)} inside the 95% interval, "
-                    f"{sum(e < -0.02 for e in s['errors'].values())} predicted >2% low"
+                    f"{inside}/{len(rows)} inside the 95% interval; predicted >2% low "
+                    f"{sum(e < -0.02 for e in s['errors'].values())}, >1% low "
+                    f"{sum(e < -0.01 for e in s['errors'].values())}, >1% high "
+                    f"{sum(e > 0.01 for e in s['errors'].values())}; Spearman "
+                    f"{s['spearman_ladder']['value']:.2f} (proxy {s['spearman_proxy']['value']:.2f})"
                 )
         spread = [results[str(seed) if which == "2x" else f"{which}:{seed}"]["median"] for seed in seeds]
         if len(spread) > 1:
