@@ -58,16 +58,36 @@ def smoke_shapes() -> list[tuple[str, Any]]:
 
 
 def predict(model: Any, cfg: Any, point: dict[str, Any]) -> dict[str, float | None]:
-    """The model's seconds for one measured point, with the ops its calls dispatched."""
+    """The model's seconds for one measured point, with the ops its calls dispatched and the bytes
+    their memory-bound ops moved: as recorded where the record has them, else counted as CUDA runs
+    the calls (`serve_profiler.count_serve_calls`; records before 2026-11-28 have no bytes)."""
+    from archsearch.evaluators.serve_profiler import count_serve_calls
     from archsearch.evaluators.serving import GRAPH_KERNEL_S, predict_decode, predict_prefill
 
     b, c, d = point["batch"], point["context"], point["dtype"]
     eager = model.launch_overhead_s if model.launch_overhead_s is not None else model.device.launch_overhead_s
+    counted = count_serve_calls(cfg, b, c, d)
+    prefill_bytes = point.get("prefill_memory_bytes") or counted.prefill_memory_bytes
+    decode_bytes = point.get("decode_memory_bytes") or counted.decode_memory_bytes
     prefill = predict_prefill(
-        model, cfg, b, c, d, d, kernel_s=eager, kernels=point["prefill_ops"], eager=True
+        model, cfg, b, c, d, d, kernel_s=eager, kernels=point["prefill_ops"], eager=True,
+        memory_op_bytes=prefill_bytes,
+    )  # fmt: skip
+    decode = predict_decode(
+        model, cfg, b, c, d, d, kernel_s=eager, kernels=point["decode_ops"], eager=True,
+        memory_op_bytes=decode_bytes,
+    )  # fmt: skip
+    graph = predict_decode(
+        model,
+        cfg,
+        b,
+        c,
+        d,
+        d,
+        kernel_s=GRAPH_KERNEL_S,
+        kernels=point["decode_ops"],
+        memory_op_bytes=decode_bytes,
     )
-    decode = predict_decode(model, cfg, b, c, d, d, kernel_s=eager, kernels=point["decode_ops"], eager=True)
-    graph = predict_decode(model, cfg, b, c, d, d, kernel_s=GRAPH_KERNEL_S, kernels=point["decode_ops"])
     engine = predict_decode(model, cfg, b, c, d, d)  # a serving engine's fused kernels: shown, not scored
     return {
         "prefill_s": prefill.time_s, "decode_s": decode.time_s, "decode_graph_s": graph.time_s,

@@ -105,6 +105,7 @@ def test_search_quality_smoke(tmp_path):
 SMOKES = {
     "cost_model": ["cost model, 50 random configs:", "build + FlopCounterMode on meta"],
     "ladder_batch": ["32 rungs of 8 designs at 5 tokens per parameter", "all 16", "all 4", "at 2M over"],
+    "ladder_depth": ["12 designs with a real run", "one-layer term E", "shipped        E", "Spearman"],
     "ladder_heads": ["8 designs with a real run", "shared alpha", "alpha by head_dim", "held out"],
     "ladder_seeds": [
         "12 designs with a real run",

@@ -20,6 +20,7 @@ import math
 import random
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -217,6 +218,8 @@ class Attention(nn.Module):
         self.out = nn.Linear(cfg.q_dim, cfg.d_model, bias=cfg.bias)
         self.q_norm = make_norm(cfg, cfg.head_dim) if cfg.qk_norm else None
         self.k_norm = make_norm(cfg, cfg.head_dim) if cfg.qk_norm else None
+        # The attention call; a counter swaps in a stand-in (`serve_profiler.count_serve_calls`).
+        self.attend: Callable[..., torch.Tensor] = _attend
 
     def forward(
         self,
@@ -238,7 +241,7 @@ class Attention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k, v = cache[0].update(cache[1], k, v)  # (B, K, S, D): the cached positions and these
-        y = _attend(q, k, v, gqa=cfg.n_kv_heads != cfg.n_heads)  # (B, H, T, D)
+        y = self.attend(q, k, v, gqa=cfg.n_kv_heads != cfg.n_heads)  # (B, H, T, D)
         return self.out(y.transpose(1, 2).reshape(B, T, cfg.q_dim))
 
 
@@ -444,15 +447,18 @@ class _KernelCounter(TorchDispatchMode):
             self.kernels += 1
             name = func.overloadpacket.__name__
             if name not in _COMPUTE_OPS and "scaled_dot_product" not in name:
-                # Inputs read, outputs written; an argument the op writes in place is read and
-                # written (its output aliases it: counted once more, not twice).
-                moved = sum(_tensor_bytes(a) for a in (*args, *(kwargs or {}).values()))
-                written = [a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments]
-                moved += sum(_tensor_bytes(a) for a, w in zip(args, written, strict=False) if w)
-                if not any(written):
-                    moved += _tensor_bytes(out)
-                self.add_bytes(_BYTE_GROUPS.get(name, "elementwise"), moved)
+                self.count_bytes(func, name, args, kwargs or {}, out)
         return out
+
+    def count_bytes(self, func: Any, name: str, args: tuple, kwargs: dict, out: object) -> None:
+        """A memory-bound op's bytes: inputs read, outputs written; an argument the op writes in
+        place is read and written (its output aliases it: counted once more, not twice)."""
+        moved = sum(_tensor_bytes(a) for a in (*args, *kwargs.values()))
+        written = [a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments]
+        moved += sum(_tensor_bytes(a) for a, w in zip(args, written, strict=False) if w)
+        if not any(written):
+            moved += _tensor_bytes(out)
+        self.add_bytes(_BYTE_GROUPS.get(name, "elementwise"), moved)
 
     def add_bytes(self, group: str, moved: int) -> None:
         self.bytes[group] = self.bytes.get(group, 0) + moved

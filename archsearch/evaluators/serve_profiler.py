@@ -125,36 +125,40 @@ class _OpCounter(_KernelCounter):
     """The ops a call dispatches, and the bytes those other than GEMMs and attention read and
     write: each tensor argument and result once (an in-place op's result is its argument; a
     broadcast or a slice counts its elements, at most its storage; a lookup reads the rows it
-    returns)."""
+    returns; `_unsafe_view`, a view the dispatcher does not mark as one, moves nothing). A fused
+    kernel's stand-in (`model._FusedRMSNorm`) adds its own bytes (`add_bytes`)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.memory_bytes = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = super().__torch_dispatch__(func, types, args, kwargs)
-        name = func.overloadpacket.__name__
-        if func.is_view or name in _COMPUTE_OPS or "scaled_dot_product" in name:
-            return out
+    def count_bytes(self, func: Any, name: str, args: tuple, kwargs: dict, out: object) -> None:
+        if func.is_view or name in _NO_BYTES_OPS:
+            return
         if name in _LOOKUP_OPS:
             tensors = [out, out]  # the rows read, then written
         elif name.endswith("_"):  # in place: the result is an argument
             tensors = [*pytree.tree_leaves((args, kwargs))]
         else:
-            tensors = [
-                *pytree.tree_leaves((args, kwargs)),
-                *pytree.tree_leaves(out),
-            ]
-        self.memory_bytes += sum(
-            min(t.numel() * t.element_size(), t.untyped_storage().nbytes())
-            for t in tensors
-            if isinstance(t, torch.Tensor)
+            tensors = [*pytree.tree_leaves((args, kwargs)), *pytree.tree_leaves(out)]
+        self.add_bytes(
+            "elementwise",
+            sum(
+                min(t.numel() * t.element_size(), t.untyped_storage().nbytes())
+                for t in tensors
+                if isinstance(t, torch.Tensor)
+            ),
         )
-        return out
+
+    def add_bytes(self, group: str, moved: int) -> None:
+        self.memory_bytes += moved
 
 
-_COMPUTE_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm"})  # priced as GEMMs, not as bytes
 _LOOKUP_OPS = frozenset({"embedding", "index_select"})
+# Not views to the dispatcher, yet no kernel runs: matmul's reshape of its result. The training
+# step's counter (`model._KernelCounter`) still counts their bytes: its fitted GPU constants were
+# fitted with them (7.7% of a small step's bytes), and change with a refit.
+_NO_BYTES_OPS = frozenset({"_unsafe_view"})
 
 
 def _count_ops(fn: Any) -> tuple[int, int]:
@@ -163,6 +167,57 @@ def _count_ops(fn: Any) -> tuple[int, int]:
     with counter:
         fn()
     return counter.kernels, counter.memory_bytes
+
+
+@dataclass(frozen=True)
+class CallCounts:
+    """The ops and memory-bound bytes of the calls `measure_serve` times, counted without running
+    them (`count_serve_calls`)."""
+
+    prefill_ops: int
+    prefill_memory_bytes: int
+    decode_ops: int
+    decode_memory_bytes: int
+
+
+@functools.cache
+def count_serve_calls(cfg: ArchConfig, batch: int, context: int, dtype: str = "bf16") -> CallCounts:
+    """The prefill and decode step `measure_serve` times, counted as CUDA runs them eagerly, at any
+    size and with no GPU: the model in `dtype` on the meta device (no memory, no arithmetic), each
+    RMSNorm as CUDA's one fused kernel (`model._FusedRMSNorm`; the CPU runs a dozen elementwise
+    ops), attention as one kernel that moves no counted bytes (its cost is the attention model's;
+    on the meta device SDPA would run as its unfused math). Used to model an eager call on a GPU
+    that is not here (benchmarks/gpu_campaign_serve.py): the same op count as the H200 dispatched
+    in each of the 78 calls it recorded (13 shapes, 3 scenarios, prefill and decode; 2026-11-27);
+    on the CPU, where no kernel is fused, the same ops and bytes as the calls run here (tested)."""
+    from archsearch.evaluators.model import Attention, _count_norms_as_fused
+
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    room = dataclasses.replace(cfg, seq_len=max(cfg.seq_len, context + 1))
+    counts = []
+    for phase in ("prefill", "decode"):
+        with torch.device("meta"):
+            model = ProxyLM(room).to(torch_dtype).eval()
+            cache = KVCache(room, batch, context + 1, torch_dtype, "meta")
+        counter = _OpCounter()
+        _count_norms_as_fused(model, counter)
+
+        def attend(q: torch.Tensor, *_: object, counter: _OpCounter = counter, **__: object) -> torch.Tensor:
+            with counter.pause():
+                y = torch.empty_like(q)
+            counter.kernels += 1
+            return y
+
+        for module in model.modules():
+            if isinstance(module, Attention):
+                module.attend = attend
+        tokens = context if phase == "prefill" else 1
+        cache.length = 0 if phase == "prefill" else context
+        idx = torch.zeros((batch, tokens), dtype=torch.long, device="meta")
+        with torch.no_grad(), counter:
+            model(idx, cache, last_only=True)
+        counts += [counter.kernels, counter.memory_bytes]
+    return CallCounts(*counts)
 
 
 @torch.no_grad()

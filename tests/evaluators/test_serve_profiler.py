@@ -77,6 +77,48 @@ def test_the_op_counter_counts_the_bytes_of_memory_bound_ops_and_leaves_gemms_an
     assert _count_ops(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q))[1] == 0
     assert _count_ops(lambda: torch.nn.functional.embedding(ids, table)) == (1, 2 * 3 * 64 * 4)
     assert _count_ops(lambda: a[:10] * 2)[1] == 2 * 40  # a slice counts its elements, not its storage
+    # A batched linear is mm then `_unsafe_view`, which the dispatcher counts but which moves nothing.
+    assert _count_ops(lambda: x.view(2, 4, 64) @ w) == (2, 0)
+
+
+def _real_counts(cfg: ArchConfig, batch: int, context: int) -> tuple[int, int, int, int]:
+    """The ops and bytes of `measure_serve`'s prefill and decode as they ran here, on the CPU."""
+    from archsearch.evaluators.model import KVCache, ProxyLM
+    from archsearch.evaluators.serve_profiler import _count_ops
+
+    torch.manual_seed(0)
+    model = ProxyLM(dataclasses.replace(cfg, seq_len=max(cfg.seq_len, context + 1))).eval()
+    cache = KVCache(model.cfg, batch, context + 1)
+    prompt = torch.randint(0, cfg.vocab_size, (batch, context))
+    with torch.no_grad():
+        prefill = _count_ops(lambda: model(prompt, cache, last_only=True))
+        cache.length = context
+        decode = _count_ops(lambda: model(prompt[:, -1:], cache, last_only=True))
+    return (*prefill, *decode)
+
+
+@pytest.mark.parametrize("placement", ["pre", "sandwich"])
+def test_calls_counted_on_the_meta_device_equal_the_calls_run_here_where_no_kernel_is_fused(placement):
+    from archsearch.evaluators.serve_profiler import count_serve_calls
+
+    # LayerNorm is one kernel on the CPU and on CUDA: only RMSNorm is fused on CUDA alone.
+    cfg = dataclasses.replace(TINY, norm="layernorm", norm_placement=placement, activation="swiglu")
+    counted = count_serve_calls(cfg, 3, 24, "fp32")
+    assert dataclasses.astuple(counted) == _real_counts(cfg, 3, 24)
+    assert counted.prefill_memory_bytes > 20 * counted.decode_memory_bytes > 0  # 24 tokens against 1
+
+
+def test_an_rmsnorm_is_counted_as_the_one_fused_kernel_cuda_runs_and_bytes_grow_with_the_tokens():
+    from archsearch.evaluators.serve_profiler import count_serve_calls
+
+    rms, layer = TINY, dataclasses.replace(TINY, norm="layernorm")
+    norms = 2 * TINY.n_layers + 1  # pre-norm: two a layer and the final one
+    assert count_serve_calls(rms, 2, 16).prefill_ops == count_serve_calls(layer, 2, 16).prefill_ops
+    real_ops = _real_counts(rms, 2, 16)[0]  # the CPU runs each RMSNorm as several elementwise ops
+    assert real_ops > count_serve_calls(rms, 2, 16, "fp32").prefill_ops + norms
+    # An activation-sized op's bytes scale with batch x tokens; a 1M-token prefill counts instantly.
+    small, big = count_serve_calls(rms, 2, 16), count_serve_calls(rms, 64, 16_384)
+    assert big.prefill_memory_bytes / small.prefill_memory_bytes == pytest.approx(64 * 16_384 / 32, rel=0.05)
 
 
 def test_a_steps_cache_is_read_at_the_cache_rate_measured_for_its_working_set():
