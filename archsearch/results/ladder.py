@@ -745,6 +745,9 @@ class LadderPrediction:
     rungs: tuple[LadderRungRecord, ...]  # this design's
     designs: int  # designs sharing the fit's E and alpha
     fit: LadderFit
+    # (seed, loss): the prediction from each training seed's rungs alone, where the recipe's rungs
+    # were trained at 2 seeds or more (`ladder --seed S`); empty otherwise (`seed_predictions`)
+    by_seed: tuple[tuple[int, float], ...] = ()
 
     @property
     def tokens(self) -> int:
@@ -772,6 +775,7 @@ class LadderPrediction:
             "designs": self.designs,
             "E": self.fit.e,
             "alpha": self.fit.alpha,
+            "by_seed": {str(seed): loss for seed, loss in self.by_seed},
         }
 
 
@@ -821,8 +825,30 @@ def predict_trial(
     fit = fit_study_ladders(same)
     prediction = fit.predict(trial, float(counts.non_embedding))
     return LadderPrediction(
-        trial, *recipe, counts.total, counts.non_embedding, prediction, mine, len(fit.designs), fit
-    )
+        trial, *recipe, counts.total, counts.non_embedding, prediction, mine, len(fit.designs), fit,
+        seed_predictions(same, trial, float(counts.non_embedding)),
+    )  # fmt: skip
+
+
+def seed_predictions(
+    rungs: Sequence[LadderRungRecord], trial: int, n_non_embedding: float
+) -> tuple[tuple[int, float], ...]:
+    """`trial`'s loss at `n_non_embedding` predicted from each training seed's rungs of one recipe
+    alone (the law fitted over that seed's rungs of every design), by seed; empty unless 2 seeds
+    or more can each be fitted. How far they differ is how much the prediction owes to the seeds the
+    rungs happened to get, which the bootstrap over rungs does not carry: on 12 tiny designs 4x past
+    the top rung, single-seed predictions differed by up to 10% (docs/guide/ladder.md)."""
+    seeds = sorted({r.seed for r in rungs if r.trial_number == trial})
+    if len(seeds) < 2:
+        return ()
+    out = []
+    for seed in seeds:
+        try:
+            fit = fit_study_ladders([r for r in rungs if r.seed == seed], resamples=0)
+            out.append((seed, float(fit.loss(trial, n_non_embedding))))
+        except LadderFitError:  # this seed's rungs are too few (a ladder still under way)
+            continue
+    return tuple(out) if len(out) >= 2 else ()
 
 
 def predict_at_size(

@@ -29,6 +29,7 @@ from archsearch.results.ladder import (
     run_ladder,
     rung_shape,
     rung_targets,
+    seed_predictions,
 )
 from archsearch.results.ladder_fit import LadderFitError
 from archsearch.space.config import ArchConfig
@@ -385,17 +386,36 @@ def test_two_trials_of_one_design_share_each_run_in_one_ladder(url, tmp_path, ra
 
 
 # --- reading: export --scale-to and pareto --at-size --------------------------------------------
-def _laddered(url: str, floor: bool = True) -> str:
+def _laddered(url: str, floor: bool = True, seed: int = 0, scale: float = 1.0) -> str:
     """Rungs of trials 0 and 1 stored as the stand-in law trains them, without Ray; without `floor`,
-    falling as a steeper power law with no floor (E = 0)."""
+    falling as a steeper power law with no floor (E = 0); at training `seed`, the losses x `scale`."""
     with Storage.open(url) as db:
         for p in plan_ladder(db, OPTIONS):
             loss = _law(p.config) if floor else 500 * param_counts(p.config).non_embedding ** -0.5
             db.add_ladder_rung(
                 "tiny", trial_number=p.trial, tokens_per_param=20, batch_size=16, target_params=p.target,
-                config=p.config, seed=0, tokens=p.settings["tokens"], val_loss=loss,
+                config=p.config, seed=seed, tokens=p.settings["tokens"], val_loss=loss * scale,
             )  # fmt: skip
     return url
+
+
+def test_export_scale_to_shows_how_far_the_rungs_training_seed_moves_the_prediction(url, tmp_path):
+    args = ["export", "--study", "tiny", "--trial", "1", "--scale-to", "1.3B", "--format", "json",
+            "--storage", url]  # fmt: skip
+    _laddered(url)
+    one = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "one")])
+    assert one.exit_code == 0, one.output
+    assert "one training seed: the interval does not carry" in one.stdout and "`--seed 1`" in one.stdout
+    # Seed 1's rungs 2% above seed 0's at every size: its law is seed 0's x 1.02, so its prediction too.
+    _laddered(url, seed=1, scale=1.02)
+    two = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "two")])
+    assert two.exit_code == 0, two.output
+    line = next(x for x in two.stdout.splitlines() if "by the rungs' training seed" in x)
+    (low, high) = (float(line.split(f"seed {s} ")[1].split()[0].rstrip(",")) for s in (0, 1))
+    assert high / low == pytest.approx(1.02, abs=1e-3) and "(2.0% apart;" in line, line
+    with Storage.open(url) as db:
+        rungs = db.ladder_rungs("tiny")
+    assert seed_predictions([r for r in rungs if r.seed == 0], 1, 1e9) == ()  # one seed: nothing to compare
 
 
 def test_export_scale_to_prints_the_predicted_loss_its_interval_and_distance(url, tmp_path):
