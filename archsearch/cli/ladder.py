@@ -176,7 +176,7 @@ def _at_4x(fit: Any) -> list[Any]:
 
 
 def _print_ladders(summary: Any) -> None:
-    from archsearch.results.ladder import UNPINNED_FLOOR, backtest_line
+    from archsearch.results.ladder import UNPINNED_FLOOR, backtest_line, seed_fits, seed_predictions
 
     console = stdout()
     fit = summary.fit
@@ -206,10 +206,14 @@ def _print_ladders(summary: Any) -> None:
         f"(95% bootstrap over rungs, {d['resamples']} resamples); residuals rms {d['rmse']:.4f}, worst "
         f"{d['max_abs_relative_residual']:.2%}"
     )
+    fits = seed_fits(summary.rungs) if len({r.seed for r in summary.rungs}) > 1 else {}
     for p in _at_4x(fit):
+        by_seed = [loss for _, loss in seed_predictions(summary.rungs, p.design, p.n, fits)]
+        low, high = (min(by_seed), max(by_seed)) if by_seed else (0.0, 0.0)
+        spread = f"; by the rungs' seed {low:.4f}-{high:.4f} ({high / low - 1:.1%} apart)" if by_seed else ""
         console.print(
             f"trial {p.design}: A {fit.coefficient(p.design):.4g}; at 4x its top rung ({si(p.n)} "
-            f"non-embedding): {p.loss:.4f} [{p.low:.4f}, {p.high:.4f}], extrapolated"
+            f"non-embedding): {p.loss:.4f} [{p.low:.4f}, {p.high:.4f}], extrapolated{spread}"
         )
     if line := backtest_line(fit):
         console.print(line)

@@ -830,25 +830,37 @@ def predict_trial(
     )  # fmt: skip
 
 
+def seed_fits(rungs: Sequence[LadderRungRecord]) -> dict[int, LadderFit]:
+    """The law fitted over each training seed's rungs of one recipe alone (every design's), by
+    seed; a seed whose rungs cannot be fitted (a ladder still under way) is left out."""
+    fits = {}
+    for seed in sorted({r.seed for r in rungs}):
+        try:
+            fits[seed] = fit_study_ladders([r for r in rungs if r.seed == seed], resamples=0)
+        except LadderFitError:
+            continue
+    return fits
+
+
 def seed_predictions(
-    rungs: Sequence[LadderRungRecord], trial: int, n_non_embedding: float
+    rungs: Sequence[LadderRungRecord],
+    trial: int,
+    n_non_embedding: float,
+    fits: dict[int, LadderFit] | None = None,
 ) -> tuple[tuple[int, float], ...]:
     """`trial`'s loss at `n_non_embedding` predicted from each training seed's rungs of one recipe
-    alone (the law fitted over that seed's rungs of every design), by seed; empty unless 2 seeds
-    or more can each be fitted. How far they differ is how much the prediction owes to the seeds the
+    alone (`seed_fits`, or `fits` already made), by seed; empty unless 2 seeds or more can each be
+    fitted with the trial in. How far they differ is how much the prediction owes to the seeds the
     rungs happened to get, which the bootstrap over rungs does not carry: on 12 tiny designs 4x past
     the top rung, single-seed predictions differed by up to 10% (docs/guide/ladder.md)."""
-    seeds = sorted({r.seed for r in rungs if r.trial_number == trial})
-    if len(seeds) < 2:
+    if len({r.seed for r in rungs if r.trial_number == trial}) < 2:
         return ()
-    out = []
-    for seed in seeds:
-        try:
-            fit = fit_study_ladders([r for r in rungs if r.seed == seed], resamples=0)
-            out.append((seed, float(fit.loss(trial, n_non_embedding))))
-        except LadderFitError:  # this seed's rungs are too few (a ladder still under way)
-            continue
-    return tuple(out) if len(out) >= 2 else ()
+    out = tuple(
+        (seed, float(fit.loss(trial, n_non_embedding)))
+        for seed, fit in (seed_fits(rungs) if fits is None else fits).items()
+        if trial in fit.designs
+    )
+    return out if len(out) >= 2 else ()
 
 
 def predict_at_size(

@@ -399,6 +399,20 @@ def _laddered(url: str, floor: bool = True, seed: int = 0, scale: float = 1.0) -
     return url
 
 
+def test_a_ladder_of_two_seeds_prints_how_far_apart_each_seeds_rungs_put_the_4x_prediction(url, ray_session):
+    _laddered(url)
+    argv = ["ladder", "--study", "tiny", "--storage", url, "--trial", "0", "--trial", "1", "--rungs", "3",
+            "--batch-size", "16", "--tokens-per-param", "20"]  # fmt: skip
+    one = CliRunner().invoke(app, argv)
+    assert one.exit_code == 0, one.output
+    assert "0 rungs trained, 6 reused" in one.output and "by the rungs' seed" not in one.output
+    _laddered(url, seed=1, scale=1.02)  # seed 1's rungs 2% above seed 0's: its law is seed 0's x 1.02
+    two = CliRunner().invoke(app, argv)
+    assert two.exit_code == 0, two.output
+    lines = [x for x in two.stdout.splitlines() if "at 4x its top rung" in x]
+    assert len(lines) == 2 and all("by the rungs' seed" in x and "(2.0% apart)" in x for x in lines), lines
+
+
 def test_export_scale_to_shows_how_far_the_rungs_training_seed_moves_the_prediction(url, tmp_path):
     args = ["export", "--study", "tiny", "--trial", "1", "--scale-to", "1.3B", "--format", "json",
             "--storage", url]  # fmt: skip
