@@ -34,6 +34,7 @@ from archsearch.evaluators.model import KVCache, ProxyLM, _KernelCounter
 from archsearch.evaluators.profiler import (
     AUTO,
     DEFAULT_MIN_RUN_TIME,
+    TORCH_DTYPES,
     _check_dtype,
     _median_seconds,
     resolve_precision,
@@ -189,10 +190,14 @@ def count_serve_calls(cfg: ArchConfig, batch: int, context: int, dtype: str = "b
     on the meta device SDPA would run as its unfused math). Used to model an eager call on a GPU
     that is not here (benchmarks/gpu_campaign_serve.py): the same op count as the H200 dispatched
     in each of the 78 calls it recorded (13 shapes, 3 scenarios, prefill and decode; 2026-11-27);
-    on the CPU, where no kernel is fused, the same ops and bytes as the calls run here (tested)."""
+    on the CPU, where no kernel is fused, the same ops and bytes as the calls run here (tested).
+
+    Raises:
+        UnknownNameError: `dtype` is not fp32, bf16 or fp16.
+    """
     from archsearch.evaluators.model import Attention, _count_norms_as_fused
 
-    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    torch_dtype = TORCH_DTYPES[dtype]  # an unknown name: UnknownNameError, naming the valid ones
     room = dataclasses.replace(cfg, seq_len=max(cfg.seq_len, context + 1))
     counts = []
     for phase in ("prefill", "decode"):
