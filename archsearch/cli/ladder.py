@@ -146,7 +146,17 @@ def ladder_display() -> Any:
 
 
 def _summary_dict(summary: Any) -> dict[str, Any]:
+    from archsearch.results.ladder import seed_fits, seed_predictions
+
     fit = summary.fit
+    fits = seed_fits(summary.rungs) if fit is not None and len({r.seed for r in summary.rungs}) > 1 else {}
+    at_4x = [
+        {
+            **p.to_dict(),
+            "by_seed": {str(s): v for s, v in seed_predictions(summary.rungs, p.design, p.n, fits)},
+        }
+        for p in (_at_4x(fit) if fit is not None else [])
+    ]
     return {
         "study": summary.study,
         "tokens_per_param": summary.tokens_per_param,
@@ -166,7 +176,7 @@ def _summary_dict(summary: Any) -> dict[str, Any]:
         ],
         "fit": fit.to_dict() if fit is not None else None,
         "fit_error": summary.fit_error,
-        "at_4x_top": [p.to_dict() for p in _at_4x(fit)] if fit is not None else [],
+        "at_4x_top": at_4x,  # each with the prediction of each training seed's rungs alone
     }  # fmt: skip
 
 

@@ -411,6 +411,10 @@ def test_a_ladder_of_two_seeds_prints_how_far_apart_each_seeds_rungs_put_the_4x_
     assert two.exit_code == 0, two.output
     lines = [x for x in two.stdout.splitlines() if "at 4x its top rung" in x]
     assert len(lines) == 2 and all("by the rungs' seed" in x and "(2.0% apart)" in x for x in lines), lines
+    as_json = CliRunner().invoke(app, [*argv, "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    for p in json.loads(as_json.stdout)["at_4x_top"]:
+        assert p["by_seed"]["1"] / p["by_seed"]["0"] == pytest.approx(1.02, abs=1e-6), p
 
 
 def test_export_scale_to_shows_how_far_the_rungs_training_seed_moves_the_prediction(url, tmp_path):
