@@ -54,7 +54,7 @@ def print_scaled_prediction(rungs: Any, study: str, trial: int, target: Any, tok
     else:
         lines.append(
             "  one training seed: the interval does not carry how far another seed's rungs move the "
-            "prediction (up to 10% 4x past the top rung on 12 tiny designs); the same `archsearch "
+            "prediction (5-14% 4x past the top rung on 12 tiny designs at 3 seeds); the same `archsearch "
             "ladder` with `--seed 1` measures it"
         )
     if tested := found.fit.backtest().get(trial):

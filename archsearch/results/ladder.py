@@ -852,7 +852,7 @@ def seed_predictions(
     alone (`seed_fits`, or `fits` already made), by seed; empty unless 2 seeds or more can each be
     fitted with the trial in. How far they differ is how much the prediction owes to the seeds the
     rungs happened to get, which the bootstrap over rungs does not carry: on 12 tiny designs 4x past
-    the top rung, single-seed predictions differed by up to 10% (docs/guide/ladder.md)."""
+    the top rung, 3 seeds' predictions of each spanned 5-14% (docs/guide/ladder.md)."""
     if len({r.seed for r in rungs if r.trial_number == trial}) < 2:
         return ()
     out = tuple(
