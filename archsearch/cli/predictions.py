@@ -51,6 +51,8 @@ def print_scaled_prediction(rungs: Any, study: str, trial: int, target: Any, tok
             + ", ".join(f"seed {seed} {loss:.4f}" for seed, loss in found.by_seed)
             + f" ({max(losses) / min(losses) - 1:.1%} apart; the interval does not carry this)"
         )
+    elif len({r.seed for r in found.rungs}) > 1:
+        lines.append("  by the rungs' training seed: only one seed's rungs can be fitted alone so far")
     else:
         lines.append(
             "  one training seed: the interval does not carry how far another seed's rungs move the "

@@ -424,7 +424,16 @@ def test_export_scale_to_shows_how_far_the_rungs_training_seed_moves_the_predict
     one = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "one")])
     assert one.exit_code == 0, one.output
     assert "one training seed: the interval does not carry" in one.stdout and "`--seed 1`" in one.stdout
-    # Seed 1's rungs 2% above seed 0's at every size: its law is seed 0's x 1.02, so its prediction too.
+    with Storage.open(url) as db:  # seed 2's ladder under way: one rung of trial 1 stored
+        p = next(p for p in plan_ladder(db, OPTIONS) if p.trial == 1)
+        db.add_ladder_rung(
+            "tiny", trial_number=1, tokens_per_param=20, batch_size=16, target_params=p.target,
+            config=p.config, seed=2, tokens=p.settings["tokens"], val_loss=_law(p.config),
+        )  # fmt: skip
+    partial = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "partial")])
+    assert "only one seed's rungs can be fitted alone so far" in partial.stdout, partial.output
+    # Seed 1's rungs 2% above seed 0's at every size: its law is seed 0's x 1.02, so its prediction
+    # too (seed 2's one rung cannot be fitted alone and is left out).
     _laddered(url, seed=1, scale=1.02)
     two = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "two")])
     assert two.exit_code == 0, two.output
