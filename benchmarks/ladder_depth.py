@@ -24,17 +24,15 @@ from typing import Any
 
 import numpy as np
 from ladder_heads import score  # benchmarks/ is this script's folder
-from ladder_seeds import stored_rungs
+from ladder_seeds import stored_rung_arguments, stored_rungs
 
 from archsearch.results.ladder import fit_study_ladders, rung_targets
-from archsearch.results.ladder_fit import N_REF
+from archsearch.results.ladder_fit import _ALPHA_STARTS, _E_STARTS, N_REF
 from archsearch.search import fidelity_stats as fs
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "benchmarks" / "data"
 RECORD = DATA / "ladder_accuracy_tp5_b4_b16_d12_dense_seeds3.json"
-DB = DATA / "ladder_tp5" / "ladder-tiny-hf.db"
-_STARTS = [(a, f) for a in (0.1, 0.3, 0.7, 1.5) for f in (0.0, 0.5, 0.9)]  # as ladder_fit's grid
 
 
 def fit_one_layer_law(rungs: list[Any]) -> dict[str, Any]:
@@ -55,7 +53,7 @@ def fit_one_layer_law(rungs: list[Any]) -> dict[str, Any]:
         return t[0] + np.exp(t[3 + index] - t[1] * log_x) + t[2] * one - y
 
     best = None
-    for alpha, fraction in _STARTS:
+    for alpha, fraction in itertools.product(_ALPHA_STARTS, _E_STARTS):
         e = fraction * float(y.min())
         log_a = [float(np.mean(np.log(y[index == d] - e) + alpha * log_x[index == d])) for d in range(k)]
         x0 = np.clip(np.r_[e, alpha, 0.0, log_a], lower, np.nextafter(upper, -np.inf))
@@ -81,12 +79,7 @@ def side_counts(errors: dict[int, float]) -> tuple[int, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--record", type=Path, default=RECORD, help="a ladder_accuracy.py record")
-    parser.add_argument("--db", type=Path, default=DB, help="the study's database")
-    parser.add_argument("--study", default="ladder-tiny-hf", help="the study the rungs belong to")
-    parser.add_argument("--tokens-per-param", type=float, default=5.0, help="the rungs' recipe")
-    parser.add_argument("--batch-size", type=int, default=4, help="the rungs' recipe")
-    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    stored_rung_arguments(parser, RECORD)
     parser.add_argument("--smoke", action="store_true", help="seed 0 only")
     args = parser.parse_args()
     rows = [r for r in json.loads(args.record.read_text())["rows"] if r["real"] is not None]

@@ -55,14 +55,20 @@ def fit_total(rungs: list[Any]) -> LadderFit:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--record", type=Path, default=RECORD, help="a ladder_accuracy.py record")
+def stored_rung_arguments(parser: argparse.ArgumentParser, record: Path = RECORD) -> None:
+    """The flags that name a `ladder_accuracy.py` record, the study's stored rungs and their recipe,
+    and where the results go (this script's and `ladder_depth.py`'s)."""
+    parser.add_argument("--record", type=Path, default=record, help="a ladder_accuracy.py record")
     parser.add_argument("--db", type=Path, default=DB, help="the study's database")
     parser.add_argument("--study", default="ladder-tiny-hf", help="the study the rungs belong to")
     parser.add_argument("--tokens-per-param", type=float, default=5.0, help="the rungs' recipe")
     parser.add_argument("--batch-size", type=int, default=4, help="the rungs' recipe")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    stored_rung_arguments(parser)
     parser.add_argument(
         "--min-layers",
         type=int,

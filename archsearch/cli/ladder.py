@@ -149,7 +149,7 @@ def _summary_dict(summary: Any) -> dict[str, Any]:
     from archsearch.results.ladder import seed_fits, seed_predictions
 
     fit = summary.fit
-    fits = seed_fits(summary.rungs) if fit is not None and len({r.seed for r in summary.rungs}) > 1 else {}
+    fits = seed_fits(summary.rungs) if fit is not None else {}
     at_4x = [
         {
             **p.to_dict(),
@@ -216,7 +216,7 @@ def _print_ladders(summary: Any) -> None:
         f"(95% bootstrap over rungs, {d['resamples']} resamples); residuals rms {d['rmse']:.4f}, worst "
         f"{d['max_abs_relative_residual']:.2%}"
     )
-    fits = seed_fits(summary.rungs) if len({r.seed for r in summary.rungs}) > 1 else {}
+    fits = seed_fits(summary.rungs)
     for p in _at_4x(fit):
         by_seed = [loss for _, loss in seed_predictions(summary.rungs, p.design, p.n, fits)]
         low, high = (min(by_seed), max(by_seed)) if by_seed else (0.0, 0.0)

@@ -832,9 +832,11 @@ def predict_trial(
 
 def seed_fits(rungs: Sequence[LadderRungRecord]) -> dict[int, LadderFit]:
     """The law fitted over each training seed's rungs of one recipe alone (every design's), by
-    seed; a seed whose rungs cannot be fitted (a ladder still under way) is left out."""
-    fits = {}
-    for seed in sorted({r.seed for r in rungs}):
+    seed; a seed whose rungs cannot be fitted (a ladder still under way) is left out, and rungs of
+    one seed give none (nothing to compare)."""
+    seeds = sorted({r.seed for r in rungs})
+    fits: dict[int, LadderFit] = {}
+    for seed in seeds if len(seeds) > 1 else ():
         try:
             fits[seed] = fit_study_ladders([r for r in rungs if r.seed == seed], resamples=0)
         except LadderFitError:
