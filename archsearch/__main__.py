@@ -25,8 +25,8 @@ TEARDOWN_BOUND_S = 30
 def _settled() -> None:
     """The command has ended and said how: its output is whole, its line printed, its exit code
     chosen. A signal while the interpreter then tears down (0.3 s with torch loaded, after Python
-    has put the default actions back) killed it silently with 130 or 143 after a complete run,
-    (issue 26 probe 6: `export` SIGTERMed as it exited, its folder written, exit 143 and no line).
+    has put the default actions back) would kill it silently with 130 or 143 after a complete run
+    (`export` SIGTERMed as it exited: its folder written, yet exit 143 and no line).
     Ignored from here, so the exit code stays the command's; a teardown that hangs is still ended
     by SIGALRM after TEARDOWN_BOUND_S (Python leaves an ignored signal ignored while it finalises).
     """

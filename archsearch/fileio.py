@@ -29,7 +29,7 @@ def write_atomic(path: str | Path, data: bytes) -> None:
     path = Path(path)
     check_special(path)
     # A link is written through, as `>` writes: the rename would replace the link itself and
-    # leave the file it points to as it was (`trials -o link.csv`, exit 0; issue 26 probe 5).
+    # leave the file it points to as it was, and `trials -o link.csv` would say it wrote it.
     if path.is_symlink():
         path = Path(os.path.realpath(path))
     try:
@@ -264,8 +264,8 @@ def parse_json(text: str, source: str, error: type[Exception], kind: str, hint: 
     The one reader of JSON that users give or that lies on disk (configs, recorded runs, caches):
     a syntax error names its line and column, a key given twice the key; text nested past the
     decoder's recursion (`[` x 100,000) is not `kind` ("a config"); an integer of more than 4,300
-    digits, which Python refuses to convert, is said as such. Each was a traceback or a silent
-    choice once (issue 26 probes 5, 7 and 9).
+    digits, which Python refuses to convert, is said as such. Left to `json`, each would be a
+    traceback or a silent choice.
     """
     try:
         return json.loads(text, object_pairs_hook=_unique_keys)

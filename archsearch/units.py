@@ -37,14 +37,14 @@ RAY_RESOURCE_UNIT = 1e-4
 # Logical CPUs a local Ray is started with at most (`workers x cpus-per-trial`, or the cores when
 # more): Ray 2.60 started with 256 here (2 cores) in 12 s; with 1,024, 10,000 or 100 billion
 # (`--workers 99999999999`), each tried under a `ulimit -v` of 8 GB, its start-up did not finish
-# in 1-2 minutes and blamed an overloaded GCS (issue 26 probe 5).
+# in 1-2 minutes and blamed an overloaded GCS.
 LOCAL_RAY_MAX_CPUS = 256
 
 
 def whole(x: float) -> int:
     """`round(x)` for a count made by scaling (tokens x a multiplier), the largest float's where
     the product overflowed to infinity: the bound that checks the count then refuses it in one
-    line ("a 309-digit number"), where `round(inf)` was an OverflowError traceback (probe 8)."""
+    line ("a 309-digit number"), where `round(inf)` would be an OverflowError traceback."""
     return round(min(x, sys.float_info.max))
 
 
@@ -64,8 +64,9 @@ def ray_resources_problem(
     passed a `< 0` check and started Ray).
     """
     if address is not None and not _RAY_ADDRESS.fullmatch(address):
-        # `--address ''` started a local Ray as if none were given; `'not a host'` was Ray's
-        # ValueError after 8 s of start-up, blamed on the environment (exit 1): probe 9.
+        # Checked before Ray sees it: Ray starts a local cluster for `--address ''` as if none were
+        # given, and fails `'not a host'` with a ValueError after 8 s of start-up, blamed on the
+        # environment (exit 1).
         return f"--address must be auto, HOST:PORT or ray://HOST:PORT, got {quoted(address)}"
     if not (math.isfinite(cpus) and cpus >= RAY_RESOURCE_UNIT):
         return f"--cpus-per-{per} must be a finite number >= {RAY_RESOURCE_UNIT:g}, got {cpus}"
@@ -94,7 +95,8 @@ def local_gpu_count() -> int | None:
 
     CUDA_VISIBLE_DEVICES when set (Ray honours it); else NVIDIA's driver's list of GPUs; else 0
     only where no GPU driver of any kind is present (no NVIDIA or AMD device node, no nvidia-smi
-    or rocm-smi): `search --gpus-per-trial 1` on such a machine waited for ever (issue 26 probe 6).
+    or rocm-smi). A 0 lets `search --gpus-per-trial 1` refuse at once where Ray would wait for
+    ever for a GPU the machine does not have; a driver with no count is None, as it may have GPUs.
     """
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:

@@ -62,7 +62,7 @@ def main(on_end: Callable[[], None] | None = None) -> None:
 class _ClosedStdout(io.TextIOBase):
     """What stands for a stdout the process was started without: every write fails as a write to
     a closed descriptor does, so a command that prints its result ends in one line, exit 1 (the
-    command boundary's `OSError`), while one that prints nothing runs as usual (probe 9)."""
+    command boundary's `OSError`), while one that prints nothing runs as usual."""
 
     def writable(self) -> bool:
         return True

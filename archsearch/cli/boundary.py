@@ -28,7 +28,7 @@ OUT_OF_MEMORY = (
     "container's); raise it or use a smaller shape, batch or context"
 )
 # How the dynamic loader says a library did not fit the address space (ImportError's text):
-# `profile` under `ulimit -v 500000` ended in a traceback importing torch (issue 26 probe 6).
+# recognised so that `profile` under `ulimit -v 500000` ends in one line, not a traceback from torch.
 _MAP_FAILURES = ("failed to map segment from shared object", "Cannot allocate memory")
 # Click's usage error class, from the Click that Typer runs: recent Typers vendor a copy whose
 # classes are not `click`'s. The public typer.BadParameter derives from it in both cases.
@@ -90,8 +90,8 @@ class CommandGroup(TyperGroup):
     """
 
     def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
-        # Before the command boundary: Typer's own handler turned a signal while the arguments were
-        # parsed into a silent exit 130, SIGTERM too (probe 10).
+        # Before the command boundary: Typer's own handler would turn a signal while the arguments
+        # are parsed into a silent exit 130, SIGTERM too.
         try:
             return super().make_context(info_name, args, parent, **extra)
         except KeyboardInterrupt as exc:

@@ -126,7 +126,7 @@ def ladder(
             "every rung",
             err=True,
         )
-    if summary.failed:  # the ladder is incomplete: not a success (every rung failing exited 0: probe 8)
+    if summary.failed:  # the ladder is incomplete: not a success, even when no rung was stored
         typer.echo(
             f"error: {len(summary.failed)} rung{'s' * (len(summary.failed) != 1)} failed (above); rerun the "
             "same command to train them again",
@@ -181,7 +181,8 @@ def _summary_dict(summary: Any) -> dict[str, Any]:
 
 
 def _at_4x(fit: Any) -> list[Any]:
-    """Each design's prediction at 4x its largest rung: how far the issue's benchmark reaches."""
+    """Each design's prediction at 4x its largest rung, the distance `benchmarks/ladder_accuracy.py`
+    checks."""
     return [fit.predict(d, 4 * max(p.n for p in fit.points if p.design == d)) for d in fit.designs]
 
 

@@ -89,7 +89,7 @@ def profile(
     given = {name for name in ctx.params if ctx.get_parameter_source(name).name != "DEFAULT"}
     if memory is not None and not serve:
         raise ConfigError("--memory only goes with --serve")
-    if "context" in given and not serve:  # probe 7: ignored, exit 0
+    if "context" in given and not serve:  # refused: ignored, it would look as if it had counted
         raise ConfigError("--context only goes with --serve")
     cfg = resolve_config(config, preset_name)
     if serve:  # archsearch.cli.serve prints it
@@ -139,7 +139,7 @@ def _profile(
     )
     if check_device(device):  # modelled: nothing to time, no cache, no threads
         timing = [n for n in ("threads", "steps", "min_run_time", "cache", "storage") if n in given]
-        if timing:  # probe 7: `--cache --min-run-time --steps` were ignored, exit 0
+        if timing:  # refused rather than ignored, which would look as if they had been applied
             flags = ", ".join("--" + n.replace("_", "-") for n in timing)
             verb = "is" if len(timing) == 1 else "are"
             raise ConfigError(f"{flags} {verb} for a step measured here; {device} is modelled")

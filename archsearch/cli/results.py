@@ -139,7 +139,8 @@ def print_study_front(f: Any, long: dict[int, tuple[float, float, int]] | None =
     scale = " (log10 for " + ", ".join(o for o in objectives if o != "loss") + ")"
     axes = ", ".join(("adjusted loss" if adjusted and o == "loss" else o) for o in objectives)
     console.print(f"hypervolume {f.front.hypervolume:.4g} against reference ({ref}) in ({axes}){scale}")
-    if f.front.hypervolume == 0 and len(f.front.values):  # probe 7: a silent 0 for `--reference 0,0`
+    # A reference no trial beats (`--reference 0,0`) gives 0, which reads as an empty front: say why.
+    if f.front.hypervolume == 0 and len(f.front.values):
         typer.echo(
             "note: no trial of the front is better than the reference point in every objective, so the "
             "hypervolume is 0: give a --reference past the front (default: from the trials)",

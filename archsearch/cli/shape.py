@@ -193,7 +193,8 @@ def config_new(
             norm=norm, norm_placement=norm_placement, pos_embedding=pos_embedding,
             parallel_block=parallel_block, bias=bias, tie_embeddings=tie_embeddings, qk_norm=qk_norm,
         )  # fmt: skip
-        if aspect_ratio is not None and abs(cfg.aspect_ratio / aspect_ratio - 1) > 0.25:  # probe 7: silent
+        # Whole layers can miss the asked aspect ratio by far: say so, rather than build silently.
+        if aspect_ratio is not None and abs(cfg.aspect_ratio / aspect_ratio - 1) > 0.25:
             typer.echo(
                 f"note: --aspect-ratio {aspect_ratio:g} at d_model {d_model} is {d_model / aspect_ratio:.3g} "
                 f"layers: built with {cfg.n_layers} (aspect {cfg.aspect_ratio:g})",

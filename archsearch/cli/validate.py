@@ -136,7 +136,7 @@ def _print_validation(study: str, report: dict[str, Any]) -> None:
 
 
 def _print_deciding(console: Any, deciding: dict[str, Any] | None, names: dict[str, str]) -> None:
-    """Each predictor's measures with 95% bootstrap intervals over the trials (BRIEF.md s. 12):
+    """Each predictor's measures with 95% bootstrap intervals over the trials:
     "- params" / "- FLOPs" its Spearman minus theirs, "front" the long-run front's members its
     front holds, "regret" its knee's long-run loss minus the best at equal or lower FLOPs."""
     if not deciding:

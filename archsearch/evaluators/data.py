@@ -29,8 +29,8 @@ stored token bytes of each source file, the token dtype and where the split fall
 comparable only between runs with the same fingerprint. The bundled corpus follows the Python
 version (each release changes its standard library), so its fingerprint does too, by design.
 
-Losses are in nats per token; `bits_per_byte` converts them for byte-level data (BRIEF.md
-section 6).
+Losses are in nats per token; `bits_per_byte` converts them for byte-level data, where bits per
+byte compares across tokenizers.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ class CacheError(EnvironmentFailure):
 def check_cache_dir() -> None:
     """Refuse, before any trial runs, a cache folder that cannot exist: `$ARCHSEARCH_CACHE` below a
     regular file, or missing below a folder that cannot be written. Every trial failed on it, and
-    a search of one trial then exited 0 (probe 10). An existing folder is left to the trials: a
+    a search of one trial would then exit 0. An existing folder is left to the trials: a
     read-only one serves corpora already built there.
 
     Raises:
@@ -334,7 +334,7 @@ def load_dataset(
         vocab_size: required for `.bin` files (the tokenizer's vocabulary, e.g. 50257 for GPT-2);
             for text it must be None or 256.
         dtype: the ids' type in `.bin` files, a TOKEN_DTYPES name (None: uint16); refused for
-            text, where it would do nothing (probe 7: `train --token-dtype` on text, exit 0).
+            text, where it would do nothing and `train --token-dtype` would seem to apply it.
         seq_len: when given, both splits must hold at least `seq_len + 1` tokens; otherwise 2.
         val_fraction: share of the files (text folders) or tokens (single files) held out.
             Ignored for `train.bin`/`val.bin`, which are split already.

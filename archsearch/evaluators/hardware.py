@@ -1,7 +1,7 @@
 """Predicted kernel times of a training step on devices that are not here. Pure, no torch.
 
-A tile-and-wave roofline (BRIEF.md section 5; NVIDIA, "Matrix Multiplication Background User's
-Guide", DU-09799-001, sections 2-3). A GEMM `(m x k) @ (k x n)` runs as output tiles of
+A tile-and-wave roofline (docs/explanations/hardware-costs.md; NVIDIA, "Matrix Multiplication
+Background User's Guide", DU-09799-001, sections 2-3). A GEMM `(m x k) @ (k x n)` runs as output tiles of
 `tile_m x tile_n`, one tile per streaming multiprocessor (SM) at a time:
 1. Tile quantization: the kernel computes `ceil(m/tile_m) * ceil(n/tile_n)` whole tiles, so a
    dimension one past a tile edge pays for a whole, mostly empty, extra row of tiles.
@@ -70,7 +70,7 @@ class DeviceModel:
     # Alignment (assumed penalties; the guide shows the effect, its size varies by library and
     # shape): off the 16-byte alignment a fallback kernel runs at about half speed (at this
     # factor when aligned to one element only, see `_alignment_factor`); aligned to 16 bytes but
-    # not to `well_aligned_elements` costs a little (BRIEF.md section 5).
+    # not to `well_aligned_elements` costs a little.
     misaligned_factor: float = 0.5
     coarse_aligned_factor: float = 0.9
     well_aligned_elements: int = 64
@@ -81,7 +81,7 @@ class DeviceModel:
     max_split_k: int = 16  # split-K slices tried when one wave of output tiles leaves units idle
     fast_head_dims: tuple[int, ...] = (64, 128)  # flash kernels are tuned for these head sizes
     other_head_dim_factor: float = 0.85  # "mild" penalty for any other head_dim
-    # What a real eager step adds to the kernels (issue 12; `step_fit.fit_step_model` fits them
+    # What a real eager step adds to the kernels (`step_fit.fit_step_model` fits them
     # to measured steps, `catalogue.FITTED` holds the fits with the data they came from). The
     # defaults leave the bare kernel roofline:
     # - the backward flash kernel's efficiency, when it differs from the forward's;

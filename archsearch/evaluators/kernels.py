@@ -259,8 +259,9 @@ class ProfileReport:
     """How long one training step of `config` takes on `device`, kernel by kernel.
 
     `kernel_sum_s` is the sum of every kernel's `count * time_s` plus the memory ops' estimates: a
-    serial sum, as one stream runs them. A real eager step is 1.4-5.6x longer (BRIEF.md section
-    10): kernel launches, framework overhead, elementwise ops below peak bandwidth, the optimizer.
+    serial sum, as one stream runs them. A real eager step was measured 1.4-5.6x longer on an H100
+    (docs/explanations/hardware-costs.md): kernel launches, framework overhead, elementwise ops
+    below peak bandwidth, the optimizer.
     So when the real step was measured (`measured_step_s`, the trainer's median step), it is the
     step time and the kernels are its breakdown: `residual_s` (measured minus the kernel sum) is
     the line that makes the parts add up to it. A modelled step adds the framework overhead the

@@ -1,4 +1,4 @@
-"""Time the kernels of one training step on the device at hand (BRIEF.md section 5).
+"""Time the kernels of one training step on the device at hand.
 
 FLOPs alone do not rank shapes by speed: alignment, tile and wave quantization and the roofline
 make the same FLOPs run at very different rates. So the profiler takes the step's kernel
@@ -62,7 +62,7 @@ TORCH_DTYPES.register("bf16", torch.bfloat16)
 TORCH_DTYPES.register("fp16", torch.float16)
 
 DEFAULT_MIN_RUN_TIME = 0.1  # seconds of repeats per kernel: a whole small step profiles in seconds
-MAX_MIN_RUN_TIME = 60.0  # per kernel: 1e308 was accepted and ran without end (probe 8)
+MAX_MIN_RUN_TIME = 60.0  # per kernel: an unbounded 1e308 would run without end
 # Fraction of the memory free at profile time one kernel may use: the rest is left to the
 # process itself, the allocator's fragmentation and other workers on the same machine.
 MEMORY_FRACTION = 0.5
@@ -369,8 +369,8 @@ def native_bf16(device: DeviceInfo) -> bool:
 
     CUDA: `torch.cuda.is_bf16_supported()`. CPU: `ARCHSEARCH_CPU_BF16` where it is set
     (`cpu_bf16_override`), else oneDNN's bf16 support check (AVX512-BF16, AMX or AVX512 cores); an
-    AVX2-only CPU converts every bf16 operand and runs far below its fp32 rate (BRIEF.md section
-    10), so bf16 there is never a default.
+    AVX2-only CPU converts every bf16 operand and runs far below its fp32 rate, so bf16 there is
+    never a default.
     """
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()

@@ -1,7 +1,7 @@
 """Modelled serving time: prefill and decode of a shape on a device model. Pure, no torch.
 
 The serving half of the hardware model (`evaluators.hardware`), on the same `DeviceModel` and
-kernels (BRIEF.md section 11):
+kernels (docs/explanations/serving-costs.md):
 
 1. Prefill runs the prompts through the model at once: the forward GEMMs of `batch * prompt`
    tokens (tile-and-wave roofline, `hardware.plan_gemm`), causal flash attention over the prompt

@@ -68,8 +68,8 @@ DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 # `eval_batches = 1e9` asked for 29.8 GiB, both after `space check` had passed them. Proxies use
 # 4 evaluations of 1 to 8 batches; 10,000 of either is past any use.
 MAX_EVALS = 10_000
-# Budgets past these never end (probe 7: `ladder --tokens-per-param 1e300` and `train --seconds
-# 1e300` started runs that trained until killed): the tokens are bounded by what the database
+# Budgets past these never end (`ladder --tokens-per-param 1e300` and `train --seconds 1e300`
+# would start runs that train until killed): the tokens are bounded by what the database
 # stores (units.MAX_WHOLE), the FLOPs at 10x the largest training runs published (~2e25), the
 # seconds at a year.
 MAX_FLOPS = 1e27
@@ -152,8 +152,8 @@ class TrainSettings:
 
 
 # More CPU threads than any one machine has (768 on the largest two-socket servers): a larger
-# count is a slip, and torch's OpenMP crashed making 5000 (`train --threads 5000`: a segmentation
-# fault under a memory limit, no line; issue 26 probe 5). Fewer than this may still exceed the
+# count is a slip, and torch's OpenMP crashes making 5000 (`train --threads 5000`: a segmentation
+# fault under a memory limit, no line). Fewer than this may still exceed the
 # cores here: oversubscribing is allowed (`choose_threads` says why it is slow).
 MAX_THREADS = 1024
 
@@ -204,8 +204,8 @@ def choose_threads(cfg: ArchConfig, tokens: int, cores: int) -> int:
     - others below 0.15 of a core: 0.92 and 1.11 at 8M multiply-adds (two shapes), 1.05 and
       1.53 at 17M, 1.27 and 1.68 at 34M; tiny.toml's smallest shape at its batch of 16 x 128
       (34M) 1.46 on a quiet machine (`--smoke`). So the second thread pays from about 24M.
-    - others about one core: 0.05-0.25 at every size from 4M to 201M (issue 9's 31x slowdown
-      is this case); hence `free_cores` counts a core only when nearly idle.
+    - others about one core: 0.05-0.25 at every size from 4M to 201M (a 31x slowdown of a
+      search on a busy machine was this case); hence `free_cores` counts a core only when nearly idle.
     One thread per further 12M is an extrapolation: no machine with more cores was measured.
     """
     return max(1, min(cores, largest_gemm(cfg, tokens) // GEMM_MACS_PER_THREAD))

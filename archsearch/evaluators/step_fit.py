@@ -1,9 +1,9 @@
 """Fit a device model to measured training steps, so that modelled steps predict real ones.
 
 The roofline of `evaluators.hardware` sums kernels; a real eager step is 1.4-5.6x longer on an
-H100 (BRIEF.md section 10; benchmarks/gpu_model_accuracy_h100_2026-11-22.json). `fit_step_model`
-fits, from a recorded run of `benchmarks/gpu_model_accuracy.py` (its kernels and its real steps),
-what the roofline lacks, in four stages, each on the data that shows it:
+H100 (benchmarks/gpu_model_accuracy_h100_2026-11-22.json; docs/explanations/hardware-costs.md).
+`fit_step_model` fits, from a recorded run of `benchmarks/gpu_model_accuracy.py` (its kernels and
+its real steps), what the roofline lacks, in four stages, each on the data that shows it:
 1. GEMMs: compute rate, bandwidth and launch (`hardware.calibrate`) on the aligned GEMMs, then
    the speed of GEMMs whose n or k is off the 16-byte alignment (m is free) and of those aligned
    to 16 bytes but not to 64 elements, each the median of what its GEMMs imply; the bandwidth
@@ -116,7 +116,7 @@ def records_from_benchmark(raw: dict[str, Any], launches: dict[str, int]) -> lis
             label, batch, real = entry["label"], entry["batch"], entry["train_step_s"]
             if isinstance(batch, bool) or not (isinstance(batch, int) and batch > 0):
                 raise ValueError(f"batch must be a positive integer, got {batch!r}")
-            # At most an hour: a recorded step of 1e308 s overflowed to inf ms and was fitted (probe 7).
+            # At most an hour: a recorded step of 1e308 s would overflow to inf ms and be fitted.
             if isinstance(real, bool) or not (isinstance(real, (int, float)) and 0 < real <= MAX_STEP_S):
                 raise ValueError(
                     f"train_step_s must be a positive number of seconds up to {MAX_STEP_S:g}, got {real!r}"
@@ -170,7 +170,7 @@ def _where(i: int, entry: dict[str, Any]) -> str:
 
 def _check_device(raw: dict[str, Any], device: str, spec: Any) -> None:
     """Refuse a run recorded on another GPU than catalogued `device`: its SM count differs, or its
-    memory by more than 15% (an H100 recording was fitted as an A100's: probe 10). A run that
+    memory by more than 15% (an H100 recording would otherwise be fitted as an A100's). A run that
     names no CUDA device is not checked."""
     recorded = raw.get("device")
     if not isinstance(recorded, dict) or recorded.get("type") != "cuda":
@@ -188,7 +188,7 @@ def _check_device(raw: dict[str, Any], device: str, spec: Any) -> None:
 
 
 def _unreadable(exc: Exception, where: str) -> ConfigError:
-    """A malformed part of a recording in one line, naming where (not a Python repr: probe 10)."""
+    """A malformed part of a recording in one line, naming where (not a Python repr)."""
     if isinstance(exc, KeyError):
         what = f" has no {exc.args[0]!r}"
     elif isinstance(exc, (TypeError, AttributeError)):
@@ -200,8 +200,8 @@ def _unreadable(exc: Exception, where: str) -> ConfigError:
 
 def _check_consistent(record: StepRecord, where: str) -> None:
     """Refuse a shape whose recorded GEMMs its config does not run at its batch: the config was
-    edited, or belongs to another shape (a d_model of 7 was fitted with a 768-wide run's kernels:
-    probe 10)."""
+    edited, or belongs to another shape (unchecked, a d_model of 7 would be fitted with a 768-wide
+    run's kernels)."""
     runs = {(g.m, g.n, g.k) for g in step_kernels(record.config, record.batch, record.dtype).gemms}
     if alien := sorted({(x.m, x.n, x.k) for x in record.gemms} - runs):
         m, n, k = alien[0]
@@ -213,7 +213,7 @@ def _check_consistent(record: StepRecord, where: str) -> None:
 
 def _check_possible(records: Sequence[StepRecord], spec: Any) -> None:
     """Refuse a real step shorter than its matrix FLOPs take at the device's peak: no GPU runs one
-    (steps of 1e-12 s were fitted into a model to paste, with errors of 10^12 %: probe 10)."""
+    (unchecked, steps of 1e-12 s would be fitted into a model to paste, with errors of 10^12 %)."""
     for r in records:
         floor = step_kernels(r.config, r.batch, r.dtype).matmul_flops / spec.peak_flops(r.dtype)
         if r.real_step_s < floor:

@@ -1,6 +1,7 @@
 """Proxy training: train an `ArchConfig`'s proxy LM briefly and report its held-out loss.
 
-The loss of a short run ranks candidates (BRIEF.md section 6). What keeps the ranking fair:
+The loss of a short run ranks candidates (docs/explanations/proxy-fidelity.md). What keeps the
+ranking fair:
 - One budget for every candidate, in tokens, training FLOPs or seconds.
 - A learning rate that scales with width (see `param_groups`), so narrow and wide shapes are each
   trained near their own best rate instead of one width's.

@@ -2,7 +2,8 @@
 
 A ladder trains one design (`space.scale.design_choices`) at several sizes with tokens in
 proportion to its parameters; at a fixed ratio of tokens to parameters the Chinchilla law
-`E + A / N^alpha + B / D^beta` (Hoffmann et al. 2022) is a law in N alone (BRIEF.md section 12).
+`E + A / N^alpha + B / D^beta` (Hoffmann et al. 2022) is a law in N alone
+(docs/explanations/scaling.md).
 Here the exponent `alpha` and the irreducible loss `E` are shared by every design and only the
 coefficient `A_d` is the design's own: the few constants that conditional scaling laws share across
 architectures (Bian et al. 2025), so a handful of rungs per design pins them. With one exponent the

@@ -15,7 +15,7 @@ from archsearch.errors import ArchsearchError
 from archsearch.fileio import write_atomic
 from archsearch.results.ladder_fit import LadderFit
 
-REACH = 4.0  # how far past the top rung the curves go: the distance the benchmark measures
+REACH = 4.0  # how far past the top rung the curves go: the distance benchmarks/ladder_accuracy.py checks
 
 
 def plot_ladders(fit: LadderFit, path: str | Path, title: str = "", reach: float = REACH) -> Path:

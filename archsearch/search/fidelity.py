@@ -1,7 +1,8 @@
-"""Rank fidelity of a cheap loss predictor against longer training (BRIEF.md section 9).
+"""Rank fidelity of a cheap loss predictor against longer training.
 
 Plain numpy, no scipy: the measures a calibration set needs to say how well a proxy (or the free
-baseline, counting parameters) orders shapes the way longer training orders them.
+baseline, counting parameters) orders shapes the way longer training orders them. Background:
+docs/explanations/proxy-fidelity.md.
 
 - `spearman`: Pearson correlation of the average ranks (ties share the mean of their ranks).
 - `kendall`: Kendall's tau-b, which corrects tau for ties in either ranking.
@@ -183,7 +184,7 @@ def size_adjusted_losses(
     """The proxy loss credited for size: `loss - beta * ln(params / 1M)`, lower is better.
 
     Why: a short proxy run measures how fast a shape learns early; longer training rewards
-    capacity, which the proxy under-credits (BRIEF.md section 9). On the tiny calibration set the
+    capacity, which the proxy under-credits. On the tiny calibration set the
     proxy loss follows size only weakly (Spearman against -params 0.29-0.47 over the tiny
     example's proxy's seeds, 0.03-0.16 for the old proxy) where the 10x loss follows it at 0.75, so
     each of the two predictors sees what the other misses.
@@ -199,7 +200,7 @@ def size_adjusted_losses(
     - the tiny example's proxy (240k tokens, constant rate), seeds 0 / 1 / 2: proxy loss alone
       0.842 / 0.684 / 0.578, parameter count alone 0.752, size-adjusted 0.921 / 0.837 / 0.824
       (beta 0.130 / 0.166 / 0.138). Seed 0 is the long runs' own seed and flatters every
-      proxy-based predictor; seeds 1 and 2 are independent. So issue 11's target of 0.9 holds
+      proxy-based predictor; seeds 1 and 2 are independent. So a Spearman of 0.9 is reached
       at seed 0 only.
     - any fixed beta in 0.1-0.3 gives >= 0.82 on every seed; the rank sum of the proxy-loss rank
       and the parameter-count rank gives 0.941 / 0.839 / 0.852.

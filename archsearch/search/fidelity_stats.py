@@ -1,10 +1,11 @@
-"""Fidelity measures that can decide (BRIEF.md section 12): each with a 95% bootstrap interval
+"""Fidelity measures that can decide: each with a 95% bootstrap interval
 over shapes, and the measures a user acts on (front recall, the knee's regret).
 
 A rank correlation over a few shapes is mostly noise, and two predictors are compared by their
 paired difference on the same shapes, not by two separate correlations. The statistics are
 scipy's (`scipy.stats.spearmanr`, `kendalltau` (tau-b), `bootstrap`); written here is only what
 scipy has no function for: pairs judged against the reference's own noise, and the front measures.
+Background: docs/explanations/proxy-fidelity.md.
 
 Every predictor is "lower is better", as every archsearch objective: pass parameter count and
 FLOPs negated. Intervals are percentile intervals of `RESAMPLES` paired resamples of the shapes,

@@ -1,8 +1,8 @@
-"""Pareto fronts of finished trials: the front, its knee and its hypervolume (BRIEF.md section 7).
+"""Pareto fronts of finished trials: the front, its knee and its hypervolume.
 
 Plain numpy over "lower is better" values (every archsearch objective is minimised). FLOPs and
 step times span orders of magnitude, so the knee and the hypervolume see them on a log scale
-(`LOG_OBJECTIVES`); losses are used as they are.
+(`LOG_OBJECTIVES`); losses are used as they are. Background: docs/explanations/fronts.md.
 
 - The front: trials no other trial dominates (no worse in every objective, better in one).
 - The knee: the front member closest to the ideal point (each objective's best on the front)
@@ -407,7 +407,8 @@ def study_fronts(
     fronts = [study_front(storage, s, objectives, reference, asked, beta, rule) for s in studies]
     missing = [s for s, f in zip(studies, fronts, strict=True) if f is None]
     if missing:
-        # Its trials, by state: failed trials' reasons are what the user needs next (probe 10).
+        # Its trials, by state: a study with no front is usually one whose trials failed, and their
+        # reasons are what the user needs next.
         said = []
         for s in missing:
             counts = storage.counts(s)

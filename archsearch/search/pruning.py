@@ -1,8 +1,8 @@
 """Multi-objective successive halving: stop a proxy run early when it is clearly dominated.
 
 Optuna's pruners raise in multi-objective studies (`Trial.report`) and Ray's schedulers take one
-metric (BRIEF.md section 8), so archsearch prunes on its own. The rule, at each rung (a fraction
-of the proxy budget):
+metric (docs/explanations/stack-pitfalls.md), so archsearch prunes on its own. The rule, at each
+rung (a fraction of the proxy budget):
 
 - Only trials that reached the same rung are compared, on (held-out loss at the rung, forward
   FLOPs per token): both lower is better, and the FLOPs are exact, so a cheap model is never

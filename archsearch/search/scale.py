@@ -47,10 +47,11 @@ if TYPE_CHECKING:
 DTYPE = "bf16"  # what training runs in on every catalogued GPU
 MICRO_BATCH_TOKENS = 16384  # batch * seq_len per micro-batch: 8 x 2048, a common 1B-class setting
 DEFAULT_SEQ_LEN = 2048  # GPT-3, OPT, Pythia and TinyLlama pretrain 1B-class models at 2048
-# Measured on an H100 SXM (eager PyTorch, bf16): a real step over its kernel sum (BRIEF.md 10).
+# Measured on an H100 SXM (eager PyTorch, bf16): a real step over its kernel sum, for GPT-2-sized
+# and 1B shapes (docs/explanations/hardware-costs.md).
 EAGER_OVER_KERNEL_SUM = (1.4, 1.9)
 # The largest target scaled: 5x the largest dense models trained (~2T). Each candidate is scored
-# (~1 ms); 10T has ~9,000 candidates, 1P ~200,000 (probe 7: minutes with no output).
+# (~1 ms); 10T has ~9,000 candidates, 1P ~200,000: minutes with no output for no real use.
 MAX_TARGET_PARAMS = 10**13
 
 

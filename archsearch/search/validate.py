@@ -1,7 +1,7 @@
 """`archsearch validate`: how well a study's proxy loss ranks shapes the way longer training does.
 
-The loss axis of a study's front comes from a short proxy run (BRIEF.md section 9: short runs
-favour shapes that learn fast early). Validation retrains a calibration set of the study's
+The loss axis of a study's front comes from a short proxy run, and short runs favour shapes that
+learn fast early (docs/explanations/proxy-fidelity.md). Validation retrains a calibration set of the study's
 trials for `multiplier` x the proxy's token budget and compares rankings:
 
 1. The calibration set: the study's Pareto front plus a seeded random sample of the other
@@ -235,7 +235,7 @@ def long_settings(proxy: dict[str, Any], multiplier: float, seed: int, tokens_tr
             raise ValidateError("a seconds-budget proxy run without a token count cannot be scaled")
         settings["tokens"], settings["seconds"] = whole(tokens_trained * multiplier), None
     settings = {**settings, **LONG_SCHEDULE, "seed": seed}
-    try:  # before Ray starts: `--multiplier 1e300` started runs that never end (probe 7)
+    try:  # before Ray starts: a huge `--multiplier` (1e300) would start runs that never end
         TrainSettings(**settings)
     except TrainError as exc:
         raise ValidateError(f"--multiplier {multiplier:g} makes long runs that cannot train: {exc}") from None
@@ -405,7 +405,7 @@ def deciding_measures(
     flops: np.ndarray,
     long_losses: Sequence[Sequence[float]],
 ) -> dict[str, Any] | None:
-    """The measures that can decide (`fidelity_stats`, BRIEF.md section 12), per predictor:
+    """The measures that can decide (`fidelity_stats`), per predictor:
     Spearman and Kendall with 95% bootstrap intervals over the trials, the paired difference
     against -params and -FLOPs with its interval, pairs ordered right among those whose long-run
     gap exceeds the long runs' own seed noise, front recall and the knee's regret at the long

@@ -3,7 +3,8 @@
 `evaluate` maps a `TrialRequest` (the shape and the search's settings, frozen) to a
 `trial.TrialOutcome`; Ray pickles both across the process boundary. It never touches the database
 or Optuna: the driver owns both, so a retried or crashed task can never create, duplicate or
-strand a trial (BRIEF.md section 8).
+strand a trial: Ray retries a task whose worker died, and a task that asked Optuna for its own
+trial would leave one RUNNING per retry (docs/explanations/stack-pitfalls.md).
 
 Determinism: the proxy run is seeded (the same request gives the same loss on the same device);
 kernel times are medians of repeats and vary with machine load; modelled step times are exact

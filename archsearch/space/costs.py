@@ -1,6 +1,6 @@
 """The cost model: exact parameter, FLOP and memory counts of an `ArchConfig`. Pure functions.
 
-Conventions (BRIEF.md section 4), pinned by tests against the PyTorch proxy:
+Conventions (docs/explanations/shape-costs.md), pinned by tests against the PyTorch proxy:
 1. Parameters are exactly `sum(p.numel())` of `evaluators.model.ProxyLM`. "Embedding" is the
    token table plus a learned position table; "non-embedding" is attention + MLP + norms and
    excludes an untied LM head too (Kaplan et al. 2020's N).
@@ -150,7 +150,7 @@ def weight_bytes(cfg: ArchConfig, dtype: str = "bf16") -> int:
     return param_counts(cfg).total * DTYPE_BYTES[dtype]
 
 
-# --- serving (BRIEF.md section 11) ---
+# --- serving (docs/explanations/serving-costs.md) ---
 def kv_cache_bytes(cfg: ArchConfig, tokens: int, batch: int = 1, dtype: str = "bf16") -> int:
     """KV-cache bytes of `batch` sequences holding `tokens` tokens each: every layer keeps a key
     and a value of `n_kv_heads * head_dim` per token. Llama-2-7B in bf16: 512 KiB per token, 2 GiB

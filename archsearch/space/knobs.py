@@ -17,7 +17,7 @@ from archsearch.space.config import ACTIVATIONS, ArchConfig, check_size
 from archsearch.space.width import gated_d_ff
 
 ARCH_FIELDS = frozenset(f.name for f in dataclasses.fields(ArchConfig))
-DEFAULT_HEAD_DIM = 64  # what attention kernels favour (BRIEF.md section 5), with 128
+DEFAULT_HEAD_DIM = 64  # what flash attention kernels are tuned for, with 128
 DEFAULT_D_FF_RATIO = 4  # the plain-MLP ratio; gated MLPs take 2/3 of it (the 8/3 rule)
 DEFAULT_MULTIPLE_OF = 64  # tensor-core friendly without LLaMA's coarse 256 at small widths
 
@@ -39,8 +39,8 @@ def aligned_d_ff(
     """
     if activation not in ACTIVATIONS:
         raise ConfigError(f"activation {activation!r} is unknown; valid: {', '.join(ACTIVATIONS)}")
-    # Finite: `config new --d-ff-ratio inf` (or nan) passed a `<= 0` check into an OverflowError
-    # traceback (issue 26 probe 5).
+    # Finite: `config new --d-ff-ratio inf` (or nan) would pass a `<= 0` check into an
+    # OverflowError traceback.
     if not (math.isfinite(d_ff_ratio) and d_ff_ratio > 0):
         raise ConfigError(f"d_ff_ratio must be positive and finite, got {d_ff_ratio}")
     if ACTIVATIONS[activation].gated and gated_parity:

@@ -46,7 +46,8 @@ OBJECTIVES.register(
         "one training step of the profiled batch, measured locally or modelled on a catalogued GPU",
     ),
 )  # fmt: skip
-# Serving (BRIEF.md section 11; the [serve] table of a space file, `space.serve.ServeScenario`).
+# Serving (docs/explanations/serving-costs.md; the [serve] table of a space file,
+# `space.serve.ServeScenario`).
 OBJECTIVES.register(
     "kv_bytes",
     Objective(

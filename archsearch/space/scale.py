@@ -9,9 +9,10 @@ bias, tied embeddings, QK-norm; the attention layout (MHA stays MHA, MQA stays M
 group size n_heads / n_kv_heads); the query width relative to d_model; the d_ff / d_model ratio.
 
 What is re-chosen, and why:
-1. d_model: multiples of 128, the catalogued GPU tiles' edge (BRIEF.md section 5).
+1. d_model: multiples of 128, the catalogued GPU tiles' edge, so no dimension pays for a
+   mostly empty extra tile (docs/explanations/hardware-costs.md).
 2. d_ff: the trial's ratio times d_model rounded *up* to a multiple of 128 or of 256 (LLaMA's
-   rule, BRIEF.md section 2), so the MLP is never narrower than the search chose.
+   rule), so the MLP is never narrower than the search chose.
 3. depth: from the aspect ratio d_model / n_layers published models use at the target size
    (`aspect_range`), not the proxy's: proxies are shallow and narrow for CPU speed.
 4. head_dim: the trial's when flash kernels favour it (64 or 128), else both 64 and 128 are
@@ -32,9 +33,9 @@ from archsearch.space.config import ArchConfig
 from archsearch.space.costs import param_counts
 
 D_MODEL_MULTIPLE = 128  # the catalogued GPUs' tile edge (evaluators/catalogue.py _CUBLAS_TILES)
-D_FF_MULTIPLES = (128, 256)  # tile edge, and LLaMA's multiple_of (BRIEF.md section 2)
-VOCAB_MULTIPLE = 64  # nanoGPT pads GPT-2's 50257 to 50304 (BRIEF.md section 10)
-FAST_HEAD_DIMS = (64, 128)  # what flash attention kernels are tuned for (BRIEF.md section 5)
+D_FF_MULTIPLES = (128, 256)  # tile edge, and LLaMA's multiple_of
+VOCAB_MULTIPLE = 64  # nanoGPT pads GPT-2's 50257 to 50304: an unaligned LM head runs far slower
+FAST_HEAD_DIMS = (64, 128)  # what flash attention kernels are tuned for
 # The fields a scaled shape copies from the trial unchanged.
 KEPT_FIELDS = (
     "activation", "norm", "norm_placement", "pos_embedding", "parallel_block", "bias",
@@ -47,7 +48,7 @@ def aspect_range(target_params: int) -> tuple[int, int]:
 
     Below 1B parameters models sit deeper for their width: GPT-2 at 33-64 (768/12 to 1600/48),
     GPT-3 125M-760M at 43-64 (Brown et al. 2020, table 2.1). From 1B up published models mostly sit
-    at 100-200 (BRIEF.md section 1; LLaMA 7B-65B 128, Llama-3.2-1B 2048/16 = 128).
+    at 100-200 (LLaMA 7B-65B 128, Llama-3.2-1B 2048/16 = 128).
     """
     return (32, 100) if target_params < 10**9 else (100, 200)
 
@@ -165,8 +166,8 @@ def scaled_candidates(
                     n_heads=heads[0], n_kv_heads=heads[1], head_dim=head_dim, d_ff=d_ff, **kept,
                 )  # fmt: skip
                 # Parameters are exactly linear in depth (every block is the same): the depths in
-                # the window follow from two counts, not one shape per depth (probe 7: --scale-to 1P
-                # built every depth of every width and ran for minutes).
+                # the window follow from two counts, not one shape per depth (building every depth of
+                # every width ran for minutes at --scale-to 1P).
                 first = param_counts(base).total
                 per_layer = param_counts(dataclasses.replace(base, n_layers=depths[0] + 1)).total - first
                 smallest = first if smallest is None else min(smallest, first)

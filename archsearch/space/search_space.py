@@ -86,8 +86,8 @@ def _name_in(registry: Registry[Any]) -> Callable[[Any], str | None]:
 def _gqa_group(layout: str) -> int | None:
     """G of "gqa:G" (query heads per KV head), or None when `layout` has another form."""
     prefix, _, group = layout.partition(":")
-    # More than 18 digits is no head count (and `int` refuses 4,300: probe 7's traceback); ASCII
-    # digits only, as written in a space file ("gqa:٢", Arabic-Indic, was read as 2: probe 9).
+    # More than 18 digits is no head count (and `int` refuses 4,300 with a traceback); ASCII
+    # digits only, as written in a space file (`int` reads "gqa:٢", Arabic-Indic, as 2).
     whole = group.isascii() and group.isdecimal() and len(group) <= 18
     return int(group) if prefix == "gqa" and whole else None
 

@@ -1,11 +1,11 @@
-"""A serving scenario and what it costs a shape, exactly (BRIEF.md section 11). Pure, no torch.
+"""A serving scenario and what it costs a shape, exactly. Pure, no torch.
 
 A `ServeScenario` says how a shape is served: sequences decoded at once, prompt and generated
 lengths, the dtypes weights and cache are held in, the device and its memory limit. `serve_costs`
 prices a shape under it with the exact counts of `space.costs`: KV-cache bytes per token and at
 the scenario's context, weight bytes, the memory the scenario holds and the largest batch that
 fits the limit. What the scenario costs in time is modelled in `evaluators.serving` (catalogued
-GPUs) and measured there too (the device at hand).
+GPUs) and measured there too (the device at hand). Background: docs/explanations/serving-costs.md.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from archsearch.space.costs import (
 from archsearch.units import short_number
 
 # The most sequences, prompt or generated tokens a scenario counts: far past any serving run, and
-# its cache bytes stay well inside what the database stores (20-digit values were accepted and
-# printed as "1.121e+13Ps": probe 8).
+# its cache bytes stay well inside what the database stores (unbounded, 20-digit values would be
+# accepted and printed as "1.121e+13Ps").
 MAX_SERVE_COUNT = 2**31 - 1
 LOCAL = "local"  # the device at hand: measured, not modelled
 LOCAL_DEVICES = ("cpu", "cuda")  # and cuda:N; what "local" resolves to

@@ -1,4 +1,7 @@
-"""MLP width analysis (BRIEF.md section 2): gated parity sizes and ReLU feature-retention risk."""
+"""MLP width analysis: gated parity sizes and ReLU feature-retention risk.
+
+Background: docs/explanations/shape-costs.md, "MLP width".
+"""
 
 from __future__ import annotations
 
@@ -54,7 +57,7 @@ def relu_feature_loss(n: int, m: int) -> FeatureLoss:
     """`P(K < n)` where `K ~ Binomial(m, 1/2)` counts the active units of `m` ReLU units.
 
     Each of the `m = d_ff` hidden units is taken as independently active with probability 1/2;
-    the expansion loses features when fewer than `n = d_model` are active (BRIEF.md section 2).
+    the expansion loses features when fewer than `n = d_model` are active.
     The sum runs over `k = 0 .. n-1`: `k >= n` keeps enough units, including `k = m`.
 
     Args:
@@ -95,8 +98,7 @@ def _log_space_feature_loss(n: int, m: int) -> FeatureLoss:
 
 # The tail is summed down from its largest term until the terms fall this far below it (e^-60:
 # what is left cannot move a float), at most _MAX_TERMS terms. Summing every term took a list
-# and an lgamma per unit of d_model: `width 1e23` ran out of memory after minutes (issue 26
-# probe 5).
+# and an lgamma per unit of d_model: `width 1e23` ran out of memory after minutes.
 _NEGLIGIBLE_NATS = 60.0
 _MAX_TERMS = 100_000
 

@@ -1,0 +1,234 @@
+"""The layout rules a newcomer relies on to find and trust code, held by tests.
+
+- No module of `archsearch/` over `MAX_MODULE_LINES` lines (the CLI's tighter limit is held beside
+  it, in `tests/cli/test_module_size.py`): a file that long holds several concerns.
+- No import cycle between archsearch modules. Every `import` counts, wherever it sits: a lazy
+  import inside a function still ties the two modules together, and only hides the cycle from the
+  interpreter until some call order trips it.
+- No private name (one leading underscore) imported from another archsearch package: a name that
+  crosses packages is public, so it is named as such.
+- No comment or docstring that cites a document or tracker outside the repository: the reason is
+  written where it applies, and background lives in `docs/explanations/`.
+
+Each rule has one allow-list of today's exceptions, all owned by work in progress elsewhere. They
+only shrink: an entry that no longer applies fails too, so whoever fixes one removes it here.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "archsearch"
+MAX_MODULE_LINES = 800
+
+# To be removed: modules over MAX_MODULE_LINES that are being split into modules by concern.
+OVERSIZED_ALLOWED = frozenset(
+    {
+        "archsearch/storage/db.py",
+        "archsearch/search/driver.py",
+        "archsearch/results/ladder.py",
+        "archsearch/evaluators/hardware.py",
+        "archsearch/evaluators/data.py",
+    }
+)
+
+# To be removed: import edges (importer, imported) that close a cycle today. The report imports the
+# HTML renderer that imports the report's records; the export formats read `archsearch.__version__`
+# from the package whose lazy `ArchConfig` loads the space that loads the export formats.
+CYCLE_EDGES_ALLOWED = frozenset(
+    {
+        ("archsearch.results.report", "archsearch.results.html"),
+        ("archsearch.space.export", "archsearch"),
+    }
+)
+
+# To be removed: (importer, module, private name) imported across packages. The ladder reuses the
+# search driver's Ray pool and signal handling while both are being restructured.
+PRIVATE_IMPORTS_ALLOWED = frozenset(
+    {
+        ("archsearch.results.ladder", "archsearch.search.driver", "_RayPool"),
+        ("archsearch.results.ladder", "archsearch.search.driver", "_Stop"),
+        ("archsearch.results.ladder", "archsearch.search.driver", "_signals"),
+    }
+)
+
+# To be removed: modules whose comments still cite an outside document or tracker, being rewritten.
+CITATIONS_ALLOWED = frozenset(
+    {
+        "archsearch/storage/db.py",
+        "archsearch/search/driver.py",
+        "archsearch/results/ladder.py",
+    }
+)
+CITATION = re.compile(r"BRIEF\.md|\b(issue|probe)s?\s+#?\d", re.IGNORECASE)
+
+
+def _relative(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+PATHS = sorted(PACKAGE.rglob("*.py"))
+MODULES = {_module_name(path): path for path in PATHS}
+
+
+def _package_of(module: str) -> str:
+    """The package a module belongs to: itself for a package's `__init__`."""
+    return module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+
+
+def _imports(module: str) -> list[tuple[str, str]]:
+    """(imported module, name or "") for every import statement of `module`, at any depth.
+
+    `from pkg import name` imports the submodule `pkg.name` when there is one, else the name from
+    `pkg`; relative imports are resolved against the module's package."""
+    found = []
+    for node in ast.walk(ast.parse(MODULES[module].read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, "") for alias in node.names if alias.name in MODULES]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = _package_of(module).split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                if f"{base}.{alias.name}" in MODULES:
+                    found.append((f"{base}.{alias.name}", ""))
+                elif base in MODULES:
+                    found.append((base, alias.name))
+    return found
+
+
+GRAPH = {module: {imported for imported, _ in _imports(module)} - {module} for module in MODULES}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(sorted(component))
+    return components
+
+
+def test_the_package_has_modules_to_check():
+    assert len(PATHS) >= 50 and "archsearch.search.driver" in MODULES  # a wrong root passes vacuously
+
+
+@pytest.mark.parametrize("path", PATHS, ids=_relative)
+def test_no_module_is_over_the_line_limit(path):
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    if _relative(path) in OVERSIZED_ALLOWED:
+        assert lines > MAX_MODULE_LINES, (
+            f"{_relative(path)} has {lines} lines: remove it from OVERSIZED_ALLOWED"
+        )
+    else:
+        assert lines <= MAX_MODULE_LINES, f"{_relative(path)} has {lines} lines; split it by concern"
+
+
+def test_the_cycle_finder_finds_a_cycle_and_only_one():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_imports_resolve_submodules_and_relative_names():
+    assert "archsearch.space.config" in GRAPH["archsearch.space"]  # `from archsearch.space.config import`
+    assert "archsearch.cli.shape" in GRAPH["archsearch.cli"]  # `from archsearch.cli import shape`
+    assert "archsearch" in GRAPH["archsearch.space.export"]  # a function-level import counts
+
+
+def test_no_import_cycle_between_modules():
+    graph = {module: GRAPH[module] - {b for a, b in CYCLE_EDGES_ALLOWED if a == module} for module in GRAPH}
+    assert _cycles(graph) == []
+
+
+@pytest.mark.parametrize("edge", sorted(CYCLE_EDGES_ALLOWED), ids=" -> ".join)
+def test_each_allowed_cycle_edge_still_closes_a_cycle(edge):
+    importer, imported = edge
+    assert imported in GRAPH[importer], f"{importer} no longer imports {imported}: remove the entry"
+    assert any({importer, imported} <= set(c) for c in _cycles(GRAPH)), f"{edge} closes no cycle: remove it"
+
+
+def _private_imports() -> set[tuple[str, str, str]]:
+    return {
+        (module, imported, name)
+        for module in MODULES
+        for imported, name in _imports(module)
+        if name.startswith("_")
+        and not name.startswith("__")
+        and imported.startswith("archsearch.")
+        and _package_of(imported) != _package_of(module)
+    }
+
+
+def test_no_private_name_is_imported_across_packages():
+    found = _private_imports()
+    assert sorted(found - PRIVATE_IMPORTS_ALLOWED) == []
+    assert sorted(PRIVATE_IMPORTS_ALLOWED - found) == [], "no longer imported: remove from the allow-list"
+
+
+def test_the_citation_pattern_matches_what_it_is_for():
+    for text in (
+        "see BRIEF.md section 8",
+        "(issue 26 probe 6)",
+        "Issue 11's target",
+        "probes 5, 7",
+        "issue #3",
+    ):
+        assert CITATION.search(text), text
+    for text in ("attached to an issue or", "a tissue 3", "the probe answered"):
+        assert not CITATION.search(text), text
+
+
+@pytest.mark.parametrize("path", PATHS, ids=_relative)
+def test_no_comment_cites_an_outside_document_or_tracker(path):
+    text = path.read_text(encoding="utf-8")
+    cited = [f"{n}: {line.strip()}" for n, line in enumerate(text.splitlines(), 1) if CITATION.search(line)]
+    if _relative(path) in CITATIONS_ALLOWED:
+        assert cited, f"{_relative(path)} cites nothing outside any more: remove it from CITATIONS_ALLOWED"
+    else:
+        assert cited == [], "write the reason itself; background goes in docs/explanations/"
