@@ -36,7 +36,8 @@ def align(
     as_json: JsonFlag = False,
 ) -> None:
     """Is each GEMM width tile- and wave-friendly on the target, and which nearby sizes run better?"""
-    from archsearch.evaluators.hardware import alignment_report, device_model
+    from archsearch.evaluators.alignment import alignment_report
+    from archsearch.evaluators.hardware import device_model
 
     cfg = resolve_config(config, preset_name)
     report = alignment_report(device_model(device), cfg, batch, dtype)
