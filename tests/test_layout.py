@@ -32,7 +32,6 @@ OVERSIZED_ALLOWED = frozenset(
         "archsearch/storage/db.py",
         "archsearch/search/driver.py",
         "archsearch/results/ladder.py",
-        "archsearch/evaluators/data.py",
     }
 )
 

@@ -59,7 +59,7 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 class TokenData(Protocol):
-    """What the trainer needs from a dataset (`evaluators.data.Dataset` provides it)."""
+    """What the trainer needs from a dataset (`evaluators.dataset.Dataset` provides it)."""
 
     @property
     def vocab_size(self) -> int: ...
@@ -350,7 +350,7 @@ def train(
 
     Args:
         cfg: the shape; its vocab_size must cover the data's.
-        data: train and validation batches (`evaluators.data.Dataset`).
+        data: train and validation batches (`evaluators.dataset.Dataset`).
         settings: budget and optimisation settings.
         on_eval: called as `on_eval(tokens, val_loss)` after each intermediate evaluation; a true
             return stops the run as "pruned" (multi-fidelity search uses this).

@@ -14,7 +14,8 @@ import torch
 
 from archsearch.errors import ArchsearchError, UnknownNameError
 from archsearch.evaluators import data
-from archsearch.evaluators.data import DOC_SEPARATOR, DataError, TokenSpan, bits_per_byte, load_dataset
+from archsearch.evaluators.data import DOC_SEPARATOR, DataError, load_dataset
+from archsearch.evaluators.dataset import TokenSpan, bits_per_byte
 
 SMALL_CORPUS = 200_000  # bytes of the bundled corpus where a test needs no more: builds in ms
 
