@@ -126,7 +126,7 @@ def ladder(
             "every rung",
             err=True,
         )
-    if summary.failed:  # the ladder is incomplete: not a success, even when no rung was stored
+    if summary.failed:  # the ladder is incomplete: not a success, even when every rung failed
         typer.echo(
             f"error: {len(summary.failed)} rung{'s' * (len(summary.failed) != 1)} failed (above); rerun the "
             "same command to train them again",

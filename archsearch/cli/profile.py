@@ -89,7 +89,7 @@ def profile(
     given = {name for name in ctx.params if ctx.get_parameter_source(name).name != "DEFAULT"}
     if memory is not None and not serve:
         raise ConfigError("--memory only goes with --serve")
-    if "context" in given and not serve:  # refused: ignored, it would look as if it had counted
+    if "context" in given and not serve:  # refused, not ignored: it only applies to --serve
         raise ConfigError("--context only goes with --serve")
     cfg = resolve_config(config, preset_name)
     if serve:  # archsearch.cli.serve prints it

@@ -1,8 +1,8 @@
 """Predicted kernel times of a training step on devices that are not here. Pure, no torch.
 
 A tile-and-wave roofline (docs/explanations/hardware-costs.md; NVIDIA, "Matrix Multiplication
-Background User's Guide", DU-09799-001, sections 2-3). A GEMM `(m x k) @ (k x n)` runs as output tiles of
-`tile_m x tile_n`, one tile per streaming multiprocessor (SM) at a time:
+Background User's Guide", DU-09799-001, sections 2-3). A GEMM `(m x k) @ (k x n)` runs as
+output tiles of `tile_m x tile_n`, one tile per streaming multiprocessor (SM) at a time:
 1. Tile quantization: the kernel computes `ceil(m/tile_m) * ceil(n/tile_n)` whole tiles, so a
    dimension one past a tile edge pays for a whole, mostly empty, extra row of tiles.
 2. Wave quantization: tiles run in waves of one per SM; `ceil(tiles / SMs)` waves each take as

@@ -1,8 +1,8 @@
 """`archsearch validate`: how well a study's proxy loss ranks shapes the way longer training does.
 
 The loss axis of a study's front comes from a short proxy run, and short runs favour shapes that
-learn fast early (docs/explanations/proxy-fidelity.md). Validation retrains a calibration set of the study's
-trials for `multiplier` x the proxy's token budget and compares rankings:
+learn fast early (docs/explanations/proxy-fidelity.md). Validation retrains a calibration set of
+the study's trials for `multiplier` x the proxy's token budget and compares rankings:
 
 1. The calibration set: the study's Pareto front plus a seeded random sample of the other
    complete trials spread over the parameter-count range (one per equal-count stratum of the

@@ -295,9 +295,9 @@ class LadderRung(Base):
 
 class LadderClaim(Base):
     """A rung one `archsearch ladder` is training: two ladders of one study started together train
-    each missing rung once, where each would otherwise train every rung. Keyed as a rung; the holder renews
-    `expires_at` while it trains and deletes the row when the rung is stored or given up, so a
-    killed ladder's claims lapse after their lease."""
+    each missing rung once, where each would otherwise train every rung. Keyed as a rung; the
+    holder renews `expires_at` while it trains and deletes the row when the rung is stored or
+    given up, so a killed ladder's claims lapse after their lease."""
 
     __tablename__ = "archsearch_ladder_claims"
     __table_args__ = (
