@@ -15,7 +15,8 @@ It prints, calling the product's own functions:
    its terms alone, parameter count and FLOPs, against the loss at 350B tokens, at budgets of about
    1-10% of those tokens: Spearman with its 95% bootstrap interval and the paired difference against
    parameter count (`search.fidelity_stats`), pairs the reference orders beyond 0.02 nats (its seed
-   noise), and iso-size pairs (parameters within 25%, gap over 0.02 nats).
+   noise), and iso-size pairs (parameters within 25%, gap over 0.02 nats). Then the 8B run against
+   other references: the loss after a cool-down at 99B tokens, and FineWeb-Edu and DCLM losses.
 2. The pruning rungs (`search.pruning.MultiObjectiveHalving`, the search's defaults: rungs at 1/4
    and 1/2 of the proxy, 4 trials before any is pruned, eta 3) replayed over the 22 shapes in many
    random orders, the proxy a short run: members of the 350B front (loss against FLOPs) pruned, and
@@ -27,8 +28,9 @@ It prints, calling the product's own functions:
    measured losses the 95% intervals hold.
 4. The joint law L(N, D) = E + A/N^alpha + B/D^beta (the same `fit_ladders`, rungs with tokens):
    the OLMo-2 ladder's 190M-760M at every multiplier predicting 1.28B and 3.17B at each, its 0.5x-2x
-   runs predicting 10x (5x-20x the tokens), and both at once; Gemstones' small shapes over their
-   whole curves predicting the large shapes at 350B tokens.
+   runs predicting 5x and 10x, its 0.5x-5x runs predicting 10x, and both distances at once;
+   Gemstones' small shapes over their whole curves predicting the large shapes at 350B tokens.
+   Beside them, the spread of the ladder's 1xC runs, each trained twice.
 
     python benchmarks/public_runs.py           # about a minute on 2 CPU cores
     python benchmarks/public_runs.py --smoke   # seconds: one budget, few orders and resamples
@@ -194,6 +196,41 @@ def ranking(shapes: list[Shape], budgets: tuple[float, ...]) -> None:
             )
 
 
+def other_references(shapes: list[Shape], intervals: int) -> None:
+    """The same short run against references other than the hot 350B loss: the loss after a
+    cool-down at 99B tokens (a decayed learning rate, as a user's final run), and the hot
+    checkpoints' FineWeb-Edu and DCLM losses at 340B tokens (other data than the training mix)."""
+    refs: dict[str, dict[str, float]] = defaultdict(dict)
+    with open(DATA / "gemstones_cool.csv") as f:
+        for r in csv.DictReader(f):
+            if abs(int(r["tokens"]) - 99e9) < 1e9:
+                refs["cooled at 99B"][r["shape"]] = float(r["loss"])
+    with open(DATA / "gemstones_other_val.csv") as f:
+        rows = list(csv.DictReader(f))
+    last = min(max(int(r["tokens"]) for r in rows if r["shape"] == s.name) for s in shapes)
+    for r in rows:
+        if int(r["tokens"]) == last:
+            refs[f"FineWeb-Edu at {last / 1e9:.0f}B"][r["shape"]] = float(r["fineweb_edu"])
+            refs[f"DCLM at {last / 1e9:.0f}B"][r["shape"]] = float(r["dclm"])
+    budget = shapes[0].tokens[intervals - 1] / 1e9
+    print(f"  the {budget:.0f}B run against other references (Spearman [95%], iso-size pairs):")
+    for name, ref in refs.items():
+        mine = [s for s in shapes if s.name in ref]
+        target = np.array([ref[s.name] for s in mine])
+        params = np.array([s.params for s in mine], float)
+        runs = [short_run(s, intervals) for s in mine]
+        hot = fs.rank_correlation([s.loss[-1] for s in mine], target)
+        cells = []
+        for label, rule in (("objective", SHIPPED), ("loss alone", LossRule())):
+            v = np.array(
+                [rule.value(r[-1][1], curve_change(r), s.params) for r, s in zip(runs, mine, strict=True)]
+            )
+            cells.append((label, fs.rank_correlation(v, target), iso_pairs(v, target, params)))
+        cells.append(("-params", fs.rank_correlation(-params, target), iso_pairs(-params, target, params)))
+        text = "; ".join(f"{label} {rho} {right}/{counted}" for label, rho, (right, counted) in cells)
+        print(f"    {name} ({len(mine)} shapes; the 350B loss itself: {hot.value:.3f}): {text}")
+
+
 # 2. Pruning replayed --------------------------------------------------------------------------
 
 
@@ -263,10 +300,22 @@ def score(label: str, fit, targets: list[tuple[object, float, float | None, floa
     )
 
 
+def olmo_rerun_spread(runs: dict[tuple[str, float], tuple[int, int, float]]) -> str:
+    """The largest difference between the two 1xC runs of a size, in nats and relative."""
+    with open(DATA / "olmo2_ladder_c4_1xc_first.csv") as f:
+        first = {r["size"]: float(r["c4_en_loss"]) for r in csv.DictReader(f)}
+    gaps = [abs(first[s] - runs[s, 1.0][2]) for s in OLMO_SIZES]
+    rel = max(abs(first[s] / runs[s, 1.0][2] - 1) for s in OLMO_SIZES)
+    return f"{max(gaps):.4f} nats ({rel:.2%})"
+
+
 def olmo_laws(runs: dict[tuple[str, float], tuple[int, int, float]], resamples: int, smoke: bool) -> None:
     mults = sorted({m for _, m in runs})
     small, large, low = OLMO_SIZES[:3], OLMO_SIZES[3:], [m for m in mults if m <= 2]
-    print("3-4. the OLMo-2 ladder, C4-en loss at each run's end (cosine schedule):")
+    print(
+        "3-4. the OLMo-2 ladder, C4-en loss at each run's end (cosine schedule); each size's 1xC run "
+        f"trained twice ends at most {olmo_rerun_spread(runs)} apart:"
+    )
 
     def runs_at(sizes, ms, joint: bool) -> list[tuple[object, float, float | None, float]]:
         """(design, n, tokens, loss): one design for the joint law, one per multiplier for L(N)."""
@@ -290,6 +339,8 @@ def olmo_laws(runs: dict[tuple[str, float], tuple[int, int, float]], resamples: 
     short = fit(OLMO_SIZES, low, True)
     score("all sizes at 0.5x-2x -> 10x", short, runs_at(OLMO_SIZES, [10.0], True))
     score("all sizes at 0.5x-2x -> 5x", short, runs_at(OLMO_SIZES, [5.0], True))
+    longer = fit(OLMO_SIZES, [m for m in mults if m <= 5], True)
+    score("all sizes at 0.5x-5x -> 10x", longer, runs_at(OLMO_SIZES, [10.0], True))
     score("190M-760M at 0.5x-2x -> 1.28B, 3.17B at 10x", fit(small, low, True), runs_at(large, [10.0], True))
 
 
@@ -330,6 +381,7 @@ def main() -> None:
     olmo = load_olmo()
     resamples = 5 if args.smoke else 100
     ranking(shapes, BUDGETS[2:3] if args.smoke else BUDGETS)
+    other_references(shapes, BUDGETS[2])
     pruning(shapes, 4, 10 if args.smoke else 1000)
     olmo_laws(olmo, resamples, args.smoke)
     gemstone_laws(shapes, resamples, args.smoke)

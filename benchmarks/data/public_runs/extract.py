@@ -106,6 +106,17 @@ def olmo_ladder(git_dir: str) -> None:
                             ]
                         )
 
+    # The first 1xC runs, trained again as the reruns above: their two final losses are the ladder's
+    # own run-to-run spread.
+    with open(HERE / "olmo2_ladder_c4_1xc_first.csv", "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["size", "params", "step", "tokens", "c4_en_loss"])
+        for size, params in OLMO_PARAMS.items():
+            text = show(git_dir, f"src/scripts/paper/data/ladder-runs/{size}-1xC.csv")
+            last = [r for r in csv.DictReader(io.StringIO(text)) if r[C4]][-1]
+            tokens = int(float(last["throughput/total_tokens"]))
+            out.writerow([size, params, int(float(last["_step"])), tokens, f"{float(last[C4]):.5f}"])
+
 
 if __name__ == "__main__":
     gemstones(sys.argv[1])
