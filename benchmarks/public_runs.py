@@ -288,7 +288,7 @@ def score(label: str, fit, targets: list[tuple[object, float, float | None, floa
     dist = [p.distance for p in preds]
     law, where = "L(N)", ""
     if fit.joint:
-        ratio = [p.tokens / p.n / fit.ratios[1] for p in preds]
+        ratio = [p.ratio_distance for p in preds]
         law = f"L(N, D), beta {fit.beta:.3f}"
         where = f", {min(ratio):.1f}x-{max(ratio):.1f}x the largest tokens per parameter"
     print(f"    {label}: {law}, E {fit.e:.3f}, alpha {fit.alpha:.3f}")

@@ -98,6 +98,16 @@ class Prediction:
     n_low: float  # the design's smallest and largest rung
     n_high: float
     tokens: float | None = None  # the training tokens predicted at (None: the ladder's own ratio)
+    ratio_high: float | None = None  # the design's largest tokens per parameter among its rungs
+
+    @property
+    def ratio_distance(self) -> float | None:
+        """How far the prediction reaches in tokens per parameter: its ratio over the design's
+        largest rung's (> 1: more tokens per parameter than any rung trained on); None without
+        tokens."""
+        if self.tokens is None or self.ratio_high is None:
+            return None
+        return self.tokens / self.n / self.ratio_high
 
     @property
     def distance(self) -> float:
@@ -115,7 +125,11 @@ class Prediction:
             "extrapolated": self.extrapolated,
         }  # fmt: skip
         if self.tokens is not None:
-            out["tokens"] = self.tokens
+            out |= {
+                "tokens": self.tokens,
+                "ratio_high": self.ratio_high,
+                "ratio_distance": self.ratio_distance,
+            }
         return out
 
 
@@ -246,8 +260,8 @@ class LadderFit:
         if not self.joint and tokens is not None:
             if ratios is None:
                 raise LadderFitError(
-                    "the rungs carry no tokens: the law in N alone predicts at their own ratio only; "
-                    "predict without tokens"
+                    "the rungs do not all carry their tokens: the law in N alone predicts at their own "
+                    "ratio only; predict without tokens"
                 )
             if not _one_ratio([*ratios, tokens / n]):
                 raise LadderFitError(
@@ -260,17 +274,14 @@ class LadderFit:
         low, high = (
             (float(v) for v in np.percentile(samples, [2.5, 97.5])) if len(samples) else (math.nan, math.nan)
         )
-        sizes = [p.n for p in self.points if p.design == design]
+        mine = [p for p in self.points if p.design == design]
+        sizes = [p.n for p in mine]
         loss = float(self.loss(design, n, tokens))
+        if tokens is None:
+            return Prediction(design, float(n), loss, low, high, min(sizes), max(sizes))
+        ratio_high = max(p.tokens / p.n for p in mine)  # type: ignore[operator]
         return Prediction(
-            design,
-            float(n),
-            loss,
-            low,
-            high,
-            min(sizes),
-            max(sizes),
-            None if tokens is None else float(tokens),
+            design, float(n), loss, low, high, min(sizes), max(sizes), float(tokens), ratio_high
         )
 
     @property

@@ -165,6 +165,7 @@ def test_the_joint_fit_recovers_known_floor_exponents_and_data_term():
     p = fit.predict("b", 2e6, tokens=2e9)
     assert p.loss == pytest.approx(E + A["b"] * 2e6**-ALPHA + B * 2e9**-BETA, rel=1e-6)
     assert p.tokens == 2e9 and p.to_dict()["tokens"] == 2e9
+    assert p.distance == pytest.approx(4.0) and p.ratio_distance == pytest.approx(10.0)
 
 
 def test_the_joint_fit_with_noise_holds_the_truth_in_its_interval():
@@ -195,7 +196,7 @@ def test_rungs_at_one_ratio_fit_the_old_law_and_refuse_tokens_at_another_ratio()
     assert new.predict("a", 2e6, tokens=40e6).loss == old.predict("a", 2e6).loss  # the rungs' ratio
     with pytest.raises(LadderFitError, match=r"one ratio \(20 tokens per parameter\) say nothing about 100"):
         new.predict("a", 2e6, tokens=200e6)
-    with pytest.raises(LadderFitError, match="the rungs carry no tokens"):
+    with pytest.raises(LadderFitError, match="the rungs do not all carry their tokens"):
         old.predict("a", 2e6, tokens=40e6)
     assert "B" not in new.to_dict() and new.to_dict()["law"] == "L(N) = E + A_d * N^-alpha"
 
