@@ -118,6 +118,13 @@ SMOKES = {
     "profiler_accuracy": ["fitting set: 8 GEMMs", "held-out:", "median relative error"],
     "gpu_model_accuracy": ["measured on NVIDIA H100 80GB HBM3"],
     "pruning": ["2 trials of examples/tiny.toml", "front, pruning"],
+    "public_runs": [
+        "1. ranking from a short run: 22 Gemstones shapes",
+        "objective ",
+        "2. pruning",
+        "190M-760M at 0.5x-10x -> 1.28B, 3.17B at each: L(N, D)",
+        "all parameters, at 350B tokens: L(N)",
+    ],
     "search_overhead": ["1. overhead: 3 no-work trials", "speed-up of 2 workers over 1"],
     "serve_accuracy": [
         "serve accuracy on",

@@ -133,3 +133,75 @@ def test_the_backtest_predicts_each_top_rung_from_the_rungs_below_it():
     fit = fit_ladders(steep, resamples=0)
     assert all(err > 0.05 for err, _ in fit.backtest().values())
     assert [b["design"] for b in fit.to_dict()["backtest"]] == list(A)
+
+
+# The joint law L(N, D) = E + A_d / N^alpha + B / D^beta over rungs at several ratios.
+B, BETA = 410.0, 0.28  # Chinchilla's beta and B
+RATIOS = (10, 20, 40, 100)
+
+
+def _joint_points(noise: float = 0.0, seed: int = 0, ratios=RATIOS) -> list[RungPoint]:
+    rng = np.random.default_rng(seed)
+    return [
+        RungPoint(
+            d, n, E + a * n**-ALPHA + B * (r * n) ** -BETA + noise * rng.standard_normal(), tokens=r * n
+        )
+        for d, a in A.items()
+        for n in SIZES
+        for r in ratios
+    ]
+
+
+def test_the_joint_fit_recovers_known_floor_exponents_and_data_term():
+    fit = fit_ladders(_joint_points(), resamples=0)
+    assert fit.joint and fit.to_dict()["law"] == "L(N, D) = E + A_d * N^-alpha + B * D^-beta"
+    assert fit.e == pytest.approx(E, rel=1e-4)
+    assert fit.alpha == pytest.approx(ALPHA, rel=1e-4)
+    assert fit.beta == pytest.approx(BETA, rel=1e-4)
+    assert fit.token_coefficient == pytest.approx(B, rel=1e-3)
+    for design, a in A.items():
+        assert fit.coefficient(design) == pytest.approx(a, rel=1e-3)
+    # Four times past the top rung, at 1,000 tokens per parameter (10x past the top ratio).
+    p = fit.predict("b", 2e6, tokens=2e9)
+    assert p.loss == pytest.approx(E + A["b"] * 2e6**-ALPHA + B * 2e9**-BETA, rel=1e-6)
+    assert p.tokens == 2e9 and p.to_dict()["tokens"] == 2e9
+    assert p.distance == pytest.approx(4.0) and p.ratio_distance == pytest.approx(10.0)
+
+
+def test_the_joint_fit_with_noise_holds_the_truth_in_its_interval():
+    fit = fit_ladders(_joint_points(noise=0.003, seed=2), resamples=100, seed=0)
+    assert abs(fit.alpha - ALPHA) < 0.1 and abs(fit.beta - BETA) < 0.1 and abs(fit.e - E) < 0.15
+    p = fit.predict("a", 1e6, tokens=1e8)
+    truth = E + A["a"] * 1e6**-ALPHA + B * 1e8**-BETA
+    assert p.low <= truth <= p.high and p.low < p.loss < p.high
+    assert abs(p.loss / truth - 1) < 0.01
+    assert fit.boot.shape == (100, 2 + len(A) + 2)
+    low, high = fit.to_dict()["beta_interval"]
+    assert low <= fit.beta <= high
+
+
+def test_the_joint_law_needs_the_tokens_to_predict_at():
+    fit = fit_ladders(_joint_points(), resamples=0)
+    with pytest.raises(LadderFitError, match="say the tokens to predict at"):
+        fit.predict("a", 2e6)
+
+
+def test_rungs_at_one_ratio_fit_the_old_law_and_refuse_tokens_at_another_ratio():
+    # Tokens rounded to whole steps: a fraction of a percent off the one ratio.
+    with_tokens = [RungPoint(p.design, p.n, p.loss, tokens=20.03 * p.n) for p in _points(noise=0.003)]
+    old, new = fit_ladders(_points(noise=0.003), resamples=30), fit_ladders(with_tokens, resamples=30)
+    assert not new.joint and new.beta is None
+    assert (new.e, new.alpha, new.log_a) == (old.e, old.alpha, old.log_a)
+    assert np.array_equal(new.boot, old.boot)
+    assert new.predict("a", 2e6, tokens=40e6).loss == old.predict("a", 2e6).loss  # the rungs' ratio
+    with pytest.raises(LadderFitError, match=r"one ratio \(20 tokens per parameter\) say nothing about 100"):
+        new.predict("a", 2e6, tokens=200e6)
+    with pytest.raises(LadderFitError, match="the rungs do not all carry their tokens"):
+        old.predict("a", 2e6, tokens=40e6)
+    assert "B" not in new.to_dict() and new.to_dict()["law"] == "L(N) = E + A_d * N^-alpha"
+
+
+def test_a_rung_with_tokens_that_are_not_positive_is_refused():
+    bad = [*_joint_points()[:-1], RungPoint("a", 1e5, 3.0, tokens=0.0)]
+    with pytest.raises(LadderFitError, match="tokens must be a finite positive number"):
+        fit_ladders(bad, resamples=0)
