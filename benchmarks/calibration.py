@@ -368,6 +368,65 @@ def print_report(r: dict[str, Any]) -> None:
                   f"knee regret {p['knee_regret']:.4f}")  # fmt: skip
 
 
+# The grid of the loss objective's constants that `benchmarks/public_runs.py --sweep` scores on public
+# GPU runs, scored here on this set: which constants help which regime (docs/accuracy.md).
+SWEEP_BETAS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3)
+SWEEP_EXTRAPOLATES = (0.0, 1.0, 2.0, 3.0)
+
+
+def print_sweep(data: dict[str, Any], min_shapes: int = MIN_SHAPES, partial: bool = False) -> None:
+    """Each (size_beta, extrapolate) of the grid as the search's loss objective on the recorded
+    proxies: Spearman against the 10x runs (mean over the proxy seeds), iso-size pairs, and its
+    Spearman minus the shipped constants' (`SIZE_BETA`, `EXTRAPOLATE`), paired over shapes at each
+    seed."""
+    from archsearch.search import fidelity_stats as fs
+    from archsearch.space.objectives import LossRule, curve_change
+
+    shapes, _ = scorable(data, min_shapes, partial)
+    target = np.array([next(r["val_loss"] for r in s["references"] if r["seed"] == 0) for s in shapes])
+    seeds = sorted({p["seed"] for p in shapes[0]["proxies"]})
+    iso = np.array([s["block"] == "iso" for s in shapes])
+    # Pairs closer than the reference's seed noise are ties, as the report counts them.
+    twice = [s for s in shapes if {0, 1} <= {r["seed"] for r in s["references"]}]
+    first, second = (
+        [next(r["val_loss"] for r in s["references"] if r["seed"] == k) for s in twice] for k in (0, 1)
+    )
+    noise = fs.seed_noise(first, second) if twice else 0.0
+    by_seed = [[next(p for p in s["proxies"] if p["seed"] == seed) for s in shapes] for seed in seeds]
+
+    def rows(rule: LossRule) -> np.ndarray:
+        return np.array(
+            [
+                [
+                    rule.value(p["val_loss"], curve_change(p["val_curve"]), s["params_total"])
+                    for p, s in zip(ps, shapes, strict=True)
+                ]
+                for ps in by_seed
+            ]
+        )
+
+    shipped = rows(LossRule(SIZE_BETA, EXTRAPOLATE))
+    print(
+        f"{len(shapes)} shapes, proxy seeds {seeds}; the loss objective's constants against the 10x runs "
+        f"(shipped: size_beta {SIZE_BETA:g}, extrapolate {EXTRAPOLATE:g}); minus shipped: the mean over "
+        "seeds, and the seeds whose paired 95% interval lies above / below 0"
+    )
+    head = f"{'beta':>5s} {'extrap':>6s} {'Spearman [95%]':>20s} {'iso pairs':>14s} {'minus shipped':>14s}"
+    print(f"{head} above below")
+    for beta in SWEEP_BETAS:
+        for extrapolate in SWEEP_EXTRAPOLATES:
+            values = rows(LossRule(beta, extrapolate))
+            rho = fs.rank_correlation(values, target)
+            inside = [fs.pair_accuracy(v, target, noise, within=iso) for v in values] if iso.any() else []
+            right, counted = sum(r for r, _ in inside), sum(c for _, c in inside)
+            diff = [fs.paired_difference(v, b, target) for v, b in zip(values, shipped, strict=True)]
+            above, below = sum(d.low > 0 for d in diff), sum(d.high < 0 for d in diff)
+            print(
+                f"{beta:5.2f} {extrapolate:6g} {_est(rho.to_dict()):>20s} {_frac([right, counted]):>14s} "
+                f"{np.mean([d.value for d in diff]):+14.3f} {above:>5d} {below:>5d}"
+            )
+
+
 def _est(e: dict[str, float | None]) -> str:
     def f(x: float | None, spec: str) -> str:
         return "-" if x is None else format(x, spec)
@@ -396,10 +455,18 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--partial", action="store_true", help="--report: score the complete shapes only")
     parser.add_argument("--json", action="store_true", help="--report: print one JSON object")
+    parser.add_argument(
+        "--sweep", action="store_true", help="--report: the loss objective's size_beta x extrapolate grid"
+    )
     args = parser.parse_args()
     if args.report:
+        min_shapes = 4 if args.smoke else MIN_SHAPES
         try:
-            scored = report(json.loads(args.out.read_text()), 4 if args.smoke else MIN_SHAPES, args.partial)
+            data = json.loads(args.out.read_text())
+            if args.sweep:
+                print_sweep(data, min_shapes, args.partial)
+                return
+            scored = report(data, min_shapes, args.partial)
         except (OSError, ValueError, KeyError) as exc:
             raise SystemExit(f"calibration: cannot read {args.out}: {exc}") from None
         except SetError as exc:

@@ -124,6 +124,8 @@ SMOKES = {
         "2. pruning",
         "190M-760M at 0.5x-10x -> 1.28B, 3.17B at each: L(N, D)",
         "all parameters, at 350B tokens: L(N)",
+        "5. the loss objective's constants: size_beta [0.0, 0.15] x extrapolate [0.0, 2.0]",
+        "by the rule: ",
     ],
     "search_overhead": ["1. overhead: 3 no-work trials", "speed-up of 2 workers over 1"],
     "serve_accuracy": [
@@ -197,11 +199,11 @@ def test_calibration_smoke_records_every_stage_and_resumes_without_training_agai
     assert set(report["blocks"]) == {"tiny"} and set(report["blocks"]["tiny"]) == set(report["predictors"])
 
 
-def _bad_set(tmp_path, shapes: list[dict]) -> subprocess.CompletedProcess:
+def _bad_set(tmp_path, shapes: list[dict], *args: str) -> subprocess.CompletedProcess:
     path = tmp_path / "set.json"
     path.write_text(json.dumps({"shapes": shapes}))
     return subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "calibration.py"), "--report", "--out", str(path)],
+        [sys.executable, str(ROOT / "benchmarks" / "calibration.py"), "--report", *args, "--out", str(path)],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 
@@ -225,6 +227,21 @@ def test_a_set_too_small_or_missing_a_reference_is_refused_in_one_line(tmp_path)
     assert "1 of 13 shapes lack a seed-0 reference or a proxy repeat (first: block tiny trial 12)" in (
         gap.stderr
     )
+
+
+def test_the_calibration_sweep_scores_every_pair_of_constants_against_the_shipped_one(tmp_path):
+    # The same run as a refused set's, on a set that can be scored: references that differ.
+    shapes = [_shape(i) for i in range(12)]
+    for i, shape in enumerate(shapes):
+        shape["references"][0]["val_loss"] = 1.5 + (i % 5) / 10
+    done = _bad_set(tmp_path, shapes, "--sweep")
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines()[2:]]
+    assert len(rows) == 24 and {(r[0], r[1]) for r in rows} >= {("0.00", "0"), ("0.15", "2"), ("0.30", "3")}
+    shipped = next(r for r in rows if r[:2] == ["0.15", "2"])
+    assert shipped[-3:] == ["+0.000", "0", "0"], shipped
+    few = _bad_set(tmp_path, [_shape(i) for i in range(3)], "--sweep")
+    assert few.returncode == 2 and few.stderr.strip().endswith("a set needs at least 10 to be scored")
 
 
 def test_the_calibration_sets_tiny_block_is_the_tiny_example():
