@@ -295,7 +295,7 @@ class LadderRung(Base):
 
 class LadderClaim(Base):
     """A rung one `archsearch ladder` is training: two ladders of one study started together train
-    each missing rung once (probe 10: both trained every rung). Keyed as a rung; the holder renews
+    each missing rung once, where without claims both trained every rung. Keyed as a rung; the holder renews
     `expires_at` while it trains and deletes the row when the rung is stored or given up, so a
     killed ladder's claims lapse after their lease."""
 
