@@ -178,7 +178,7 @@ def test_a_measured_step_s_breakdown_has_a_residual(url):
 def test_settings_devices_and_versions_are_stated(url):
     report = _report(url, "b")
     [s] = report.sections
-    assert s.search_runs[0]["settings"]["sampler"] == "tpe"
+    assert s.search_runs[0].settings["sampler"] == "tpe"
     [device] = s.devices
     assert device.info["name"] == "Test CPU" and device.trials == 5 and device.long_runs == 0
     versions = dict(report.versions)
