@@ -862,7 +862,7 @@ def _record_search(db: Path, files: Files, model: str) -> dict[str, Any] | None:
         before = {t["number"]: t.get("launches") for t in (_load(files.search) or {}).get("trials", [])}
         trials = []
         for t in storage.trials(STUDY):
-            profiles = {p["device"]: p["step_time_s"] for p in storage.profiles(t.id)}
+            profiles = {p.device: p.step_time_s for p in storage.profiles(t.id)}
             launches = before.get(t.number) or (eager_kernel_count(t.config) if t.config else None)
             trials.append({
                 "number": t.number, "status": t.status, "reason": t.reason,

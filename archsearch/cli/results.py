@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections import namedtuple
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -168,7 +168,7 @@ def studies(storage: StorageOpt = None, as_json: JsonFlag = False) -> None:
                     "objectives": list(s.objectives),
                     "created_at": s.created_at,
                     "trials": s.counts,
-                    "runs": runs[s.name],  # each driver's settings, as run
+                    "runs": [asdict(r) for r in runs[s.name]],  # each driver's settings, as run
                 }
                 for s in records
             ]

@@ -452,8 +452,8 @@ def _settings(i: int, s: StudySection) -> str:
     ]
     if s.search_runs:
         rows = [
-            ([(esc(r["host"]), None), (_when(r["started_at"]), r["started_at"]),
-              (esc(", ".join(f"{k}={v}" for k, v in sorted(r["settings"].items()))), None)], "")
+            ([(esc(r.host), None), (_when(r.started_at), r.started_at),
+              (esc(", ".join(f"{k}={v}" for k, v in sorted(r.settings.items()))), None)], "")
             for r in s.search_runs
         ]  # fmt: skip
         out.append(_table([("driver", False), ("started", True), ("settings", False)], rows))

@@ -35,7 +35,15 @@ from archsearch.fileio import write_atomic
 
 if TYPE_CHECKING:
     from archsearch.search.pareto import StudyFront
-    from archsearch.storage import Storage, StudyRecord, TrialRecord, TrialTable, ValidationRecord
+    from archsearch.storage import (
+        ProfileRecord,
+        SearchRunRecord,
+        Storage,
+        StudyRecord,
+        TrialRecord,
+        TrialTable,
+        ValidationRecord,
+    )
 
 DEFAULT_MAX_ROWS = 5000  # a browser sorts a table of 5,000 rows at once; 100,000 would freeze it
 TOP_KERNELS = 8  # the knee's slowest kernels shown under its step breakdown
@@ -107,7 +115,7 @@ class DeviceRun:
     """A device that trained some of a study's trials or long runs."""
 
     fingerprint: str
-    info: dict[str, Any] | None  # `Storage.devices()` entry; None when only the fingerprint is known
+    info: dict[str, Any] | None  # its `DeviceRecord.info`; None when only the fingerprint is known
     trials: int
     long_runs: int
 
@@ -124,7 +132,7 @@ class StudySection:
     exports: tuple[KneeExport, ...]
     validation: Validation | None
     breakdowns: tuple[StepBreakdown, ...]
-    search_runs: tuple[dict[str, Any], ...]  # `Storage.search_runs`
+    search_runs: tuple[SearchRunRecord, ...]
     devices: tuple[DeviceRun, ...]
 
     @property
@@ -235,7 +243,7 @@ def _section(storage: Storage, front: StudyFront, own_loss: bool, max_rows: int)
     # moves no knee): taken from it, not from `select`, which reads every complete trial's record.
     if own_loss:
         (knee,) = (r for r in front.records if r.number == front.front.knee)
-        devices = {d.get("fingerprint"): d for d in storage.devices()}
+        devices = {d.fingerprint: d.info for d in storage.devices()}
         selection = Selection(record, (knee,), knee.number, devices)
     else:
         selection = select(storage, name, Choice("json", knee=True))
@@ -356,22 +364,22 @@ def validation_view(record: ValidationRecord, earlier: int = 0) -> Validation:
     return Validation(record, earlier, n, tuple(rows))
 
 
-def step_breakdown(profile: Mapping[str, Any]) -> StepBreakdown:
-    """A stored profile (`Storage.profiles` entry) as the parts of its step; a profile stored
-    without its report (`{}`) keeps its step time and no parts."""
+def step_breakdown(profile: ProfileRecord) -> StepBreakdown:
+    """A stored profile as the parts of its step; a profile stored without its report (`{}`) keeps
+    its step time and no parts."""
     from archsearch.evaluators.kernels import ProfileReport
 
     head = dict(
-        device=profile["device"],
-        modelled=bool(profile["modelled"]),
-        dtype=profile["dtype"],
-        batch=int(profile["batch"]),
-        step_time_s=float(profile["step_time_s"]),
-        tokens_per_second=float(profile["tokens_per_second"]),
+        device=profile.device,
+        modelled=bool(profile.modelled),
+        dtype=profile.dtype,
+        batch=int(profile.batch),
+        step_time_s=float(profile.step_time_s),
+        tokens_per_second=float(profile.tokens_per_second),
     )
-    if not profile.get("report"):
+    if not profile.report:
         return StepBreakdown(**head, source=None, parts=(), kernels=())
-    report = ProfileReport.from_dict(profile["report"])
+    report = ProfileReport.from_dict(profile.report)
     slowest = sorted(report.kernels, key=lambda k: k.total_s, reverse=True)[:TOP_KERNELS]
     return StepBreakdown(
         **head,
@@ -392,7 +400,7 @@ def _devices(storage: Storage, table: TrialTable, study: str) -> tuple[DeviceRun
     for run in storage.long_runs(study):
         if run.device_fingerprint:
             long_runs[run.device_fingerprint] = long_runs.get(run.device_fingerprint, 0) + 1
-    known = {d.get("fingerprint"): d for d in storage.devices()}
+    known = {d.fingerprint: d.info for d in storage.devices()}
     return tuple(
         DeviceRun(f, known.get(f), trials.get(f, 0), long_runs.get(f, 0))
         for f in sorted({*trials, *long_runs}, key=lambda f: (-trials.get(f, 0), f))

@@ -352,11 +352,11 @@ def study_front(
     records = tuple(storage.trials_by_number(study, front.numbers))
     throughput = {}
     for r in records:
-        profiles = {p["device"]: p for p in storage.profiles(r.id)}
+        profiles = {p.device: p for p in storage.profiles(r.id)}
         for name in (r["step_time_device"], "local", *sorted(profiles)):
             if name in profiles:
                 p = profiles[name]
-                throughput[r.number] = (p["tokens_per_second"], name, p["modelled"])
+                throughput[r.number] = (p.tokens_per_second, name, p.modelled)
                 break
     why = beta_rule if rule is not None else None
     return StudyFront(study, front, records, tuple(numbers), values, throughput, rule, why)

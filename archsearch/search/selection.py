@@ -48,7 +48,8 @@ def trial_provenance(
     Args:
         study: the study record (name, spec fingerprint, objectives).
         trial: the trial record (number, results columns, corpus and device fingerprints).
-        device: the device the trial trained on (`Storage.devices()` entry), if known.
+        device: what is recorded of the device the trial trained on (a `DeviceRecord`'s `info`),
+            if known.
     """
     from archsearch import __version__
 
@@ -125,7 +126,7 @@ def select(db: Storage, study: str, choice: Choice) -> Selection:
             members, knee = _front(complete, record)
             if choice.knee:
                 members = [m for m in members if m.number == knee]
-    devices = {d.get("fingerprint"): d for d in db.devices()}
+    devices = {d.fingerprint: d.info for d in db.devices()}
     return Selection(record, tuple(members), knee, devices)
 
 

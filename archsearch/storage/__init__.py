@@ -3,30 +3,33 @@
 Imports neither torch nor Ray; Optuna is imported only when its storage is asked for.
 """
 
-from archsearch.storage.db import (
-    DEFAULT_STORAGE_URL,
-    STORAGE_ENV,
+from archsearch.storage.db import Storage
+from archsearch.storage.engine import DEFAULT_STORAGE_URL, STORAGE_ENV, database_files, storage_url
+from archsearch.storage.errors import (
     DamagedStorageError,
-    LadderRungRecord,
-    LongRunRecord,
     ReadOnlyStorageError,
     SchemaVersionError,
-    Storage,
     StorageError,
     StorageUnavailableError,
     StudyExistsError,
-    StudyRecord,
-    TrialRecord,
-    ValidationRecord,
     ValueRefusedError,
     database_failure,
-    database_files,
     failure_cause,
-    shape_key,
-    storage_url,
 )
 from archsearch.storage.kernels import KernelCache, measurement_row
 from archsearch.storage.query import QueryError, TrialTable, compile_filter, trials_frame, trials_table
+from archsearch.storage.records import (
+    DeviceRecord,
+    LadderFitRecord,
+    LadderRungRecord,
+    LongRunRecord,
+    ProfileRecord,
+    SearchRunRecord,
+    StudyRecord,
+    TrialRecord,
+    ValidationRecord,
+    shape_key,
+)
 from archsearch.storage.schema import SCHEMA_VERSION
 
 __all__ = [
@@ -34,12 +37,16 @@ __all__ = [
     "SCHEMA_VERSION",
     "STORAGE_ENV",
     "DamagedStorageError",
+    "DeviceRecord",
     "KernelCache",
+    "LadderFitRecord",
     "LadderRungRecord",
     "LongRunRecord",
+    "ProfileRecord",
     "QueryError",
     "ReadOnlyStorageError",
     "SchemaVersionError",
+    "SearchRunRecord",
     "Storage",
     "StorageError",
     "StorageUnavailableError",

@@ -3,11 +3,11 @@
 A server whose processes are stopped (SIGSTOP, a frozen VM, a hung storage layer under it) keeps
 its host's kernel answering TCP: keepalives are acknowledged and sent data is, so neither TCP
 keepalive nor `tcp_user_timeout` ever fires; `statement_timeout` cannot fire in a backend that
-does not run; and libpq has no client-side timeout. A command would then wait without end
-(`validate` under a frozen server waited over 250 s, until the server was resumed).
+does not run; and libpq has no client-side timeout. A command would then wait without end: a
+`validate` under a frozen server waited over 250 s, until the server was resumed.
 
 So each statement (`BoundedCursor.execute`, the cursor every archsearch and Optuna engine's
-connections use, `db._engine_kwargs`) and each commit or rollback (`watch_engine`) is watched by
+connections use, `engine.engine_kwargs`) and each commit or rollback (`watch_engine`) is watched by
 one thread: past `statement_bound_s()` without an answer, it shuts the connection's socket down,
 the blocked call fails at once with the driver's `OperationalError`, and the statement's error
 names the bound. archsearch's own statements are small (a study's rows, one trial's outcome);

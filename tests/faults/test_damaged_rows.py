@@ -16,8 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from archsearch.cli import app
-from archsearch.storage import Storage, StorageError
-from archsearch.storage.db import DamagedStorageError
+from archsearch.storage import DamagedStorageError, Storage, StorageError
 from tests.faults.test_inputs import _one_line
 from tests.storage.test_query import fill_study
 

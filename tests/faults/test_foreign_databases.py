@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from archsearch.cli import app
 from archsearch.storage import Storage, StorageError
-from archsearch.storage import db as db_module
+from archsearch.storage import engine as engine_module
 from tests.faults.test_inputs import _one_line
 from tests.faults.test_storage_failures import HOLDER
 from tests.storage.test_query import fill_study
@@ -82,7 +82,7 @@ def test_a_url_whose_port_is_not_a_number_is_one_line_without_the_password():
 def test_a_lock_held_past_the_bound_when_a_command_opens_the_database_is_exit_1(
     tmp_path, monkeypatch, command
 ):
-    monkeypatch.setattr(db_module, "BUSY_TIMEOUT_S", 1)  # read when an engine connects
+    monkeypatch.setattr(engine_module, "BUSY_TIMEOUT_S", 1)  # read when an engine connects
     path, release = tmp_path / "trials.db", tmp_path / "release"
     url = f"sqlite:///{path}"
     with Storage.open(url) as db:

@@ -17,8 +17,7 @@ from typer.testing import CliRunner
 
 from archsearch.cli import app
 from archsearch.cli import boundary as cli_boundary
-from archsearch.storage import Storage
-from archsearch.storage.db import StorageUnavailableError
+from archsearch.storage import Storage, StorageUnavailableError
 from tests.faults.test_inputs import PROXY, _one_line, _space
 from tests.processes import start_archsearch, wait_for
 from tests.storage.test_query import fill_study

@@ -184,10 +184,10 @@ conn.rollback()
 def test_a_postgresql_lock_held_by_another_process_past_the_timeout(tmp_path, monkeypatch):
     from sqlalchemy.engine import make_url
 
-    from archsearch.storage import db as db_module
+    from archsearch.storage import engine as engine_module
     from tests.postgres import postgres_database
 
-    monkeypatch.setattr(db_module, "BUSY_TIMEOUT_S", 1)  # PostgreSQL's lock_timeout is set from it
+    monkeypatch.setattr(engine_module, "BUSY_TIMEOUT_S", 1)  # PostgreSQL's lock_timeout is set from it
     release, marker = tmp_path / "release", tmp_path / "locked-once"
     with postgres_database() as url:
         parsed = make_url(url)

@@ -24,7 +24,7 @@ from sqlalchemy.exc import OperationalError
 
 from archsearch.search.driver import SearchError, SearchOptions, run_search
 from archsearch.storage import Storage, StorageUnavailableError
-from archsearch.storage import db as db_module
+from archsearch.storage import engine as engine_module
 from archsearch.trial import TrialOutcome
 from tests.specs import tiny_spec
 
@@ -168,7 +168,7 @@ conn.execute("ROLLBACK")
 
 
 def test_the_sqlite_write_lock_held_by_another_process_past_the_timeout(tmp_path, monkeypatch):
-    monkeypatch.setattr(db_module, "BUSY_TIMEOUT_S", 1)  # read when an engine connects
+    monkeypatch.setattr(engine_module, "BUSY_TIMEOUT_S", 1)  # read when an engine connects
     path, release, marker = tmp_path / "trials.db", tmp_path / "release", tmp_path / "locked-once"
     url = f"sqlite:///{path}"
 

@@ -306,7 +306,7 @@ def test_another_batch_size_is_another_recipe_with_rungs_and_a_law_of_its_own(ur
         assert (second.trained, second.skipped) == (6, 0)  # the same shapes, trained again at batch 2
         assert len(_lines(log)) == 12
         assert {r.settings["batch_size"] for r in second.rungs} == {2} and len(second.rungs) == 6
-        assert [f["batch_size"] for f in db.ladder_fits("tiny")] == [4, 2]
+        assert [f.batch_size for f in db.ladder_fits("tiny")] == [4, 2]
         rungs = db.ladder_rungs("tiny")
     assert sorted({r.recipe for r in rungs}) == [(20.0, 2), (20.0, 4)]
     with pytest.raises(LadderFitError, match=r"rungs of 2 recipes \(tokens per parameter, batch size\)"):

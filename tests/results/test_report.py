@@ -100,7 +100,7 @@ def test_the_knee_of_the_fixture_is_refused_by_one_format_only(url):
 
 def test_a_validation_shows_the_bootstrap_intervals_validate_stored():
     from archsearch.results.report import validation_view
-    from archsearch.storage.db import ValidationRecord
+    from archsearch.storage import ValidationRecord
 
     correlations = {k: {"spearman": 0.5, "kendall": 0.4} for k in ("proxy", "params", "flops")}
     report = {"trials": list(range(12)), "correlations": correlations, "iso_pairs": {}}
@@ -168,9 +168,9 @@ def test_the_knee_s_step_breakdown_adds_up_to_its_step(url):
 def test_a_measured_step_s_breakdown_has_a_residual(url):
     with Storage.open(url, create=False) as db:
         knee = db.trials_by_number("b", [KNEE])[0]
-        stored = next(p for p in db.profiles(knee.id) if p["device"] == "h100-sxm")
-    measured = ProfileReport.from_dict(stored["report"]).with_measured_step(0.05, 9)
-    b = step_breakdown({**stored, "step_time_s": 0.05, "report": measured.to_dict()})
+        stored = next(p for p in db.profiles(knee.id) if p.device == "h100-sxm")
+    measured = ProfileReport.from_dict(stored.report).with_measured_step(0.05, 9)
+    b = step_breakdown(dataclasses.replace(stored, step_time_s=0.05, report=measured.to_dict()))
     assert [what for what, _, _ in b.parts][-1] == "residual" and "median of 9" in b.source
     assert sum(seconds for _, seconds, _ in b.parts) == pytest.approx(0.05)
 
@@ -178,7 +178,7 @@ def test_a_measured_step_s_breakdown_has_a_residual(url):
 def test_settings_devices_and_versions_are_stated(url):
     report = _report(url, "b")
     [s] = report.sections
-    assert s.search_runs[0]["settings"]["sampler"] == "tpe"
+    assert s.search_runs[0].settings["sampler"] == "tpe"
     [device] = s.devices
     assert device.info["name"] == "Test CPU" and device.trials == 5 and device.long_runs == 0
     versions = dict(report.versions)

@@ -53,10 +53,10 @@ def test_a_search_trains_profiles_and_records_every_trial(db):
     for r in records:
         assert r.config is not None and r["d_model"] == r.config.d_model
         assert 0 < r["loss"] < 6 and r["tokens_trained"] >= 2048 and r["step_time_device"] == "h100-sxm"
-        assert {p["device"] for p in db.profiles(r.id)} == {"local", "h100-sxm"}
+        assert {p.device for p in db.profiles(r.id)} == {"local", "h100-sxm"}
         assert len(db.curves(r.id)["val"]) == 4
     assert db.measurements() and db.devices()
-    assert {d["threads"] for d in db.devices()} == {1}  # a CPU trial's threads: its one Ray CPU
+    assert {d.info["threads"] for d in db.devices()} == {1}  # a CPU trial's threads: its one Ray CPU
     study = optuna.load_study(study_name="s", storage=db.url)
     assert [t.values[1] for t in study.trials] == [r["flops_forward_per_token"] for r in records]
     assert {t.number for t in study.best_trials} == set(summary.front.front.numbers)
@@ -378,7 +378,7 @@ def test_each_run_records_the_settings_that_ran_not_the_space_files_defaults(db)
     run_search(spec, db, options, evaluate_fn=instant)
     recorded = sum(db.counts("s").values())
     run_search(spec, db, SearchOptions(study="s", trials=2, resume=True), evaluate_fn=instant)
-    first, second = (run["settings"] for run in db.search_runs("s"))
+    first, second = (run.settings for run in db.search_runs("s"))
     assert (first["sampler"], first["seed"], first["prune"], first["sampler_seed"]) == ("random", 1, False, 1)
     assert (second["sampler"], second["resume"], second["trials"]) == ("tpe", True, 2)
     assert second["sampler_seed"] == 0 + recorded  # its own stream: the seed plus the trials before it

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from archsearch.storage import Storage
-from archsearch.storage.db import _lock_file
+from archsearch.storage.core import _lock_file
 
 
 def _hold(path: str, log: str, rounds: int) -> None:

@@ -18,6 +18,7 @@ from archsearch.space import preset
 from archsearch.space.costs import param_counts
 from archsearch.storage import (
     SCHEMA_VERSION,
+    DeviceRecord,
     KernelCache,
     ReadOnlyStorageError,
     SchemaVersionError,
@@ -84,9 +85,11 @@ def test_a_finished_trial_keeps_shape_costs_results_curves_and_profiles(storage)
     assert record["loss_change"] == pytest.approx(-0.4)  # 1.5 - 1.9: the held-out curve's last interval
     assert record["lease_expires_at"] is None and record["finished_at"] is not None
     assert storage.curves(slot) == {"train": [(2048, 2.0), (4096, 1.8)], "val": [(2048, 1.9), (4096, 1.5)]}
-    assert storage.profiles(slot)[0]["report"] == {"x": 1}
+    assert storage.profiles(slot)[0].report == {"x": 1}
     assert storage.measurements() == {"fp/bf16/gemm/1x2x3": 0.5}
-    assert storage.devices() == [{"fingerprint": "fp", "name": "cpu", "type": "cpu"}]
+    assert storage.devices() == [
+        DeviceRecord("fp", "cpu", "cpu", {"fingerprint": "fp", "name": "cpu", "type": "cpu"})
+    ]
 
 
 def test_a_failing_write_leaves_the_trial_as_it_was(storage):
@@ -334,7 +337,7 @@ def test_an_older_database_gains_the_new_tables(db_url):
         assert _long_run(st)
         assert len(st.long_runs("s")) == 1
         st.add_search_run("s", {"sampler": "tpe"})
-        assert [r["settings"] for r in st.search_runs("s")] == [{"sampler": "tpe"}]
+        assert [r.settings for r in st.search_runs("s")] == [{"sampler": "tpe"}]
         assert _rung(st) and len(st.ladder_rungs("s")) == 1
     engine = create_engine(db_url)
     with engine.connect() as conn:
@@ -413,7 +416,7 @@ def test_ladder_rungs_are_stored_once_per_trial_recipe_shape_and_seed(storage):
     assert (first.settings, first.wall_time_s) == ({"tokens": 20_000_000}, 3.0)
     assert len(storage.ladder_rungs("s")) == 5 and storage.ladder_rungs("other") == []
     storage.add_ladder_fit("s", tokens_per_param=20, batch_size=4, fit={"alpha": 0.3})
-    assert [(f["tokens_per_param"], f["batch_size"], f["fit"]) for f in storage.ladder_fits("s")] == [
+    assert [(f.tokens_per_param, f.batch_size, f.fit) for f in storage.ladder_fits("s")] == [
         (20.0, 4, {"alpha": 0.3})
     ]
 
@@ -495,7 +498,7 @@ def test_a_version_6_database_gains_batch_sizes_read_from_its_rungs_settings(db_
         # Each batch from its settings; 16 (those versions' default) where they name none or not a number.
         found = [(r.trial_number, r.batch_size, r.config) for r in rungs]
         assert found == [(0, 4, CFG), (0, 16, wider), (1, 16, CFG)]
-        assert [f["batch_size"] for f in st.ladder_fits("s")] == [None]  # an older fit's is unknown
+        assert [f.batch_size for f in st.ladder_fits("s")] == [None]  # an older fit's is unknown
         assert _rung(st, trial_number=0, batch_size=16)  # the same shape at another batch: a new rung
         assert not _rung(st, trial_number=0, batch_size=4)  # ... at the stored one: already there
     engine = create_engine(db_url)

@@ -1,0 +1,176 @@
+"""The records that leave storage: frozen dataclasses, never ORM rows."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from archsearch.space.config import ArchConfig
+from archsearch.space.objectives import LossRule
+from archsearch.trial import FINISHED
+
+
+@dataclass(frozen=True)
+class StudyRecord:
+    name: str
+    spec_fingerprint: str
+    spec_source: str
+    spec: dict[str, Any]
+    objectives: tuple[str, ...]
+    created_at: float
+    counts: dict[str, int] | None = None  # trials by state; None: not counted (`require_study`)
+
+    @property
+    def finished(self) -> int:
+        if self.counts is None:
+            raise ValueError(f"study {self.name!r} was read without its trial counts")
+        return sum(self.counts.get(s, 0) for s in FINISHED)
+
+    @property
+    def size_beta(self) -> float | None:
+        """The study's loss objective credits size by this beta (`objectives.loss_objective`);
+        None: it does not (and studies from before it existed)."""
+        beta = self.spec.get("size_beta")
+        return None if beta is None else float(beta)
+
+    @property
+    def loss_rule(self) -> LossRule:
+        """The study's loss objective (`objectives.LossRule`): its `[objectives]` size_beta and
+        extrapolate (0 in studies from before it existed)."""
+        return LossRule(self.size_beta, float(self.spec.get("extrapolate") or 0.0))
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One trial row. `values` holds every column by name (the flat shape, costs and results)."""
+
+    id: int
+    study: str
+    number: int | None
+    status: str
+    reason: str | None
+    attempts: int
+    params: dict[str, Any]
+    config: ArchConfig | None
+    values: dict[str, Any]
+
+    def __getitem__(self, column: str) -> Any:
+        return self.values[column]
+
+
+@dataclass(frozen=True)
+class LongRunRecord:
+    """One stored long run: a trial's shape retrained at `multiplier` x the proxy's tokens."""
+
+    study: str
+    trial_number: int
+    multiplier: float
+    seed: int
+    tokens: int
+    val_loss: float
+    val_curve: tuple[tuple[int, float], ...]
+    settings: dict[str, Any]
+    device_fingerprint: str | None
+    corpus_fingerprint: str | None
+    wall_time_s: float | None
+    created_at: float
+
+    @property
+    def key(self) -> tuple[int, float, int]:
+        """(trial number, multiplier, seed): what a rerun matches to skip a stored run."""
+        return (self.trial_number, self.multiplier, self.seed)
+
+
+@dataclass(frozen=True)
+class LadderRungRecord:
+    """One stored rung of a size ladder: a trial's design at one size (`config`), trained."""
+
+    study: str
+    trial_number: int
+    tokens_per_param: float
+    batch_size: int  # sequences per training step
+    target_params: int
+    shape_key: str  # sha256 of the config's JSON: one rung per shape
+    config: ArchConfig
+    params_total: int
+    params_non_embedding: int
+    seed: int
+    tokens: int
+    val_loss: float
+    val_curve: tuple[tuple[int, float], ...]
+    settings: dict[str, Any]
+    device_fingerprint: str | None
+    corpus_fingerprint: str | None
+    wall_time_s: float | None
+    created_at: float
+
+    @property
+    def key(self) -> tuple[int, float, int, str, int]:
+        """(trial number, tokens per parameter, batch size, shape key, seed): what a rerun matches to
+        skip it."""
+        return (self.trial_number, self.tokens_per_param, self.batch_size, self.shape_key, self.seed)
+
+    @property
+    def recipe(self) -> tuple[float, int]:
+        """(tokens per parameter, batch size): the rungs of one recipe share one law."""
+        return (self.tokens_per_param, self.batch_size)
+
+
+def shape_key(cfg: ArchConfig) -> str:
+    """The key a ladder rung's shape is stored under: sha256 of its canonical JSON."""
+    return hashlib.sha256(cfg.to_json(indent=None).encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class ValidationRecord:
+    """One stored `validate` report."""
+
+    id: int
+    study: str
+    multiplier: float
+    seeds: int
+    report: dict[str, Any]
+    created_at: float
+
+
+@dataclass(frozen=True)
+class LadderFitRecord:
+    """One stored fit of a study's ladders (`LadderFit.to_dict()`)."""
+
+    tokens_per_param: float
+    batch_size: int | None  # None: a fit stored before batch sizes were (schema version 7)
+    fit: dict[str, Any]
+    created_at: float
+
+
+@dataclass(frozen=True)
+class SearchRunRecord:
+    """One driver's start on a study: who ran it and with which settings."""
+
+    host: str  # name:pid
+    started_at: float
+    settings: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ProfileRecord:
+    """One stored step profile of a trial, measured locally or modelled on a catalogued GPU."""
+
+    device: str  # "local" or a catalogued GPU
+    modelled: bool
+    dtype: str
+    batch: int
+    step_time_s: float
+    tokens_per_second: float
+    report: dict[str, Any]  # `ProfileReport.to_dict()`; {} when none was stored
+
+
+@dataclass(frozen=True)
+class DeviceRecord:
+    """A device some trial or run trained on."""
+
+    fingerprint: str
+    name: str
+    type: str
+    info: dict[str, Any]  # everything recorded about it, the fingerprint included
