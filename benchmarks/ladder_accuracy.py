@@ -14,7 +14,7 @@
    down to 62k), stored in the study's database and resumed like any ladder. `--batch-size B`
    trains the rungs and the real runs at B sequences per step instead of the proxy's;
    `--rung-batch-size R` trains the rungs at R instead (a recipe of small rungs at a smaller
-   batch than the run they predict: `benchmarks/ladder_batch.py`).
+   batch than the run they predict: docs/explanations/research-history.md).
 5. The comparison: the law fitted over the ladders (`results.ladder.fit_study_ladders`) predicts
    each design's loss at its 2M shape; the median and worst absolute error of those predictions
    (relative to the real loss), how many real losses fall inside the 95% intervals, and the

@@ -104,17 +104,6 @@ def test_search_quality_smoke(tmp_path):
 # benchmark -> lines its smoke run must print (the numbers vary; the report's shape does not)
 SMOKES = {
     "cost_model": ["cost model, 50 random configs:", "build + FlopCounterMode on meta"],
-    "ladder_batch": ["32 rungs of 8 designs at 5 tokens per parameter", "all 16", "all 4", "at 2M over"],
-    "ladder_depth": ["12 designs with a real run", "one-layer term E", "shipped        E", "Spearman"],
-    "ladder_heads": ["8 designs with a real run", "shared alpha", "alpha by head_dim", "held out"],
-    "ladder_seeds": [
-        "12 designs with a real run",
-        "batch 4: seed 0 ",
-        ", seed 1 ",
-        "seeds 0+1 ",
-        "inside the 95%",
-    ],
-    "lr_transfer": ["2,048 tokens per run", "per-width        64", "one rate         64"],
     "profiler_accuracy": ["fitting set: 8 GEMMs", "held-out:", "median relative error"],
     "gpu_model_accuracy": ["measured on NVIDIA H100 80GB HBM3"],
     "pruning": ["2 trials of examples/tiny.toml", "front, pruning"],
