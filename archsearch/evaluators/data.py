@@ -113,6 +113,14 @@ TOKEN_DTYPES.register("uint16", np.dtype("<u2"))
 TOKEN_DTYPES.register("uint32", np.dtype("<u4"))
 
 
+def default_token_dtype(vocab_size: int | None) -> str:
+    """The ids' type of a `.bin` file whose dtype is not given: nanoGPT's uint16 where the
+    vocabulary fits it, else uint32. A search's `[proxy] data` names no dtype, and current
+    tokenizers' vocabularies (cl100k's 100,277, Llama 3's 128,256) cannot be uint16 ids."""
+    fits = vocab_size is None or vocab_size <= np.iinfo(TOKEN_DTYPES["uint16"]).max + 1
+    return "uint16" if fits else "uint32"
+
+
 class DataError(ArchsearchError, ValueError):
     """A dataset is missing, empty, malformed or too small; the message names the file."""
 
@@ -333,8 +341,9 @@ def load_dataset(
             token file or a folder with `train.bin` and `val.bin` (see the module docstring).
         vocab_size: required for `.bin` files (the tokenizer's vocabulary, e.g. 50257 for GPT-2);
             for text it must be None or 256.
-        dtype: the ids' type in `.bin` files, a TOKEN_DTYPES name (None: uint16); refused for
-            text, where it would do nothing (probe 7: `train --token-dtype` on text, exit 0).
+        dtype: the ids' type in `.bin` files, a TOKEN_DTYPES name (None: `default_token_dtype`,
+            uint16 or, for a vocabulary past 65,536 ids, uint32); refused for text, where it would
+            do nothing (probe 7: `train --token-dtype` on text, exit 0).
         seq_len: when given, both splits must hold at least `seq_len + 1` tokens; otherwise 2.
         val_fraction: share of the files (text folders) or tokens (single files) held out.
             Ignored for `train.bin`/`val.bin`, which are split already.
@@ -359,7 +368,7 @@ def load_dataset(
             raise DataError(f"data path not found: {p}")
         if not (p.is_dir() or p.is_file()):  # a FIFO or a device: a read could wait or never end
             raise DataError(f"data path {p} is neither a file nor a folder")
-        ids = dtype or "uint16"
+        ids = dtype or default_token_dtype(vocab_size)
         if p.is_dir() and ((p / "train.bin").exists() or (p / "val.bin").exists()):
             dataset = _split_token_files(p, _check_token_vocab(vocab_size, ids, p), ids)
         elif p.is_dir():
