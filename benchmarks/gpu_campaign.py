@@ -29,7 +29,7 @@ Parts (`--parts 1,2,3,4`, the default; `--part N` for one):
    step the wall time, the kernels' device time, the launches (beside the count the model uses) and
    the 30 kernels that took longest, to tell the host's share from missing kernels.
 
-5. fidelity: the search's own proxy ranked against 10x its tokens at GPU scale, 16 shapes of
+5. fidelity: the search's own proxy ranked against 10x its tokens at GPU scale, 20 shapes of
    5-50M parameters from examples/gpu.toml's knobs on a BPE corpus (benchmarks/gpu_corpus.py,
    built where it runs), 5 runs sharing the GPU as Ray tasks of a fifth of it, scored with
    `search.fidelity_stats` (benchmarks/gpu_campaign_fidelity.py).

@@ -36,7 +36,7 @@ from typing import Any
 
 from archsearch.trial import COMPLETE, FAILED
 
-SHAPES = 16
+SHAPES = 20
 SAMPLE_SEED = 2026_11_28
 # 800k tokens: 195 steps of 4 x 1024 (about 3 s a run on the H200 model); 10x that is 8M, four
 # epochs of the 1.9M training tokens of the BPE corpus: more and the long runs would rank shapes
