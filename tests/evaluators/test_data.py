@@ -329,7 +329,13 @@ BAD_DATA = [
         r"odd\.bin is 3 bytes, not a whole number of uint16",
     ),
     ("bin-no-vocab", _file("t.bin", b"ab"), {}, r"t\.bin holds pre-tokenized ids: give its vocab_size"),
-    ("vocab-too-big", _file("t.bin", b"ab"), {"vocab_size": 70_000}, r"vocab_size 70000 does not fit uint16"),
+    # uint16 named: left out, a vocabulary this large reads uint32 ids.
+    (
+        "vocab-too-big",
+        _file("t.bin", b"ab"),
+        {"vocab_size": 70_000, "dtype": "uint16"},
+        r"vocab_size 70000 does not fit uint16",
+    ),
     ("vocab-zero", _file("t.bin", b"ab"), {"vocab_size": 0}, r"vocab_size must be a positive integer, got 0"),
     ("no-val-bin", _in_folder("train.bin", b"ab"), {"vocab_size": 10}, r"d has no val\.bin"),
     ("no-train-bin", _in_folder("val.bin", b"ab"), {"vocab_size": 10}, r"d has no train\.bin"),
