@@ -29,6 +29,16 @@ Parts (`--parts 1,2,3,4`, the default; `--part N` for one):
    step the wall time, the kernels' device time, the launches (beside the count the model uses) and
    the 30 kernels that took longest, to tell the host's share from missing kernels.
 
+5. fidelity: the search's own proxy ranked against 10x its tokens at GPU scale, 20 shapes of
+   5-50M parameters from examples/gpu.toml's knobs on a BPE corpus (benchmarks/gpu_corpus.py,
+   built where it runs), 5 runs sharing the GPU as Ray tasks of a fifth of it, scored with
+   `search.fidelity_stats` (benchmarks/gpu_campaign_fidelity.py).
+
+Parts run in the order 1, 2, 5, 3, 4 whatever order `--parts` names them. `--sitting` is one
+sitting's command: part 1 for the fresh3- shapes alone (`--only fresh3-`: the others' records are
+kept and fitted on), then part 5, then part 3 with what remains of `--budget-s`. `--dry-run`
+prints its planned device seconds and the bytes a call carries (benchmarks/gpu_campaign_plan.py).
+
 Records go to `--out` (default benchmarks/data/), named by the device (`gpu_campaign_<device>_*`),
 each written atomically as each measurement finishes: part 1's run as one JSON in the format
 `archsearch fit-device` and `gpu_model_accuracy.py --load` read, rewritten after every shape; part
@@ -57,6 +67,17 @@ fresh machine (a second command of a part measures only what the first did not):
     python benchmarks/gpu_campaign.py --report       # anywhere: what is recorded, scored again
 
     python benchmarks/gpu_campaign.py --smoke        # CPU, tiny shapes and budgets, a temporary folder
+
+One sitting (docs/how-to/gpu-search.md, "One sitting"): `python benchmarks/gpu_campaign.py
+--sitting --dry-run` here first; on the lent machine, carrying `.whl`, a warm-up call (timeout_s
+150), then at once, while the machine is warm, the campaign call (timeout_s 600):
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+      && export PYTHONPATH=/tmp/site:$PWD || exit; nvidia-smi -L; PYTHONUNBUFFERED=1 python3 \
+      benchmarks/gpu_corpus.py && PYTHONUNBUFFERED=1 python3 benchmarks/gpu_campaign.py --smoke --part 5
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+      && export PYTHONPATH=/tmp/site:$PWD || exit; PYTHONUNBUFFERED=1 python3 benchmarks/gpu_campaign.py \
+      --sitting --budget-s 540 --mirror "$OUT"
 """
 
 from __future__ import annotations
@@ -76,13 +97,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import gpu_campaign_serve  # benchmarks/ is this script's folder
+import gpu_campaign_fidelity  # benchmarks/ is this script's folder
+import gpu_campaign_serve
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "benchmarks" / "data"
 GPU_SPACE = ROOT / "examples" / "gpu.toml"
 STUDY = "gpu-campaign"
-PARTS = {1: "steps", 2: "search", 3: "serve", 4: "trace"}
+PARTS = {1: "steps", 2: "search", 3: "serve", 4: "trace", 5: "fidelity"}
+DEFAULT_PARTS = (1, 2, 3, 4)
+# Parts run in this order whatever order they are named in: the fidelity set before serving, so
+# that in one sitting a budget cut falls on serving, which resumes from what it measured.
+RUN_ORDER = (1, 2, 5, 3, 4)
+# One sitting's command (`--sitting`): the step model's untouched shapes, the fidelity set, serving.
+SITTING = {"parts": (1, 5, 3), "only": "fresh3-", "smoke_only": "fresh-"}
+CORPUS = ROOT / ".corpus" / "bpe8k"  # benchmarks/gpu_corpus.py's default folder
 SNAPSHOT_EVERY_S = 30.0  # how often the search's database is copied out while it runs
 STOP_GRACE_S = 60.0  # after SIGTERM, time for the search to record its interrupted trial and stop
 SEARCH_START_S = 60.0  # Ray's start and the first trial's imports: a search needs this much budget
@@ -452,7 +481,9 @@ def part_steps(args: argparse.Namespace, info: Any, files: Files, budget: Budget
     from archsearch.evaluators.model import eager_kernel_count
     from archsearch.evaluators.profiler import InMemoryCache, ProfilerError, resolve_precision
 
-    table = smoke_shapes() if args.smoke else shapes()
+    every = smoke_shapes() if args.smoke else shapes()
+    # --only: the shapes measured; every other shape's record is kept, fitted on and scored.
+    table = [row for row in every if row[0].startswith(args.only or "")]
     raw = _load(files.steps)
     if raw is None:
         # What training runs here: bf16 on a GPU (what the catalogued models model), fp32 on a CPU
@@ -464,7 +495,7 @@ def part_steps(args: argparse.Namespace, info: Any, files: Files, budget: Budget
     # A record is kept while its shape and the step the trainer runs for it (its launches) are
     # today's: a label whose config changed, or whose step now launches other kernels (the
     # trainer's code changed), is measured again.
-    wanted = {label: (cfg.to_dict(), batch, eager_kernel_count(cfg)) for label, cfg, batch in table}
+    wanted = {label: (cfg.to_dict(), batch, eager_kernel_count(cfg)) for label, cfg, batch in every}
     if args.retry_failed:
         raw["failed"] = []
     failed = {f["label"] for f in raw.setdefault("failed", [])}
@@ -479,7 +510,7 @@ def part_steps(args: argparse.Namespace, info: Any, files: Files, budget: Budget
     todo = [(label, cfg, batch) for label, cfg, batch in table if label not in done]
     if done or raw["fit_gemms"]:
         note = f" ({len(failed)} failed: --retry-failed measures them again)" if failed else ""
-        print(f"part 1: resumed {files.steps.name}: {len(kept)} of {len(table)} shapes recorded{note}, "
+        print(f"part 1: resumed {files.steps.name}: {len(kept)} of {len(every)} shapes recorded{note}, "
               f"{len(todo)} to measure", flush=True)  # fmt: skip
     files.event("part 1 start", recorded=len(done), to_measure=len(todo))
     if not raw["fit_gemms"]:
@@ -514,7 +545,7 @@ def part_steps(args: argparse.Namespace, info: Any, files: Files, budget: Budget
         measured += 1
         real = entry["train_step_s"]
         step = f"real step {real * 1e3:.2f} ms" if real else entry.get("error", "no real step")
-        print(f"part 1: {label} ({len(raw['shapes'])}/{len(table)}): {step}, measured in "
+        print(f"part 1: {label} ({len(raw['shapes'])}/{len(every)}): {step}, measured in "
               f"{entry['measure_s']:.1f} s", flush=True)  # fmt: skip
     else:
         files.event("part 1 measured", measured=measured, recorded=len(raw["shapes"]))
@@ -678,18 +709,23 @@ def search_space(args: argparse.Namespace, model: str) -> dict[str, Any]:
     spec["search"]["prune_min_trials"] = 2
     if model not in spec["profile"]["devices"]:
         spec["profile"]["devices"].append(model)  # this GPU, modelled beside its measurement
-    if args.smoke:  # tiny shapes on a CPU: the same tables, small enough for seconds a trial
-        spec["model"] |= {
-            "seq_len": 64, "d_model": {"min": 64, "max": 128, "step": 64},
-            "aspect_ratio": {"min": 32, "max": 64, "step": 32}, "head_dim": [32],
-            "attention_layout": ["mha", "gqa:2"],
-        }  # fmt: skip
-        spec["rules"]["multiple_of"] = 64
-        spec["budget"]["params"] = {"min": 1e4, "max": 2e6}
-        spec["proxy"] |= {"precision": "auto", "threads": 1}
+    if args.smoke:
+        shrink_for_smoke(spec)
         spec["profile"]["min_run_time"] = 0.01
         spec["search"]["prune_min_trials"] = 1
     return spec
+
+
+def shrink_for_smoke(spec: dict[str, Any]) -> None:
+    """Tiny shapes on a CPU: the same tables, small enough for seconds a trial (parts 2 and 5)."""
+    spec["model"] |= {
+        "seq_len": 64, "d_model": {"min": 64, "max": 128, "step": 64},
+        "aspect_ratio": {"min": 32, "max": 64, "step": 32}, "head_dim": [32],
+        "attention_layout": ["mha", "gqa:2"],
+    }  # fmt: skip
+    spec["rules"]["multiple_of"] = 64
+    spec["budget"]["params"] = {"min": 1e4, "max": 2e6}
+    spec["proxy"] |= {"precision": "auto", "threads": 1}
 
 
 def to_toml(spec: dict[str, Any]) -> str:
@@ -905,6 +941,58 @@ def _record_search(db: Path, files: Files, model: str) -> dict[str, Any] | None:
 # ------------------------------------------------------------------------------------------------
 
 
+def fidelity_space(args: argparse.Namespace, corpus: dict[str, Any]) -> str:
+    """Part 5's space as TOML: examples/gpu.toml at 5-50M parameters on the BPE corpus, its path
+    relative to the repository when inside it (so a resume elsewhere reads the same plan)."""
+    path = Path(corpus["path"])
+    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    example = tomllib.loads(GPU_SPACE.read_text())
+    spec = gpu_campaign_fidelity.space_dict(example, corpus["vocab_size"], shown)
+    if args.smoke:
+        shrink_for_smoke(spec)
+        gpu_campaign_fidelity.shrink_for_smoke(spec)
+    return to_toml(spec)
+
+
+def build_corpus(args: argparse.Namespace) -> dict[str, Any]:
+    """The BPE corpus part 5 trains on (built once, benchmarks/gpu_corpus.py), with its data
+    fingerprint; the smoke's is a tiny one beside its records."""
+    import gpu_corpus
+
+    from archsearch.evaluators.data import load_dataset
+
+    folder = (args.out / "smoke-corpus" if args.smoke else args.corpus or CORPUS).absolute()
+    t0 = time.perf_counter()
+    if args.smoke:
+        meta = gpu_corpus.build(folder, gpu_corpus.SMOKE["vocab"], gpu_corpus.SMOKE["max_bytes"], "uint32")
+    else:
+        meta = gpu_corpus.build(folder)
+    data = load_dataset(folder, meta["vocab_size"], meta["dtype"])
+    print(f"part 5: corpus {gpu_corpus.describe(meta, folder)} (ready in {time.perf_counter() - t0:.1f} s)",
+          flush=True)  # fmt: skip
+    return {**meta, "path": str(folder), "fingerprint": data.fingerprint}
+
+
+def part_fidelity(args: argparse.Namespace, info: Any, files: Files, budget: Budget) -> None:
+    """Part 5 (benchmarks/gpu_campaign_fidelity.py): the fidelity set, trained and scored."""
+    corpus = build_corpus(args)
+    record = gpu_campaign_fidelity.Record(files.path("_fidelity.jsonl"), files.write, args.model)
+    if (recorded := record.plan()) is not None:
+        _same_device(recorded, info, record.path)
+    files.event("part 5 start", recorded=len(record.runs()))
+    try:
+        runs = gpu_campaign_fidelity.run(
+            info, record, fidelity_space(args, corpus), corpus, budget, args.smoke
+        )
+    except ValueError as exc:  # another plan recorded in these records
+        raise CampaignError(str(exc)) from None
+    summary = gpu_campaign_fidelity.score(record.plan() or {}, runs)
+    if summary is not None:
+        files.event(
+            "part 5 scored", **{k: summary[k] for k in ("shapes", "spearman", "params_spearman", "pairs")}
+        )
+
+
 def part_serve(args: argparse.Namespace, info: Any, files: Files, budget: Budget) -> None:
     record = _load(files.serve)
     if record is not None:
@@ -969,7 +1057,12 @@ def report(args: argparse.Namespace) -> None:
     """Score what `--out` holds, on any machine: every device's records of each part."""
     kinds = ("steps", "search", "serve", "trace")
     found = [p for kind in kinds for p in sorted(args.out.glob(f"gpu_campaign_*_{kind}.json"))]
-    if not found:
+    fidelity = sorted(args.out.glob("gpu_campaign_*_fidelity.jsonl"))
+    for path in fidelity:
+        print(f"== {path.name}")
+        record = gpu_campaign_fidelity.Record(path, None, "")
+        gpu_campaign_fidelity.score(record.plan() or {}, record.runs())
+    if not found and not fidelity:
         raise CampaignError(f"no campaign records in {args.out}")
     for path in found:
         print(f"== {path.name}")
@@ -1027,8 +1120,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = _Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--parts",
-        default=",".join(map(str, PARTS)),
-        help="comma-separated parts to run: " + ", ".join(f"{n} {name}" for n, name in PARTS.items()),
+        default=",".join(map(str, DEFAULT_PARTS)),
+        help="comma-separated parts to run (default 1,2,3,4; run in the order 1, 2, 5, 3, 4): "
+        + ", ".join(f"{n} {name}" for n, name in PARTS.items()),
     )
     parser.add_argument("--part", type=int, help="one part (as --parts N)")
     parser.add_argument(
@@ -1054,9 +1148,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--gpus-per-trial", type=float, default=1.0, help="part 2 on CUDA: Ray GPUs per trial"
     )
     parser.add_argument("--retry-failed", action="store_true", help="part 1: measure failed shapes again")
+    parser.add_argument("--only", help="part 1: measure only the shapes whose label starts so (fresh3-)")
+    parser.add_argument(
+        "--corpus",
+        type=Path,
+        help=f"part 5's BPE corpus folder, built if missing ({CORPUS.relative_to(ROOT)})",
+    )
+    parser.add_argument(
+        "--sitting", action="store_true",
+        help="one sitting: parts 1 (only the fresh3- shapes), 5 and 3, in that order",
+    )  # fmt: skip
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the planned device seconds and carried bytes; run nothing",
+    )
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny shapes and budgets: about a minute")
     parser.add_argument("--report", action="store_true", help="score the records in --out; measure nothing")
     args = parser.parse_args(argv)
+    if args.sitting:
+        if args.part is not None or args.parts != ",".join(map(str, DEFAULT_PARTS)):
+            raise CampaignError("--sitting names its parts (1, 5, 3): leave out --part and --parts")
+        args.parts = ",".join(map(str, SITTING["parts"]))
+        args.only = args.only or SITTING["smoke_only" if args.smoke else "only"]
     try:
         parts = [args.part] if args.part is not None else [int(p) for p in args.parts.split(",") if p.strip()]
     except ValueError:
@@ -1068,7 +1182,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             )
     if not parts:
         raise CampaignError("no part to run")
-    args.parts = sorted(set(parts))
+    args.parts = [part for part in RUN_ORDER if part in parts]
     if args.budget_s is not None and not args.budget_s > 0:
         raise CampaignError(f"--budget-s must be positive, got {args.budget_s:g}")
     # Defaults, a campaign's or (--smoke) a CPU minute's; a value given is kept either way.
@@ -1089,10 +1203,52 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def dry_run(args: argparse.Namespace) -> None:
+    """The sitting's planned device seconds and carried bytes (benchmarks/gpu_campaign_plan.py),
+    from the records in `--out` (what is recorded is not planned again; the smoke's: none) and the
+    corpus's figures if it is built here (else those of the recorded build)."""
+    import gpu_campaign_plan
+    import gpu_corpus
+
+    work = Path(tempfile.mkdtemp(prefix="gpu_campaign_plan."))
+    try:
+        records = work if args.smoke else args.out
+        raw = _load(next(iter(sorted(records.glob("gpu_campaign_*_steps.json"))), work / "none")) or {}
+        recorded = {e["label"] for e in raw.get("shapes", [])}
+        table = smoke_shapes() if args.smoke else shapes()
+        part1 = [
+            label for label, _, _ in table if label.startswith(args.only or "") and label not in recorded
+        ]
+        folder = (args.corpus or CORPUS).absolute()
+        meta = None if args.smoke else _load(folder / "meta.json")
+        built = None if meta is None else gpu_campaign_plan.folder_bytes(folder)
+        if meta is None:  # not built here: the plan reads only the space, which names a folder
+            vocab = gpu_corpus.SMOKE["vocab"] if args.smoke else gpu_corpus.DEFAULT_VOCAB
+            meta, folder = {"vocab_size": vocab, "train_tokens": gpu_campaign_plan.CORPUS_TRAIN_TOKENS}, work
+        corpus = {**meta, "path": str(folder), "bytes": built}
+        runs: set[str] = set()
+        for path in sorted(records.glob("gpu_campaign_*_fidelity.jsonl")):
+            runs |= {line["key"] for line in gpu_campaign_fidelity.Record(path, None, "").runs()}
+        space = fidelity_space(args, corpus)
+        # Part 3: the points short of --serve-rounds timings, of every shape at every scenario.
+        serve = _load(next(iter(sorted(records.glob("gpu_campaign_*_serve.json"))), work / "none")) or {}
+        rounds = {(p["label"], p["batch"], p["context"]): p.get("rounds", 1) for p in serve.get("points", [])}
+        serve_table = gpu_campaign_serve.smoke_shapes() if args.smoke else gpu_campaign_serve.shapes()
+        scenarios = gpu_campaign_serve.SMOKE_SCENARIOS if args.smoke else gpu_campaign_serve.SCENARIOS
+        points = [(label, b, c) for label, _ in serve_table for b, c in scenarios]
+        part3 = (len(points), sum(rounds.get(p, 0) < args.serve_rounds for p in points))
+        gpu_campaign_plan.dry_run(args, ROOT, part1, bool(raw.get("fit_gemms")), corpus, space, runs, part3)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.report:
         report(args)
+        return
+    if args.dry_run:
+        dry_run(args)
         return
     budget = Budget(args.budget_s)
     if args.smoke:
@@ -1119,14 +1275,15 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.model}; budget {limit}", flush=True)  # fmt: skip
     files.event("start", argv=sys.argv[1:], device=info.name, fingerprint=info.fingerprint)
     try:
-        if 1 in args.parts:
-            part_steps(args, info, files, budget)
-        if 2 in args.parts:
-            part_search(args, args.model, files, budget)
-        if 3 in args.parts:
-            part_serve(args, info, files, budget)
-        if 4 in args.parts:
-            part_trace(args, info, files, budget)
+        run = {
+            1: lambda: part_steps(args, info, files, budget),
+            2: lambda: part_search(args, args.model, files, budget),
+            3: lambda: part_serve(args, info, files, budget),
+            4: lambda: part_trace(args, info, files, budget),
+            5: lambda: part_fidelity(args, info, files, budget),
+        }
+        for part in args.parts:  # in RUN_ORDER
+            run[part]()
         files.event("end", elapsed_s=round(budget.elapsed(), 1))
         print(f"gpu campaign: {budget.elapsed():.0f} s", flush=True)
     finally:

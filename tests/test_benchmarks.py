@@ -147,6 +147,7 @@ def test_every_benchmark_has_a_smoke_test():
     tested = set(SMOKES) | {"query_speed", "proxy_fidelity", "step_time_accuracy", "threads"}
     tested |= {"search_quality", "trainer_throughput", "calibration", "gpu_campaign", "ladder_accuracy"}
     tested |= {"gpu_campaign_serve"}  # gpu_campaign's part 3, run by its smoke test
+    tested |= {"gpu_campaign_fidelity", "gpu_campaign_plan", "gpu_corpus"}  # part 5, its --dry-run, corpus
     assert scripts == tested
 
 
@@ -348,19 +349,65 @@ def _campaign_trials(database: Path) -> list[tuple]:
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--part", "5"], "no part 5; parts: 1 steps, 2 search, 3 serve, 4 trace"),
+        (["--part", "6"], "no part 6; parts: 1 steps, 2 search, 3 serve, 4 trace, 5 fidelity"),
+        (["--sitting", "--part", "3"], "--sitting names its parts (1, 5, 3): leave out --part and --parts"),
         (["--parts", "1,x"], "--parts must be numbers"),
         (["--budget-s", "-5"], "--budget-s must be positive, got -5"),
         (["--budget-s", "soon"], "argument --budget-s: invalid float value: 'soon'"),
         (["--report", "--out", "/nonexistent/records"], "no campaign records in /nonexistent/records"),
     ],
-    ids=["part-5", "parts", "budget", "budget-type", "no-records"],
+    ids=["part-6", "parts", "sitting-parts", "budget", "budget-type", "no-records"],
 )
 def test_gpu_campaign_refuses_bad_input_in_one_line(args, message):
     done = _campaign(*args, timeout=120)
     assert done.returncode == 2 and done.stdout == "", done.stdout
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpu_campaign: ") and message in lines[0], done.stderr
+
+
+def test_gpu_corpus_smoke_builds_a_bpe_corpus_that_loads_as_uint32():
+    pytest.importorskip("tokenizers")
+    done = _smoke("gpu_corpus.py", timeout=300)
+    found = re.search(r"([\d,]+) train \+ ([\d,]+) val tokens, vocab 512 \(uint32", done.stdout)
+    assert found and int(found[1].replace(",", "")) > 10 * int(found[2].replace(",", "")) > 0, done.stdout
+
+
+def test_gpu_campaign_fidelity_smoke_runs_in_order_records_each_run_and_resumes_training_nothing(tmp_path):
+    """Part 5 after part 1's --only shapes, whatever order they are named in; every run recorded
+    and scored; again, nothing trained; --report scores the records."""
+    pytest.importorskip("tokenizers")
+    out = tmp_path / "records"
+    done = _smoke("gpu_campaign.py", "--out", str(out), "--parts", "5,1", "--only", "fresh-", timeout=900)
+    assert done.stdout.index("part 1:") < done.stdout.index("part 5:"), done.stdout
+    steps = json.loads(next(out.glob("gpu_campaign_*_steps.json")).read_text())
+    assert [s["label"] for s in steps["shapes"]] == ["fresh-t-d128"]
+    assert "part 5: 4 shapes, 14 runs: 0 recorded, 14 to train" in done.stdout, done.stdout
+    (record,) = out.glob("gpu_campaign_*_fidelity.jsonl")
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    plan, runs = lines[0], lines[1:]
+    assert plan["kind"] == "plan" and len(plan["shapes"]) == 4 and plan["corpus"]["dtype"] == "uint32"
+    assert sorted(r["key"] for r in runs) == sorted(plan["runs"]) and len(runs) == 14
+    assert all(r["status"] == "complete" and r["val_loss"] > 0 for r in runs), runs
+    # 4 shapes x (2 proxy seeds + the long run) + a second long seed for 2; the long runs 10x the proxy.
+    assert {(r["run"], r["tokens"]) for r in runs} == {("proxy", 512), ("long", 5120)}
+    assert sum(r["run"] == "long" and r["seed"] == 1 for r in runs) == 2
+    assert re.search(r"part 5: 4 shapes, the proxy \(2 seeds\) against 10x its tokens", done.stdout), (
+        done.stdout
+    )
+    assert re.search(r"long: 5,120 tokens, [\d.]+-[\d.]+ tokens a parameter, [\d.]+ epochs", done.stdout)
+    before = record.read_bytes()
+    again = _smoke("gpu_campaign.py", "--out", str(out), "--part", "5", timeout=300)
+    assert "part 5: 4 shapes, 14 runs: 14 recorded, 0 to train" in again.stdout, again.stdout
+    assert record.read_bytes() == before
+    report = _campaign("--report", "--out", str(out), timeout=300)
+    assert report.returncode == 0 and "proxy seed noise" in report.stdout, report.stderr[-3000:]
+
+
+def test_gpu_campaign_dry_run_plans_the_sitting_within_the_device_time():
+    done = _smoke("gpu_campaign.py", "--sitting", "--dry-run", timeout=300)
+    assert "part 5: 4 shapes, 14 of 14 runs to train" in done.stdout, done.stdout
+    assert re.search(r"total device time +\d+ s of 900 s: fits", done.stdout), done.stdout
+    assert re.search(r"carried: working tree [\d.]+ MB \+ wheels", done.stdout), done.stdout
 
 
 @pytest.fixture

@@ -51,7 +51,7 @@ def train(
     ] = None,
     vocab_size: Annotated[int | None, typer.Option(help="Vocabulary of .bin token files.")] = None,
     token_dtype: Annotated[
-        str | None, typer.Option(help="dtype of .bin token files [default: uint16].")
+        str | None, typer.Option(help="dtype of .bin token files [default: uint16, uint32 past 65,536 ids].")
     ] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.")] = "auto",
     precision: Annotated[str, typer.Option(help="bf16, fp32 or auto.")] = "auto",

@@ -101,6 +101,14 @@ _STDLIB_SKIP_DIRS = frozenset(
 )
 
 
+def default_token_dtype(vocab_size: int | None) -> str:
+    """The ids' type of a `.bin` file whose dtype is not given: nanoGPT's uint16 where the
+    vocabulary fits it, else uint32. A search's `[proxy] data` names no dtype, and current
+    tokenizers' vocabularies (cl100k's 100,277, Llama 3's 128,256) cannot be uint16 ids."""
+    fits = vocab_size is None or vocab_size <= np.iinfo(TOKEN_DTYPES["uint16"]).max + 1
+    return "uint16" if fits else "uint32"
+
+
 def cache_dir() -> Path:
     """Where built corpora and file scans are cached: `$ARCHSEARCH_CACHE`, else `~/.cache/archsearch`."""
     env = os.environ.get("ARCHSEARCH_CACHE")
@@ -150,8 +158,9 @@ def load_dataset(
             token file or a folder with `train.bin` and `val.bin` (see the module docstring).
         vocab_size: required for `.bin` files (the tokenizer's vocabulary, e.g. 50257 for GPT-2);
             for text it must be None or 256.
-        dtype: the ids' type in `.bin` files, a TOKEN_DTYPES name (None: uint16); refused for
-            text, where it would do nothing and `train --token-dtype` would seem to apply it.
+        dtype: the ids' type in `.bin` files, a TOKEN_DTYPES name (None: `default_token_dtype`,
+            uint16 or, for a vocabulary past 65,536 ids, uint32); refused for text, where it would
+            do nothing and `train --token-dtype` would seem to apply it.
         seq_len: when given, both splits must hold at least `seq_len + 1` tokens; otherwise 2.
         val_fraction: share of the files (text folders) or tokens (single files) held out.
             Ignored for `train.bin`/`val.bin`, which are split already.
@@ -176,7 +185,7 @@ def load_dataset(
             raise DataError(f"data path not found: {p}")
         if not (p.is_dir() or p.is_file()):  # a FIFO or a device: a read could wait or never end
             raise DataError(f"data path {p} is neither a file nor a folder")
-        ids = dtype or "uint16"
+        ids = dtype or default_token_dtype(vocab_size)
         if p.is_dir() and ((p / "train.bin").exists() or (p / "val.bin").exists()):
             dataset = _split_token_files(p, _check_token_vocab(vocab_size, ids, p), ids)
         elif p.is_dir():

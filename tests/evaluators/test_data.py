@@ -234,6 +234,42 @@ def test_single_bin_is_split_at_its_tail(tmp_path, dtype):
     assert ds.train.path == ds.val.path == str((tmp_path / "tokens.bin").resolve())
 
 
+@pytest.mark.parametrize(("vocab", "dtype"), [(65_536, "uint16"), (100_277, "uint32")])
+def test_token_dtype_left_out_follows_the_vocabulary(tmp_path, vocab, dtype):
+    # A search's `[proxy] data` names no dtype: ids past 65,535 (cl100k's vocabulary) are uint32.
+    ids = np.arange(0, vocab, 7)
+    write_tokens(tmp_path / "train.bin", ids, dtype)
+    write_tokens(tmp_path / "val.bin", ids[::-1], dtype)
+    ds = load_dataset(tmp_path, vocab_size=vocab)
+    assert ds.train.dtype == dtype and np.array_equal(ds.train.open(), ids)
+    assert ds.n_train_tokens == len(ids)
+
+
+def test_a_bpe_corpus_written_as_uint32_reads_back_as_its_text(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    text = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(400)]
+    bpe = tokenizers.Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    bpe.train_from_iterator(text, trainer)
+    vocab = 100_000  # the file's ids as a large vocabulary's: uint32, the 4-byte layout
+    train, val = (
+        np.concatenate([e.ids for e in bpe.encode_batch(part)]) for part in (text[:360], text[360:])
+    )
+    write_tokens(tmp_path / "train.bin", train, "uint32")
+    write_tokens(tmp_path / "val.bin", val, "uint32")
+    ds = load_dataset(tmp_path, vocab_size=vocab, seq_len=16)
+    assert ds.train.dtype == "uint32" and (tmp_path / "train.bin").stat().st_size == 4 * len(train)
+    assert bpe.decode(ds.val.open().tolist()) == "".join(text[360:])
+    x, y = next(ds.train_batches(2, 16, seed=0, device=torch.device("cpu")))
+    assert x.shape == (2, 16) and torch.equal(x[:, 1:], y[:, :-1])
+
+
 def test_token_id_beyond_vocab_names_the_file_and_id(tmp_path, monkeypatch):
     monkeypatch.setattr(data, "_SCAN_CHUNK", 64)  # the bad id sits in a later chunk than the first
     write_tokens(tmp_path / "train.bin", np.arange(1_000), "uint16")
@@ -294,7 +330,13 @@ BAD_DATA = [
         r"odd\.bin is 3 bytes, not a whole number of uint16",
     ),
     ("bin-no-vocab", _file("t.bin", b"ab"), {}, r"t\.bin holds pre-tokenized ids: give its vocab_size"),
-    ("vocab-too-big", _file("t.bin", b"ab"), {"vocab_size": 70_000}, r"vocab_size 70000 does not fit uint16"),
+    # uint16 named: left out, a vocabulary this large reads uint32 ids.
+    (
+        "vocab-too-big",
+        _file("t.bin", b"ab"),
+        {"vocab_size": 70_000, "dtype": "uint16"},
+        r"vocab_size 70000 does not fit uint16",
+    ),
     ("vocab-zero", _file("t.bin", b"ab"), {"vocab_size": 0}, r"vocab_size must be a positive integer, got 0"),
     ("no-val-bin", _in_folder("train.bin", b"ab"), {"vocab_size": 10}, r"d has no val\.bin"),
     ("no-train-bin", _in_folder("val.bin", b"ab"), {"vocab_size": 10}, r"d has no train\.bin"),
