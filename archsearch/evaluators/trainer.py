@@ -216,9 +216,9 @@ def param_groups(model: ProxyLM, lr: float, base_width: int, weight_decay: float
     `lr * base_width / d_model`: their update size per unit of rate grows with fan-in, so a wider
     model needs a proportionally smaller rate for the same change in activations. Vector-like
     parameters (embeddings, norms, biases) keep `lr` and no weight decay. This is the learning-rate
-    part of µP only (no output or attention multipliers). Evidence (`benchmarks/lr_transfer.py` at commit eeea5b5,
-    150k tokens, widths 64 / 256 / 512): with one rate for all, the best rate drifts 10x (1e-2 to
-    1e-3); with this rule it stays within one 3x grid step (1e-2, 3e-3, 3e-3).
+    part of µP only (no output or attention multipliers). Evidence (`benchmarks/lr_transfer.py` at
+    commit eeea5b5, 150k tokens, widths 64 / 256 / 512): with one rate for all, the best rate drifts
+    10x (1e-2 to 1e-3); with this rule it stays within one 3x grid step (1e-2, 3e-3, 3e-3).
     """
     scale = base_width / model.cfg.d_model
     embeddings = {id(model.tok_emb.weight)} | (
