@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from archsearch.results.ladder import rung_shape, rung_tokens
 from archsearch.results.ladder_fit import LadderFitError, RungPoint, fit_ladders
 from archsearch.search import fidelity_stats as fs
+from archsearch.search.ladder_plan import rung_shape, rung_tokens
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import param_counts
 from archsearch.storage import shape_key

@@ -26,9 +26,10 @@ import numpy as np
 from ladder_heads import score  # benchmarks/ is this script's folder
 from ladder_seeds import stored_rung_arguments, stored_rungs
 
-from archsearch.results.ladder import fit_study_ladders, rung_targets
+from archsearch.results.ladder import fit_study_ladders
 from archsearch.results.ladder_fit import _ALPHA_STARTS, _E_STARTS, N_REF
 from archsearch.search import fidelity_stats as fs
+from archsearch.search.ladder_plan import rung_targets
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "benchmarks" / "data"

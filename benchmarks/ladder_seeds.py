@@ -24,8 +24,9 @@ from typing import Any
 
 from ladder_heads import score  # benchmarks/ is this script's folder
 
-from archsearch.results.ladder import fit_study_ladders, rung_targets
+from archsearch.results.ladder import fit_study_ladders
 from archsearch.results.ladder_fit import LadderFit, RungPoint, fit_ladders
+from archsearch.search.ladder_plan import rung_targets
 from archsearch.storage import Storage
 
 ROOT = Path(__file__).resolve().parents[1]

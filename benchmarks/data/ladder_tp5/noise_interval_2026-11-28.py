@@ -24,7 +24,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from ladder_seeds import DB, stored_rungs  # noqa: E402
 
 from archsearch.results import ladder_fit as lf  # noqa: E402
-from archsearch.results.ladder import fit_study_ladders, rung_targets  # noqa: E402
+from archsearch.results.ladder import fit_study_ladders  # noqa: E402
+from archsearch.search.ladder_plan import rung_targets  # noqa: E402
 
 RECORD = ROOT / "benchmarks" / "data" / "ladder_accuracy_tp5_b4_b16_d12_dense_seeds3.json"
 
