@@ -50,7 +50,7 @@ def trial_provenance(
         trial: the trial record (number, results columns, corpus and device fingerprints).
         device: the device the trial trained on (`Storage.devices()` entry), if known.
     """
-    from archsearch import __version__
+    from archsearch.version import __version__
 
     values = trial.values
     fingerprint = values.get("device_fingerprint")
