@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from archsearch.errors import ArchsearchError, ConfigError, UnknownNameError
-
-__version__ = "0.1.0"
+from archsearch.version import __version__
 
 __all__ = ["ArchConfig", "ArchsearchError", "ConfigError", "UnknownNameError", "__version__"]
 

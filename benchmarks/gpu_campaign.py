@@ -3,7 +3,7 @@ CUDA device, in commands of at most 10 minutes that each resume what the last on
 
 Parts (`--parts 1,2,3,4`, the default; `--part N` for one):
 1. steps: real eager training steps (bf16 autocast on a GPU, fp32 loss, fused AdamW: the step
-   `model.eager_kernel_count` counts) of 77 shapes that vary d_model and d_ff alignment, head_dim,
+   `counting.eager_kernel_count` counts) of 77 shapes that vary d_model and d_ff alignment, head_dim,
    GQA groups, seq_len, vocab 50257 against 50304, batch, and the byte-level shapes the GPU search
    trains (36 of them, labelled "fresh-", "fresh2-" and "fresh3-", added after changes to the step model to
    judge the next change on shapes it was not made for), each with every distinct GEMM and SDPA
@@ -254,7 +254,7 @@ def shapes() -> list[tuple[str, Any, int]]:
         ("fresh2-byte-d1536-L6-reglu-b8", knobs(d_model=1536, n_layers=6, head_dim=128, n_kv_heads=3,
                                                 d_ff=4096, activation="reglu", **BYTES), 8),
         # FRESH3: added 2026-11-28 with the host charged per launch and autograd node
-        # (`model.eager_host_ops`), to be measured before any change to it: steps the host bounds,
+        # (`counting.eager_host_ops`), to be measured before any change to it: steps the host bounds,
         # with launches and nodes in other proportions than any recorded (deep and narrow,
         # post-norm, LayerNorm with biases and a learned table, no positions, MQA at batch 1), and a
         # few the GPU bounds or shares.
@@ -478,7 +478,7 @@ def _same_device(raw: dict[str, Any], info: Any, path: Path) -> None:
 
 def part_steps(args: argparse.Namespace, info: Any, files: Files, budget: Budget) -> None:
     from archsearch.evaluators import step_record
-    from archsearch.evaluators.model import eager_kernel_count
+    from archsearch.evaluators.counting import eager_kernel_count
     from archsearch.evaluators.profiler import InMemoryCache, ProfilerError, resolve_precision
 
     every = smoke_shapes() if args.smoke else shapes()
@@ -641,7 +641,7 @@ def score_steps(
 ) -> dict | None:
     """Fit on the recorded shapes not held out (as `fit-device`), predict the held-out ones."""
     from archsearch.errors import ConfigError
-    from archsearch.evaluators.model import eager_kernel_count
+    from archsearch.evaluators.counting import eager_kernel_count
     from archsearch.evaluators.step_fit import held_out_fit
 
     for f in raw.get("failed", []):
@@ -882,7 +882,7 @@ def snapshot(db: Path, files: Files) -> None:
 
 def _record_search(db: Path, files: Files, model: str) -> dict[str, Any] | None:
     """The study's trials as JSON beside the database, and a summary on stdout."""
-    from archsearch.evaluators.model import eager_kernel_count
+    from archsearch.evaluators.counting import eager_kernel_count
     from archsearch.storage import Storage
     from archsearch.trial import FINISHED
 
@@ -1038,7 +1038,7 @@ def part_trace(args: argparse.Namespace, info: Any, files: Files, budget: Budget
 
 def print_trace(label: str, entry: dict[str, Any], top: int = 5) -> None:
     """One traced step: wall and device time, launches against the model's count, its top kernels."""
-    from archsearch.evaluators.model import eager_kernel_count
+    from archsearch.evaluators.counting import eager_kernel_count
     from archsearch.space.config import ArchConfig
 
     counted = eager_kernel_count(ArchConfig.from_dict(entry["config"]))
@@ -1085,8 +1085,8 @@ def report(args: argparse.Namespace) -> None:
 def score_search(raw: dict[str, Any], model: str, space: Path) -> dict[str, float] | None:
     """Each finished trial's measured step (its local profile) against `model` as it models it now
     (the stored modelled profiles are the catalogue's at search time); `space`: the search's file."""
+    from archsearch.evaluators.counting import eager_host_ops, eager_kernel_count, eager_memory_ops
     from archsearch.evaluators.hardware import modelled_profile
-    from archsearch.evaluators.model import eager_host_ops, eager_kernel_count, eager_memory_ops
     from archsearch.space.config import ArchConfig
 
     batch = tomllib.loads(space.read_text())["proxy"]["batch_size"]

@@ -289,7 +289,7 @@ def analyse(raw: dict[str, Any], model_name: str, calibrate: bool) -> None:
 def fitted_steps(raw: dict[str, Any], model_name: str) -> None:
     """Real steps against the bare kernel sum and the step model fitted to this run
     (`archsearch fit-device`): fitted on all shapes, and on all but the one predicted."""
-    from archsearch.evaluators.model import eager_kernel_count
+    from archsearch.evaluators.counting import eager_kernel_count
     from archsearch.evaluators.step_fit import refit
 
     if not any(entry.get("train_step_s") for entry in raw["shapes"]):

@@ -3,9 +3,9 @@
 1. A tiny search (`archsearch search --space examples/tiny-hf.toml`), resumed if its study exists.
 2. At least 8 designs: the study's Pareto front, then other complete trials spread over their
    parameter counts, one trial per design (`space.scale.design_choices`), each kept only when all
-   its rungs and its 4x shape exist (`results.ladder.rung_shape`).
+   its rungs and its 4x shape exist (`search.ladder_plan.rung_shape`).
 3. A real run of each design at 2M parameters, its shape built as a rung's would be, at the same
-   tokens per parameter, the same settings (`results.ladder.ladder_settings`) and the same run
+   tokens per parameter, the same settings (`search.ladder_plan.ladder_settings`) and the same run
    function as a rung (`search.validate.long_run`); each run is appended to `real_runs.jsonl` in
    the work folder as it finishes, so a rerun trains only the missing ones, and keeps a checkpoint
    every 5 minutes (`checkpoints/` there), so a run stopped part-way goes on where it was.
@@ -114,7 +114,7 @@ def choose_designs(storage: Any, study: str, n: int, targets: tuple[int, ...], r
     """`n` trials of distinct designs: the front first, then the rest spread over sizes; only those
     whose every rung and whose `real`-size shape can be built."""
     from archsearch.errors import ArchsearchError
-    from archsearch.results.ladder import rung_shape
+    from archsearch.search.ladder_plan import rung_shape
     from archsearch.search.pareto import study_front
     from archsearch.trial import COMPLETE
 
@@ -260,13 +260,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from archsearch.fileio import write_atomic
-    from archsearch.results.ladder import (
-        fit_study_ladders,
-        ladder_settings,
-        rung_shape,
-        rung_targets,
-        rung_tokens,
-    )
+    from archsearch.results.ladder import fit_study_ladders
+    from archsearch.search.ladder_plan import ladder_settings, rung_shape, rung_targets, rung_tokens
     from archsearch.space.costs import param_counts
     from archsearch.storage import Storage, shape_key
     from archsearch.units import parse_count

@@ -43,8 +43,9 @@ from typing import Any
 
 import numpy as np
 
-from archsearch.search.driver import SearchOptions, run_search, start_local_ray
+from archsearch.search.driver import SearchOptions, run_search
 from archsearch.search.pareto import pareto_front, reference_point
+from archsearch.search.pool import start_local_ray
 from archsearch.search.samplers import SAMPLERS
 from archsearch.search.spec import parse_spec
 from archsearch.search.worker import TrialRequest, evaluate

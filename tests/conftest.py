@@ -31,7 +31,7 @@ def ray_session():
     """One local Ray for all in-process searches (a search joins it and leaves it running)."""
     import ray
 
-    from archsearch.search.driver import start_local_ray
+    from archsearch.search.pool import start_local_ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     start_local_ray(2, log_to_driver=False, configure_logging=False)

@@ -30,6 +30,28 @@ app = typer.Typer(
 config_app = typer.Typer(
     cls=CommandGroup, help="Write and check ArchConfig JSON files.", no_args_is_help=True
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from archsearch.version import __version__
+
+        typer.echo(f"archsearch {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", help="Print archsearch's version and exit.", callback=_print_version, is_eager=True
+        ),
+    ] = False,
+) -> None:
+    pass
+
+
 app.add_typer(config_app, name="config")
 space_app = typer.Typer(cls=CommandGroup, help="Check search-space files.", no_args_is_help=True)
 app.add_typer(space_app, name="space")

@@ -101,7 +101,7 @@ def fit_device(
     import statistics
 
     from archsearch.evaluators.catalogue import FITTED
-    from archsearch.evaluators.model import eager_kernel_count
+    from archsearch.evaluators.counting import eager_kernel_count
     from archsearch.evaluators.step_fit import fitted_fields, refit
     from archsearch.fileio import read_json
 

@@ -69,13 +69,8 @@ def ladder(
     `export --scale-to` prints the predicted loss and `pareto --at-size` ranks the laddered designs.
     """
     from archsearch.fileio import check_writable
-    from archsearch.results.ladder import (
-        LadderOptions,
-        few_steps_note,
-        merged_rungs_note,
-        plan_ladder,
-        run_ladder,
-    )
+    from archsearch.search.ladder_plan import LadderOptions, few_steps_note, merged_rungs_note, plan_ladder
+    from archsearch.search.ladder_runs import run_ladder
     from archsearch.storage import Storage, database_files
     from archsearch.units import parse_count
 

@@ -37,7 +37,7 @@ def report(
     step breakdown, settings, devices and versions. Opens with no network (plotly is embedded).
     """
     from archsearch.fileio import check_writable
-    from archsearch.results.report import write_report
+    from archsearch.results.html import write_report
     from archsearch.storage import Storage, database_files
 
     check_writable(output, inputs=database_files(storage))  # before the studies are read

@@ -1,6 +1,8 @@
 """The measurements a trial makes: proxy training and kernel profiling (torch-heavy modules).
 
 - `model`: the proxy transformer built from an `ArchConfig`.
+- `flop_formulas`: the attention FLOP formulas FlopCounterMode lacks, registered on import.
+- `counting`: an eager training step counted with the dispatcher (kernels, autograd nodes, bytes).
 - `data`: the bundled byte-level corpus and user token files.
 - `trainer`: short proxy training with a width-scaled learning rate.
 - `kernels`: the GEMM / attention / memory-op inventory of one training step (pure).

@@ -275,7 +275,7 @@ FITTED["h100-sxm"] = FittedModel(
 # torch 2.11.0+cu130, the same step. The file as of commit 85b460f (sha256 below): the 12
 # "fresh2-" shapes recorded since are held out of this fit, to judge the next change to the model.
 # Both fits price the eager step's memory-bound kernels by the bytes PyTorch's dispatcher counts
-# (`model.eager_memory_ops`) and charge the host per launch and autograd node (`model.eager_host_ops`,
+# (`counting.eager_memory_ops`) and charge the host per launch and autograd node (`counting.eager_host_ops`,
 # 2026-11-28: per launch alone, the held-out worst was 57.7% on the H100 and 35.0% on the H200).
 FITTED["h200"] = FittedModel(
     fields=(

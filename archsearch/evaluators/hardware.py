@@ -97,7 +97,7 @@ class DeviceModel:
     eager_kernel_s: float = 0.0
     # - host time per launch and per autograd node (Python, dispatcher, autograd's recording and
     #   its engine, the launch itself): a step lasts at least host ops * host_kernel_s
-    #   (`model.eager_host_ops`), so a small shape waits on the host, not the GPU.
+    #   (`counting.eager_host_ops`), so a small shape waits on the host, not the GPU.
     host_kernel_s: float = 0.0
 
     def __post_init__(self) -> None:
@@ -191,10 +191,10 @@ def modelled_profile(
     None when `device` is one to measure here instead (cpu, cuda, cuda:N: see `step_time.step_profile`).
 
     `dtype` "auto" is bf16 (`modelled_dtype`). `launches`: kernels the eager step launches
-    (`model.eager_kernel_count`), charged the device's fitted GPU gap each; `host_ops`: what its
-    host does, launches and autograd nodes (`model.eager_host_ops`; None: the launches alone),
+    (`counting.eager_kernel_count`), charged the device's fitted GPU gap each; `host_ops`: what its
+    host does, launches and autograd nodes (`counting.eager_host_ops`; None: the launches alone),
     charged the fitted host time each; `memory_ops`: its memory-bound kernels
-    (`model.eager_memory_ops`; None: `kernels.step_kernels`'s estimate).
+    (`counting.eager_memory_ops`; None: `kernels.step_kernels`'s estimate).
 
     Raises:
         ConfigError: `device` is neither catalogued nor local.
@@ -457,10 +457,10 @@ def predict_step(
         kernels: the step's inventory, from `kernels.step_kernels`.
         compute_dtype: math mode of GEMMs and attention; default the inventory's dtype (pass
             "tf32" for fp32 tensors with TF32 enabled).
-        launches: kernels the eager step launches (`model.eager_kernel_count`); the step is
+        launches: kernels the eager step launches (`counting.eager_kernel_count`); the step is
             then `max(kernels + launches * eager_kernel_s, host_ops * host_kernel_s)` and the
             difference to the kernels its framework overhead (0: the kernels alone).
-        host_ops: launches and autograd nodes the host handles (`model.eager_host_ops`); None:
+        host_ops: launches and autograd nodes the host handles (`counting.eager_host_ops`); None:
             `launches` (a call without autograd).
 
     Raises:

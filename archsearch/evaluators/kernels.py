@@ -148,7 +148,7 @@ def step_kernels(
     """The kernel inventory of one training step on `batch` sequences of `cfg.seq_len` tokens.
 
     Its memory-bound kernels are `memory_ops` where given (an eager step's, counted:
-    `model.eager_memory_ops`), else estimated here from the widths: the bytes a fused step would
+    `counting.eager_memory_ops`), else estimated here from the widths: the bytes a fused step would
     move, about a third of what PyTorch's eager step moves (autocast's casts, copies, the rotary
     embedding's and the loss's passes).
 

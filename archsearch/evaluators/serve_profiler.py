@@ -27,10 +27,11 @@ import torch
 from torch.utils import _pytree as pytree
 
 from archsearch.evaluators.catalogue import Accelerator
+from archsearch.evaluators.counting import KernelCounter
 from archsearch.evaluators.device import DeviceInfo, detect_device
 from archsearch.evaluators.hardware import DeviceModel, local_cpu
 from archsearch.evaluators.kernels import AttentionCall
-from archsearch.evaluators.model import KVCache, ProxyLM, _KernelCounter
+from archsearch.evaluators.model import KVCache, ProxyLM
 from archsearch.evaluators.profiler import (
     AUTO,
     DEFAULT_MIN_RUN_TIME,
@@ -122,12 +123,12 @@ def _parts(fn: Any, seconds: float) -> dict[str, float]:
     return {kind: seconds * t / whole for kind, t in totals.items()}
 
 
-class _OpCounter(_KernelCounter):
+class _OpCounter(KernelCounter):
     """The ops a call dispatches, and the bytes those other than GEMMs and attention read and
     write: each tensor argument and result once (an in-place op's result is its argument; a
     broadcast or a slice counts its elements, at most its storage; a lookup reads the rows it
     returns; `_unsafe_view`, a view the dispatcher does not mark as one, moves nothing). A fused
-    kernel's stand-in (`model._FusedRMSNorm`) adds its own bytes (`add_bytes`)."""
+    kernel's stand-in (`counting.FusedRMSNorm`) adds its own bytes (`add_bytes`)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -157,7 +158,7 @@ class _OpCounter(_KernelCounter):
 
 _LOOKUP_OPS = frozenset({"embedding", "index_select"})
 # Not views to the dispatcher, yet no kernel runs: matmul's reshape of its result. The training
-# step's counter (`model._KernelCounter`) still counts their bytes: its fitted GPU constants were
+# step's counter (`counting.KernelCounter`) still counts their bytes: its fitted GPU constants were
 # fitted with them (7.7% of a small step's bytes), and change with a refit.
 _NO_BYTES_OPS = frozenset({"_unsafe_view"})
 
@@ -185,7 +186,7 @@ class CallCounts:
 def count_serve_calls(cfg: ArchConfig, batch: int, context: int, dtype: str = "bf16") -> CallCounts:
     """The prefill and decode step `measure_serve` times, counted as CUDA runs them eagerly, at any
     size and with no GPU: the model in `dtype` on the meta device (no memory, no arithmetic), each
-    RMSNorm as CUDA's one fused kernel (`model._FusedRMSNorm`; the CPU runs a dozen elementwise
+    RMSNorm as CUDA's one fused kernel (`counting.FusedRMSNorm`; the CPU runs a dozen elementwise
     ops), attention as one kernel that moves no counted bytes (its cost is the attention model's;
     on the meta device SDPA would run as its unfused math). Used to model an eager call on a GPU
     that is not here (benchmarks/gpu_campaign_serve.py): the same op count as the H200 dispatched
@@ -195,7 +196,8 @@ def count_serve_calls(cfg: ArchConfig, batch: int, context: int, dtype: str = "b
     Raises:
         UnknownNameError: `dtype` is not fp32, bf16 or fp16.
     """
-    from archsearch.evaluators.model import Attention, _count_norms_as_fused
+    from archsearch.evaluators.counting import count_norms_as_fused
+    from archsearch.evaluators.model import Attention
 
     torch_dtype = TORCH_DTYPES[dtype]  # an unknown name: UnknownNameError, naming the valid ones
     room = dataclasses.replace(cfg, seq_len=max(cfg.seq_len, context + 1))
@@ -205,7 +207,7 @@ def count_serve_calls(cfg: ArchConfig, batch: int, context: int, dtype: str = "b
             model = ProxyLM(room).to(torch_dtype).eval()
             cache = KVCache(room, batch, context + 1, torch_dtype, "meta")
         counter = _OpCounter()
-        _count_norms_as_fused(model, counter)
+        count_norms_as_fused(model, counter)
 
         def attend(q: torch.Tensor, *_: object, counter: _OpCounter = counter, **__: object) -> torch.Tensor:
             with counter.pause():

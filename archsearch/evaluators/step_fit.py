@@ -11,8 +11,8 @@ its real steps), what the roofline lacks, in four stages, each on the data that 
    the memory has);
 2. flash attention: forward and backward efficiency and the sequence length at which the
    kernel reaches half of it (`efficiency * s / (s + half)`), least squares on log time;
-3. whole steps: per kernel an eager step launches (`model.eager_kernel_count`), the GPU's gap
-   between kernels, and the host's time per launch and per autograd node (`model.eager_host_ops`;
+3. whole steps: per kernel an eager step launches (`counting.eager_kernel_count`), the GPU's gap
+   between kernels, and the host's time per launch and per autograd node (`counting.eager_host_ops`;
    a step waits on the slower of the two),
    and the bandwidth of elementwise ops over rows off the alignment (vocab 50257): least
    squares on the relative error of the real steps.
@@ -75,22 +75,22 @@ class StepRecord:
     gemms: tuple[GemmMeasurement, ...]  # one per distinct GEMM call of the step
     attention: tuple[tuple[str, float], ...]  # (sdpa.fwd | sdpa.bwd, seconds per call)
     real_step_s: float  # the measured training step (median)
-    launches: int  # kernels the eager step launches (`model.eager_kernel_count`)
+    launches: int  # kernels the eager step launches (`counting.eager_kernel_count`)
     copy_bandwidth: float | None = None  # bytes/s a device-to-device copy reached in the run
 
     @functools.cached_property
     def host_ops(self) -> int:
         """The ops the host handles: the launches as recorded (a step measured before a change to
-        the proxy ran those) and its autograd graph's nodes as counted now (`model.eager_host_ops`)."""
-        from archsearch.evaluators.model import eager_host_ops, eager_kernel_count
+        the proxy ran those) and its autograd graph's nodes as counted now (`counting.eager_host_ops`)."""
+        from archsearch.evaluators.counting import eager_host_ops, eager_kernel_count
 
         return self.launches + eager_host_ops(self.config) - eager_kernel_count(self.config)
 
     @functools.cached_property
     def kernels(self) -> StepKernels:
         """The step's inventory: its GEMMs and attention, and the memory-bound kernels the eager
-        step runs (`model.eager_memory_ops`)."""
-        from archsearch.evaluators.model import eager_memory_ops
+        step runs (`counting.eager_memory_ops`)."""
+        from archsearch.evaluators.counting import eager_memory_ops
 
         memory = eager_memory_ops(self.config, self.batch, self.dtype)
         return step_kernels(self.config, self.batch, self.dtype, memory_ops=memory)
@@ -438,7 +438,7 @@ def refit(
     Args:
         raw: the run's JSON.
         device: the catalogue key the fit is for (its bare model is the starting point).
-        count: kernels an eager step of a config launches (`model.eager_kernel_count`).
+        count: kernels an eager step of a config launches (`counting.eager_kernel_count`).
         holdout: also predict each shape from a fit on the others (one fit per shape).
         on_progress: called as `(fits done, fits in all, what runs now)` (a progress display).
 
@@ -500,7 +500,7 @@ def held_out_fit(
     Args:
         raw: the run's JSON (`benchmarks/gpu_model_accuracy.py --save`, `gpu_campaign.py` part 1).
         device: the catalogue key the fit is for.
-        count: kernels an eager step of a config launches (`model.eager_kernel_count`).
+        count: kernels an eager step of a config launches (`counting.eager_kernel_count`).
         held_out: labels of the run's shapes left out of the fit; a shape without a real step
             is left out of both.
 

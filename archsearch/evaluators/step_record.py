@@ -128,7 +128,7 @@ def time_train_step(
 ) -> float:
     """Median seconds of one real eager training step of `cfg` on `batch` sequences.
 
-    The step `model.eager_kernel_count` counts: `dtype` autocast forward, fp32 cross-entropy,
+    The step `counting.eager_kernel_count` counts: `dtype` autocast forward, fp32 cross-entropy,
     backward, fused AdamW, gradients set to None. Each timed step is synchronised, so it starts on
     an idle device, as in the recorded H100 run the catalogued fit came from; with
     `synchronize_each` False the steps run back to back, the host issuing the next while the
@@ -167,7 +167,7 @@ def trace_train_step(
     ran (on the CPU every top-level operator) by name, with its calls and seconds a step; the `top`
     names by time, and the totals over all of them. On a GPU the device seconds against the wall
     seconds say how long the device idled waiting on the host; the calls, how many launches the
-    host issued (what `model.eager_kernel_count` counts).
+    host issued (what `counting.eager_kernel_count` counts).
 
     Raises:
         ValueError: `steps` is not positive.

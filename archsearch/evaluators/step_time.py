@@ -5,17 +5,17 @@ One answer for every caller (a search's worker, `archsearch profile`): a device 
 steps, the real training step timed too, so the kernels read as its breakdown with a residual
 line; a catalogued GPU ("h100-sxm", see `archsearch devices`) is modelled by the roofline
 (`hardware.modelled_profile`), with the framework overhead of the kernels its eager step
-launches (`model.eager_kernel_count`) and of the host's work on them and on its autograd graph
-(`model.eager_host_ops`). Either way the result is a `ProfileReport`.
+launches (`counting.eager_kernel_count`) and of the host's work on them and on its autograd graph
+(`counting.eager_host_ops`). Either way the result is a `ProfileReport`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from archsearch.evaluators.counting import eager_host_ops, eager_kernel_count, eager_memory_ops
 from archsearch.evaluators.hardware import check_device, modelled_dtype, modelled_profile
 from archsearch.evaluators.kernels import ProfileReport
-from archsearch.evaluators.model import eager_host_ops, eager_kernel_count, eager_memory_ops
 from archsearch.evaluators.profiler import DEFAULT_MIN_RUN_TIME, InMemoryCache, MeasurementCache, profile_step
 from archsearch.evaluators.trainer import MEASURE_STEPS, measure_step
 from archsearch.space.config import ArchConfig

@@ -2,10 +2,13 @@
 
 - `report`: the study report, gathered as records and rendered by `html`;
 - `ladder_fit`: the scaling law fitted across size ladders (pure numpy and scipy);
-- `ladder`: size ladders of chosen designs trained on Ray workers, stored per rung, and the
-  loss they predict at another size.
+- `ladder`: the law fitted over a study's stored size ladders and the loss it predicts at
+  another size (the rungs are planned and trained in `search.ladder_plan` and `search.ladder_runs`);
+- `ladder_plot`: the ladders and their law drawn to a PNG.
 
 The reading side is growing (fronts, selection, validation and plots still sit in `search/`
 beside the code that runs a search); new reading-side code lives here. This room may import
-`space`, `storage`, `evaluators` and `search`, never the other way round; `cli` imports it, lazily.
+`space`, `storage`, `evaluators` and `search`, never the other way round, save one call:
+`search.ladder_runs` fits the rungs it has just trained with `ladder.fit_study_ladders`, imported
+when it runs. `cli` imports this room lazily.
 """

@@ -11,10 +11,24 @@ import html
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from archsearch.results.report import Report, StepBreakdown, StudySection, Validation
+from archsearch.fileio import write_atomic
+from archsearch.results.report import (
+    DEFAULT_MAX_ROWS,
+    REPORT_SUFFIXES,
+    Report,
+    ReportError,
+    StepBreakdown,
+    StudySection,
+    Validation,
+    build_report,
+)
 from archsearch.units import format_si
+
+if TYPE_CHECKING:
+    from archsearch.storage import Storage
 
 CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; color: #1d2330; }
@@ -161,6 +175,30 @@ def render(report: Report) -> str:
 # ------------------------------------------------------------------------------------------------
 # The front
 # ------------------------------------------------------------------------------------------------
+def write_report(
+    storage: Storage,
+    studies: Sequence[str],
+    path: str | Path,
+    *,
+    loss: str | None = None,
+    max_rows: int = DEFAULT_MAX_ROWS,
+) -> Path:
+    """Build the report of `studies` and write it to `path` (.html) atomically; returns the path.
+
+    Raises:
+        ReportError: `path` is not an .html file, or as `build_report`.
+        ArchsearchError: as `build_report`; plotly is not installed.
+    """
+    path = Path(path)
+    if path.suffix.lower() not in REPORT_SUFFIXES:
+        raise ReportError(f"the report is one HTML file: give an output ending in .html, not {path.name!r}")
+    if path.is_dir():
+        raise ReportError(f"{path} is a folder: give the report's file name")
+    page = render(build_report(storage, studies, loss=loss, max_rows=max_rows))
+    write_atomic(path, page.encode("utf-8"))
+    return path
+
+
 def _front(report: Report) -> str:
     from archsearch.search.plots import front_figure
 

@@ -1,7 +1,8 @@
 """The study report: everything `archsearch report` shows, read from the database once.
 
 `build_report` returns frozen records of plain data; `results.html.render` turns them into one
-self-contained page; `write_report` does both and writes the file. Nothing here writes to the
+self-contained page, and `results.html.write_report` does both and writes the file (this module
+imports nothing of the page's). Nothing here writes to the
 database, and nothing imports torch.
 
 Each study's section holds:
@@ -27,11 +28,9 @@ import platform
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from archsearch.errors import ArchsearchError
-from archsearch.fileio import write_atomic
 
 if TYPE_CHECKING:
     from archsearch.search.pareto import StudyFront
@@ -184,32 +183,6 @@ def build_report(
     fronts = study_fronts(storage, list(studies), loss=loss)
     sections = tuple(_section(storage, front, loss is None, max_rows) for front in fronts)
     return Report(sections, storage.display_url, time.time(), _versions())
-
-
-def write_report(
-    storage: Storage,
-    studies: Sequence[str],
-    path: str | Path,
-    *,
-    loss: str | None = None,
-    max_rows: int = DEFAULT_MAX_ROWS,
-) -> Path:
-    """Build the report of `studies` and write it to `path` (.html) atomically; returns the path.
-
-    Raises:
-        ReportError: `path` is not an .html file, or as `build_report`.
-        ArchsearchError: as `build_report`; plotly is not installed.
-    """
-    from archsearch.results.html import render
-
-    path = Path(path)
-    if path.suffix.lower() not in REPORT_SUFFIXES:
-        raise ReportError(f"the report is one HTML file: give an output ending in .html, not {path.name!r}")
-    if path.is_dir():
-        raise ReportError(f"{path} is a folder: give the report's file name")
-    page = render(build_report(storage, studies, loss=loss, max_rows=max_rows))
-    write_atomic(path, page.encode("utf-8"))
-    return path
 
 
 def _section(storage: Storage, front: StudyFront, own_loss: bool, max_rows: int) -> StudySection:

@@ -12,7 +12,7 @@ How a trial flows:
    the driver renews the lease while it runs.
 4. The result is written in one transaction (`Storage.finish_trial`), then told to Optuna.
 
-Failure handling (BRIEF.md section 8):
+Failure handling (a run must end with nothing left RUNNING and every outcome recorded):
 - A worker that dies (SIGKILL, segfault, out of memory) is re-run by the driver up to `retries`
   times, each crash noted on the trial; after that the trial fails with the reason. Ray's own
   task retries are off, since they re-run silently and the crash would go unrecorded.
@@ -39,7 +39,7 @@ Failure handling (BRIEF.md section 8):
   search with `RayNodeDiedError`: the running trials are re-queued and Ray is not asked to shut
   down (asking a dead raylet ends the process from C++). Where Ray's core worker ends the driver
   first, the watcher of the local Ray says so in one line and ends the trials' leases (`reaper`).
-  `validate` and `ladder` run their long runs on the same pool (`_RayPool.run_each`), which
+  `validate` and `ladder` run their long runs on the same pool (`pool.RayPool.run_each`), which
   checks the node the same way: its death ends them in one line, the runs stored so far kept.
 - Ray must start (or the cluster of `--address` answer) within a bound (`raystart`).
 - The first trials of a run all failing with the same error in the evaluation (a corpus the
@@ -50,49 +50,39 @@ Failure handling (BRIEF.md section 8):
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import logging
 import math
-import os
 import signal
-import tempfile
-import threading
 import time
-import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from archsearch.errors import ArchsearchError, EnvironmentFailure, Terminated, quoted
+from archsearch.errors import EnvironmentFailure, quoted
+from archsearch.search import study_open
+from archsearch.search.objective_values import objective_values, unusable_objectives, with_serve_times
 from archsearch.search.pareto import StudyFront, pareto_mask, study_front
-from archsearch.search.pruning import DEFAULT_REDUCTION_FACTOR, MultiObjectiveHalving
-from archsearch.search.raystart import (
-    RAY_START_ENV,
-    RayStartTimeout,
-    bounded,
-    native_stderr_to,
-    refused,
-    shorten_ray_waits,
-    start_bound,
-    start_failure_cause,
+from archsearch.search.pool import (
+    EVALUATION_ERROR,
+    RayNodeDiedError,
+    RayPool,
+    SearchError,
+    Stop,
+    handle_signals,
 )
-from archsearch.search.reaper import Watcher, how_it_ended, local_raylet, node_died, ray_reaped
+from archsearch.search.pruning import DEFAULT_REDUCTION_FACTOR, MultiObjectiveHalving
 from archsearch.search.samplers import SAMPLERS
 from archsearch.search.spec import SearchSpec
 from archsearch.search.worker import TrialRequest, evaluate
 from archsearch.space.config import ArchConfig
-from archsearch.space.costs import flop_counts, kv_cache_bytes_per_token, param_counts
+from archsearch.space.costs import flop_counts, param_counts
 from archsearch.space.objectives import OBJECTIVE_COLUMNS, curve_change
 from archsearch.space.search_space import Rejected
 from archsearch.storage import (
     Storage,
     StorageUnavailableError,
-    StudyExistsError,
     TrialRecord,
     ValueRefusedError,
     database_failure,
@@ -112,27 +102,12 @@ MAX_REJECTIONS = 500  # rejected samples in a row before the search gives up on 
 # Finished trials of a run that all failed with one error in the evaluation, and none trained,
 # before the search stops as a setup failure (fewer when the run asks for fewer, but at least 2).
 SETUP_FAILURES = 3
-EVALUATION_ERROR = "error in the evaluation: "  # `_RayPool.result`'s prefix of an exception's reason
-# Where Ray's own log records go (appended), so a local search prints only archsearch's lines.
-RAY_LOG = Path(tempfile.gettempdir()) / "archsearch" / "ray.log"
 REASON_ATTR = "archsearch_reason"  # Optuna user attribute carrying a failed or pruned trial's reason
 # Optuna constraint (`Trial.set_constraint`) of a sample that trained nothing: 1.0, infeasible.
 # Samplers that read constraints (TPE, NSGA-II, GP) rank such points below every feasible one, and
 # `study.best_trials` leaves them out; they are told as PRUNED, so no tool counts them as failures
 # or as extra complete trials (a duplicate told COMPLETE again doubled its point on the front).
 SKIPPED_CONSTRAINT = {REJECTED: "valid_shape", DUPLICATE: "new_shape"}
-
-
-class SearchError(ArchsearchError):
-    """A search that cannot start or continue (a study clash, a space the sampler cannot meet)."""
-
-
-class RayNodeDiedError(SearchError, EnvironmentFailure):
-    """The local Ray node (its raylet) died under the search; the running trials were re-queued."""
-
-
-class RayStartError(SearchError, EnvironmentFailure):
-    """Ray did not start here, or the cluster of `--address` could not be joined, within the bound."""
 
 
 class SetupFailureError(SearchError, EnvironmentFailure):
@@ -250,450 +225,6 @@ class _Running:
     started: float = field(default_factory=time.monotonic)
 
 
-class _Stop:
-    """Records the first SIGINT / SIGTERM; the loop polls it. `work` names what stops."""
-
-    def __init__(self, work: str = "the search") -> None:
-        self.signum: int | None = None
-        self.work = work
-
-    def __call__(self, signum: int, _frame: Any) -> None:
-        if self.signum is not None:  # a second signal: stop waiting for the clean-up
-            raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
-        log.warning("received %s: stopping %s (again to force)", signal.Signals(signum).name, self.work)
-        self.signum = signum
-
-
-@contextmanager
-def _signals(stop: _Stop) -> Iterator[None]:
-    """Install SIGINT / SIGTERM handlers (after `ray.init`, which replaces SIGTERM's)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-
-
-def start_local_ray(num_cpus: int, **kwargs: Any) -> None:
-    """Start a new local Ray whose workers run at the driver's priority.
-
-    Ray starts its workers at nice 15 (`RAY_worker_niceness`), which suits background jobs, not
-    trials: on a machine with two CPU-bound processes beside it a trial got about 3% of a core, so
-    its proxy crawled and its kernel timings measured a starved process. A value the user set in
-    the environment is kept. `address="local"` always starts a new cluster (no address would join
-    one that `ray start` left running).
-    """
-    import ray
-
-    os.environ.setdefault("RAY_worker_niceness", "0")
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
-
-
-@contextmanager
-def _ray_keeps_our_sigterm(ray: Any) -> Iterator[None]:
-    """While `ray.init` runs, its SIGTERM handler is not installed (`ray._private.utils.
-    set_sigterm_handler`, where this Ray has it): the caller's handler stays in charge."""
-    utils = getattr(getattr(ray, "_private", None), "utils", None)
-    original = getattr(utils, "set_sigterm_handler", None)
-    if original is None:
-        yield
-        return
-    utils.set_sigterm_handler = lambda handler: None
-    try:
-        yield
-    finally:
-        utils.set_sigterm_handler = original
-
-
-class _RayPool:
-    """Ray tasks for trials: started (or joined) on enter, shut down on exit if started here.
-
-    Ray's own messages (its token-authentication notice, worker warnings) go to `RAY_LOG`, not to
-    the user's terminal; a Ray that fails to start says where to look. A local Ray started here
-    is stopped when the driver ends, even by SIGKILL, and its node's death ends the search in
-    one line, said by the driver (`check_node`) or, when Ray ended the driver first, by the
-    watcher (`reaper`).
-    """
-
-    def __init__(
-        self,
-        options: SearchOptions,
-        evaluate_fn: Callable[..., TrialOutcome],
-        work: str = "the search",
-        kept: str = "its running trials were re-queued",
-    ) -> None:
-        self.options = options
-        self.evaluate_fn = evaluate_fn
-        self.work = work  # what runs on the pool, and what its node's death leaves, for that line
-        self.kept = kept
-        self.owned = False
-        self._stack = ExitStack()
-        self.watcher: Watcher | None = None  # of a local Ray started here
-        self._raylet: tuple[int, int] | None = None  # its node's raylet: (pid, start time)
-        self.node_ended: str | None = None  # how that raylet ended, once it has
-
-    def __enter__(self) -> _RayPool:
-        bound = start_bound()
-        shorten_ray_waits(bound)  # before Ray reads its settings, on import
-        import ray
-
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        if not ray.is_initialized():
-            address = self.options.address
-            where = f"join Ray at {address}" if address else "start a local Ray"
-            why = refused(address) if address else None
-            if why is not None:  # at once, rather than after Ray's connection attempts
-                raise RayStartError(f"cannot {where}: nothing answers there ({why})")
-            self._stack.enter_context(_ray_logs_to(RAY_LOG))
-            self._stack.enter_context(_ray_errors_to(ray, RAY_LOG))
-            kwargs: dict[str, Any] = dict(log_to_driver=False, configure_logging=False)
-            # A signal while Ray starts is held until `ray.init` returns: raised at an arbitrary
-            # point, a KeyboardInterrupt can land in a fork handler Ray's process start runs, where
-            # Python prints and drops it, and the search went on. A second signal stops waiting.
-            # `ray.init` also replaces SIGTERM's handler with one that exits 15: the caller's is
-            # put back once Ray is up, and a SIGTERM while it starts ends as the caller's would.
-            main = threading.current_thread() is threading.main_thread()
-            held: list[int] = []
-
-            def hold(signum: int, _frame: Any) -> None:
-                if held:
-                    raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
-                held.append(signum)
-
-            since = time.time()
-            previous = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
-            # `ray.init` would put its own SIGTERM handler (sys.exit, wherever the signal lands) in
-            # place of ours: while it starts, it installs none.
-            keep = _ray_keeps_our_sigterm(ray) if main else nullcontext()
-            try:
-                if address:
-                    with keep, bounded(bound), native_stderr_to(RAY_LOG):
-                        ray.init(address=address, **kwargs)
-                else:
-                    self.watcher = self._stack.enter_context(ray_reaped())
-                    cpus = max(
-                        os.cpu_count() or 1, math.ceil(self.options.workers * self.options.cpus_per_trial)
-                    )
-                    with keep, bounded(bound), native_stderr_to(RAY_LOG):
-                        start_local_ray(cpus, **kwargs)
-                    self._raylet = local_raylet(os.getpid())
-            except BaseException as exc:  # the reaper (in the stack) stops what Ray started
-                self._stack.close()
-                # Ray's own exit hook (`ray.shutdown`, registered on import) was seen to wait without
-                # end on a start that failed for want of memory, after the error line: with the
-                # reaper done there is nothing left for it to stop.
-                atexit.unregister(ray.shutdown)
-                if held == [signal.SIGINT]:
-                    raise KeyboardInterrupt from None
-                if held or (isinstance(exc, SystemExit) and exc.code == signal.SIGTERM):
-                    raise Terminated from None  # held, or Ray's own SIGTERM handler's exit
-                if not isinstance(exc, (Exception, RayStartTimeout)):
-                    raise
-                raise RayStartError(self._start_failure(exc, where, bound, since)) from None
-            finally:
-                for s, handler in previous.items():
-                    signal.signal(s, handler)
-            if held:  # Ray is up, and a signal came while it started: stop it and end as asked
-                ray.shutdown()
-                self._stack.close()
-                raise Terminated if held[0] == signal.SIGTERM else KeyboardInterrupt
-            self.owned = True
-        self.ray = ray
-        self.task = ray.remote(self.evaluate_fn).options(
-            num_cpus=self.options.cpus_per_trial,
-            num_gpus=self.options.gpus_per_trial,
-            max_retries=0,  # the driver retries, so each crash is recorded (module docstring)
-            retry_exceptions=False,
-        )
-        return self
-
-    def _start_failure(self, exc: BaseException, where: str, bound: float, since: float) -> str:
-        """Why Ray did not start: the bound that ran out, or Ray's error; and the cause a failed
-        local start's own logs name (rather than Ray's guess, "some of the raylet failed to
-        startup or the GCS has become overloaded"), else where Ray's messages went."""
-        found = None if self.options.address else start_failure_cause(os.getpid(), since)
-        if isinstance(exc, RayStartTimeout):
-            late = f"Ray did not start within {bound:g} s (trying to {where}; ${RAY_START_ENV} sets it)"
-            return late + (f"; the cause, from {found[1]}: {found[0]}" if found else f" ({RAY_LOG})")
-        if found is not None:
-            return f"cannot {where}: {found[0]} (from {found[1]})"
-        return f"cannot {where}: {type(exc).__name__}: {_first_line(exc)} (Ray's messages: {RAY_LOG})"
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            # Ray's shutdown asks the raylet to disconnect this driver; with the raylet dead, Ray
-            # ends the process from C++ there (exit 1, before the error line): the watcher stops
-            # what is left of the node instead.
-            if self.owned and not self._node_gone():
-                self.ray.shutdown()
-        finally:
-            self._stack.close()
-
-    def arm(self, storage: Storage | None = None, continue_with: str | None = None) -> None:
-        """Tell the watcher of a local Ray what to say if the node's death ends this process, and,
-        with `storage`, to end the leases of this driver's running trials there."""
-        if self.watcher is not None:
-            self.watcher.arm(
-                storage.url if storage else None, storage.host if storage else None, continue_with,
-                work=self.work, kept=None if storage else self.kept,
-            )  # fmt: skip
-
-    def _node_gone(self) -> bool:
-        """Whether the raylet of the local Ray started here has ended (noted in `node_ended`)."""
-        if self.node_ended is None and self._raylet is not None:
-            self.node_ended = how_it_ended(*self._raylet)
-        return self.node_ended is not None
-
-    def check_node(self) -> None:
-        """Raise `RayNodeDiedError` once the raylet of the local Ray started here has ended.
-
-        Called every turn of the loop, before a trial whose worker died is retried (a trial
-        submitted to a dead node would wait forever), and when a call into Ray fails. A joined
-        cluster's nodes are Ray's to watch: their deaths reach the driver as trial errors.
-        """
-        if self._node_gone():
-            raise RayNodeDiedError(f"{node_died(self._raylet[0], self.node_ended, self.work)}; {self.kept}")
-
-    @contextmanager
-    def _call(self) -> Iterator[None]:
-        """A call into Ray: one that fails because the local node died says so (`check_node`)."""
-        try:
-            yield
-        except Exception:
-            self.check_node()
-            raise
-
-    def board(self, pruner: MultiObjectiveHalving) -> Any:
-        with self._call():
-            return self.ray.remote(num_cpus=0)(_Board).remote(pruner)
-
-    def submit(self, *args: Any) -> Any:
-        """Start the task on `args` (a trial's request, what is known, the board; a run's request)."""
-        with self._call():
-            return self.task.remote(*args)
-
-    def run_each(
-        self,
-        requests: list[tuple[str, Any]],
-        *,
-        retries: int,
-        stop: _Stop,
-        done: Callable[[int, Any, str | None], None],
-        admit: Callable[[int], bool] | None = None,
-        tick: Callable[[], None] | None = None,
-    ) -> None:
-        """Run each `(name, request)` as a task, `options.workers` at a time, in order; `done(index,
-        result, reason)` as each finishes (None and the reason when it failed), after up to
-        `retries` more tries of one whose worker died. Stops starting new ones once `stop` holds a
-        signal, and cancels what runs when it returns or raises (the callers store each result in
-        `done`, so what finished is kept). `validate` and `ladder` run their long runs so.
-        `admit(index)` False just before a request would start leaves it out (another process has
-        it); `tick()` runs every turn of the wait (half a second at most), to renew such claims.
-
-        Raises:
-            RayNodeDiedError: the local node died (checked every turn and before a retry: a task
-                sent to a dead node would wait forever).
-        """
-        todo = list(enumerate(requests))
-        running: dict[Any, tuple[int, int]] = {}  # ref -> index, attempt
-        try:
-            while stop.signum is None and (todo or running):
-                self.check_node()
-                while todo and len(running) < self.options.workers:
-                    index, (_, request) = todo.pop(0)
-                    if admit is None or admit(index):
-                        running[self.submit(request)] = (index, 1)
-                if tick is not None:
-                    tick()
-                if not running:
-                    continue
-                for ref in self.wait(list(running), 0.5):
-                    index, attempt = running.pop(ref)
-                    result, reason, died = self.result(ref)
-                    if result is None and died and attempt <= retries:
-                        self.check_node()
-                        log.warning("%s: %s; retrying", requests[index][0], reason)
-                        running[self.submit(requests[index][1])] = (index, attempt + 1)
-                        continue
-                    done(index, result, reason)
-        finally:
-            for ref in running:  # Ctrl-C, or the node died: what finished is stored; what runs is dropped
-                self.cancel(ref)
-
-    def put(self, value: Any) -> Any:
-        with self._call():
-            return self.ray.put(value)
-
-    def wait(self, refs: list[Any], timeout: float) -> list[Any]:
-        """The refs done within `timeout` (at least one, unless the time runs out)."""
-        with self._call():
-            ready, _ = self.ray.wait(refs, num_returns=1, timeout=timeout)
-            rest = [r for r in refs if r not in ready]
-            if ready and rest:  # collect any others that finished meanwhile, without waiting
-                more, _ = self.ray.wait(rest, num_returns=len(rest), timeout=0)
-                ready += more
-        return ready
-
-    def result(self, ref: Any) -> tuple[TrialOutcome | None, str | None, bool]:
-        """(outcome, failure reason, whether the worker died and a retry may help)."""
-        from ray import exceptions as rex
-
-        try:
-            return self.ray.get(ref), None, False
-        except rex.RayTaskError as exc:
-            cause = exc.cause if exc.cause is not None else exc
-            return None, f"error in the evaluation: {type(cause).__name__}: {_first_line(cause)}", False
-        except rex.RayError as exc:  # worker or node died, out of memory, object lost
-            return None, f"worker died: {type(exc).__name__}: {_first_line(exc)}", True
-
-    def cancel(self, ref: Any) -> None:
-        if not self._node_gone():  # a dead node's workers are gone, and Ray would ask its raylet
-            self.ray.cancel(ref, force=True)
-
-
-class _Board:
-    """The pruning state, in one Ray actor that every worker asks at each rung."""
-
-    def __init__(self, pruner: MultiObjectiveHalving) -> None:
-        self.pruner = pruner
-
-    def decide(self, number: int, rung: int, loss: float, flops: float) -> str | None:
-        return self.pruner.decide(number, rung, loss, flops)
-
-    def record(self, number: int, rung: int, loss: float, flops: float) -> None:
-        self.pruner.record(number, rung, loss, flops)
-
-
-class _RayRecordsToFile(logging.Handler):
-    """Python's last-resort log handler, but with the `ray` loggers' records sent to a file.
-
-    `ray.init(configure_logging=False)` clears the `ray` logger's handlers, so Ray's warnings (its
-    token-authentication notice, worker warnings) reach stderr through `logging.lastResort`; this
-    stands in for it, leaving every other logger's records where they went.
-    """
-
-    def __init__(self, path: Path, fallback: logging.Handler | None) -> None:
-        super().__init__(logging.WARNING)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.file = logging.FileHandler(path, delay=True)  # the file appears once Ray says something
-        self.file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        self.fallback = fallback
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.name == "ray" or record.name.startswith("ray."):
-            self.file.handle(record)
-        elif self.fallback is not None:
-            self.fallback.handle(record)
-
-    def close(self) -> None:
-        self.file.close()
-        super().close()
-
-
-@contextmanager
-def _ray_logs_to(path: Path) -> Iterator[None]:
-    """Ray's log records go to `path` (appended) instead of stderr while inside."""
-    fallback = logging.lastResort
-    handler = _RayRecordsToFile(path, fallback)
-    logging.lastResort = handler
-    try:
-        yield
-    finally:
-        logging.lastResort = fallback
-        handler.close()
-
-
-@contextmanager
-def _ray_errors_to(ray: Any, path: Path) -> Iterator[None]:
-    """The errors Ray publishes to the driver (a raylet's death with its log's tail, a monitor's
-    traceback), which Ray's error thread prints to stdout whatever `log_to_driver` says, are
-    appended to `path` instead (`ray._private.worker.print_to_stdstream`, where this Ray has it).
-
-    For as long as Ray stays connected: after a node's death the driver skips Ray's shutdown
-    (`_RayPool.__exit__`), and the thread lives on until the process ends.
-    """
-    worker = getattr(getattr(ray, "_private", None), "worker", None)
-    original = getattr(worker, "print_to_stdstream", None)
-    if original is None:
-        yield
-        return
-
-    def to_file(data: dict[str, Any], ignore_prefix: bool = False) -> None:
-        with open(path, "a") as handle:
-            handle.writelines(f"({data.get('pid')}) {line}\n" for line in data.get("lines", ()))
-
-    worker.print_to_stdstream = to_file
-    try:
-        yield
-    finally:
-        if not ray.is_initialized():
-            worker.print_to_stdstream = original
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-    return lines[-1 if type(exc).__name__ == "RayTaskError" else 0][:500] if lines else ""
-
-
-def _unusable_objectives(outcome: TrialOutcome) -> str:
-    """Why a complete outcome cannot be told to Optuna (`objective_values` gave None)."""
-    loss = (outcome.train or {}).get("val_loss")
-    if loss is not None and not math.isfinite(loss):
-        return f"non-finite loss: the proxy loss is {loss}"
-    step_time = outcome.step_time_s
-    if step_time is not None and not math.isfinite(step_time):
-        return f"non-finite step time: {step_time}"
-    return "an objective is missing"
-
-
-def with_serve_times(spec: SearchSpec, cfg: ArchConfig, outcome: TrialOutcome) -> TrialOutcome:
-    """A complete outcome with its serving times, modelled under the spec's [serve] scenario when
-    its device is a catalogued GPU (pure and instant: the driver computes them, no worker)."""
-    serve = spec.serve
-    if outcome.status != COMPLETE or serve is None or not serve.modelled:
-        return outcome
-    from archsearch.evaluators.serving import scenario_report
-
-    report = scenario_report(cfg, serve)
-    return replace(outcome, prefill_time_s=report.prefill.time_s, decode_time_s=report.decode.time_s)
-
-
-def objective_values(
-    spec: SearchSpec, record: TrialRecord | TrialOutcome, cfg: ArchConfig
-) -> list[float] | None:
-    """The Optuna values of a complete trial in the spec's objective order, or None if any is missing.
-
-    The loss is the spec's loss objective (`spec.loss_rule`, `objectives.loss_objective`): the
-    proxy loss, extrapolated by its curve's last change and credited for size as the spec says;
-    the trial's row keeps the proxy loss as measured.
-    """
-    if isinstance(record, TrialOutcome):
-        train = record.train or {}
-        loss, change = train.get("val_loss"), curve_change(train.get("val_curve") or ())
-        step_time, prefill, decode = record.step_time_s, record.prefill_time_s, record.decode_time_s
-    else:
-        loss, change, step_time = record["loss"], record["loss_change"], record["step_time_s"]
-        prefill, decode = record["prefill_time_s"], record["decode_time_s"]
-    if loss is not None:
-        loss = spec.loss_rule.value(loss, change, param_counts(cfg).total)
-    by_name = {
-        "loss": loss,
-        "flops": float(flop_counts(cfg).forward),
-        "step_time": step_time,
-        "kv_bytes": float(kv_cache_bytes_per_token(cfg)),
-        "prefill_time": prefill,
-        "decode_time": decode,
-    }
-    values = [by_name[name] for name in spec.objectives]
-    if any(v is None or not math.isfinite(v) for v in values):
-        return None
-    return [float(v) for v in values]
-
-
 class _Driver:
     def __init__(
         self,
@@ -704,7 +235,7 @@ class _Driver:
     ) -> None:
         self.spec, self.storage, self.options, self.on_update = spec, storage, options, on_update
         self.running: dict[Any, _Running] = {}
-        self.stop = _Stop()
+        self.stop = Stop()
         self.start = time.monotonic()
         self.last_renewal = time.monotonic()
         self.study: optuna.Study
@@ -725,127 +256,17 @@ class _Driver:
 
     # --- setup -----------------------------------------------------------------------------------
     def check_study(self) -> None:
-        """Refuse a study clash before Ray starts, from a read (`open_study` checks again, atomically).
-
-        Ray starts before the study is created, so a Ctrl-C or a failure while it starts leaves
-        no empty study behind for a plain rerun to refuse. Optuna's tables are opened here too, so
-        tables this Optuna cannot use (a newer Optuna's) are refused before Ray starts.
-        """
-        name = self.options.study
-        self.storage.optuna_storage()
-        if self.options.replay is not None:
-            self._check_replay(self.options.replay)
-        record = self.storage.study(name)
-        found = self.storage.optuna_objectives(name)
-        if record is None:
-            if found is not None:  # never adopted: its trials are not archsearch's
-                raise SearchError(
-                    f"{self.storage.display_url} holds an Optuna study {name!r} that archsearch did not "
-                    "create: choose another --study"
-                )
-            self._new_study = True
-            return
-        if found is not None and found != len(record.objectives):
-            raise SearchError(
-                f"Optuna's study {name!r} has {found} objective(s), archsearch's {len(record.objectives)} "
-                f"({', '.join(record.objectives)}): the database was changed outside archsearch"
-            )
-        if not self.options.resume:
-            raise SearchError(
-                f"study {self.options.study!r} already exists ({record.finished} finished trials): pass "
-                "--resume to continue it, or choose another --study"
-            )
-        self._check_fingerprint(record.spec_fingerprint)
-
-    def _check_fingerprint(self, found: str) -> None:
-        if found != self.spec.fingerprint:
-            raise SearchError(
-                f"study {self.options.study!r} was created from a different space file (fingerprint "
-                f"{found[:12]}, this one {self.spec.fingerprint[:12]}): use another --study"
-            )
+        """Refuse a study clash before Ray starts (`study_open.check_study`)."""
+        self._new_study = study_open.check_study(self.storage, self.spec, self.options)
 
     def open_study(self) -> None:
-        """Create or load the study (archsearch's record, then Optuna's). A new study whose
-        creation fails part-way is removed again where the database still allows it, so a
-        plain rerun is not refused as a clash with an empty study."""
-        try:
-            self._open_study()
-        except BaseException:
-            self.discard_new_study()
-            raise
+        """Create or load the study; a new one whose creation fails part-way is removed again."""
+        self.study = study_open.open_study(self.storage, self.spec, self.options, self._new_study)
 
     def discard_new_study(self) -> None:
-        """Remove the study this driver created, if it still holds no trial: what fails before the
-        first trial (a signal included) leaves no empty study for a plain rerun to clash with."""
-        import optuna
-
-        if not self._new_study:
-            return
-        with contextlib.suppress(Exception):  # best effort: the database may be what failed
-            if self.storage.discard_empty_study(self.options.study):
-                ostorage = self.storage.optuna_storage()
-                study_id = ostorage.get_study_id_from_name(self.options.study)
-                if not ostorage.get_all_trials(study_id, deepcopy=False):
-                    optuna.delete_study(study_name=self.options.study, storage=ostorage)
-
-    def _open_study(self) -> None:
-        import optuna
-
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        name, spec = self.options.study, self.spec
-        try:  # atomic: of drivers starting one study together, one creates it, the others see it
-            record = self.storage.create_study(
-                name, spec_fingerprint=spec.fingerprint, spec_source=spec.source, spec=spec.to_dict(),
-                objectives=spec.objectives, exist_ok=self.options.resume,
-            )  # fmt: skip
-        except StudyExistsError as exc:
-            raise SearchError(f"{exc}: pass --resume to continue it, or choose another --study") from None
-        self._check_fingerprint(record.spec_fingerprint)
-        ostorage = self.storage.optuna_storage()
-        # Trials recorded so far (any driver's); counted from archsearch's table because another
-        # driver may not have created Optuna's study yet.
-        existing = sum(self.storage.counts(name).values())
-        seed = self.options.seed + existing  # drivers joining a study sample their own streams
-        sampler = SAMPLERS[self.options.sampler](seed, len(spec.objectives))
-        self.storage.add_search_run(name, {**asdict(self.options), "sampler_seed": seed})
-        self.study = optuna.create_study(
-            study_name=name,
-            storage=ostorage,
-            directions=["minimize"] * len(spec.objectives),
-            sampler=sampler,
-            load_if_exists=True,
-        )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            self.study.set_metric_names(list(spec.objectives))  # shown by optuna-dashboard
-        if self.options.replay is not None:
-            self._enqueue_replay(self.options.replay)
-
-    def _enqueue_replay(self, source: str) -> None:
-        """Queue the complete shapes of study `source` (same space), in trial order, ahead of the
-        sampler's: the same shapes under another proxy (seed, precision, tokens), to compare them
-        shape for shape. A shape this study already holds (a resumed replay) is not queued again."""
-        import optuna
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # skip_if_exists
-            for trial in self.storage.trials(source, status=COMPLETE):
-                origin = {"replayed_from": f"{source}#{trial.number}"}
-                self.study.enqueue_trial(trial.params, user_attrs=origin, skip_if_exists=True)
-
-    def _check_replay(self, source: str) -> None:
-        """Refuse a --replay study that is missing, this one, or of another space: before Ray starts
-        (`check_study`), not after it (seconds of start-up spent on a typo)."""
-        record = self.storage.study(source, counts=False)
-        if record is None:
-            raise SearchError(f"--replay: no study {source!r} in this database")
-        if source == self.options.study:
-            raise SearchError("--replay names the study being searched; name another study")
-        if record.spec.get("space") != self.spec.space.to_dict():
-            raise SearchError(
-                f"--replay: study {source!r} searched another space (its [model], [rules] or [budget] "
-                "differ), so its shapes are not points of this one"
-            )
+        """Remove the study this driver created, if it still holds no trial."""
+        if self._new_study:
+            study_open.discard_new_study(self.storage, self.options.study)
 
     def sweep(self) -> None:
         """Settle what a dead driver left: expired leases and Optuna trials left RUNNING."""
@@ -908,7 +329,7 @@ class _Driver:
         return self.study._storage.get_trial_id_from_study_id_trial_number(self.study._study_id, number)
 
     # --- the loop ---------------------------------------------------------------------------------
-    def run(self, pool: _RayPool) -> int | None:
+    def run(self, pool: RayPool) -> int | None:
         opts, spec = self.options, self.spec
         board = None
         if opts.prune and spec.defaults.rungs:
@@ -923,7 +344,7 @@ class _Driver:
         rejections = 0
         finished = False  # a trial ended since the last display: show it once the slot is refilled
         failure: BaseException | None = None
-        with _signals(self.stop):
+        with handle_signals(self.stop):
             try:
                 while self.stop.signum is None:
                     started = len(self.running)
@@ -1069,7 +490,7 @@ class _Driver:
         )
 
     def _submit(
-        self, pool: _RayPool, item: _Running, known_ref: Any, board: Any, note: str | None = None
+        self, pool: RayPool, item: _Running, known_ref: Any, board: Any, note: str | None = None
     ) -> None:
         self.doing = f"starting trial {item.trial.number}"
         item.attempt = self.storage.start_attempt(item.slot, self.options.lease_s, note)
@@ -1077,7 +498,7 @@ class _Driver:
         self.running[item.ref] = item
         self._in_hand = None
 
-    def _collect(self, pool: _RayPool, ref: Any, known_ref: Any, board: Any) -> list[dict[str, Any]]:
+    def _collect(self, pool: RayPool, ref: Any, known_ref: Any, board: Any) -> list[dict[str, Any]]:
         import optuna
 
         item = self._in_hand = self.running.pop(ref)  # until its outcome is written
@@ -1093,7 +514,7 @@ class _Driver:
         outcome = with_serve_times(self.spec, item.config, outcome)
         values = objective_values(self.spec, outcome, item.config) if outcome.status == COMPLETE else None
         if outcome.status == COMPLETE and values is None:
-            outcome = replace(outcome, status=FAILED, reason=_unusable_objectives(outcome))
+            outcome = replace(outcome, status=FAILED, reason=unusable_objectives(outcome))
         self.doing = f"recording trial {item.trial.number}"
         # Optuna's attributes first: once the row is finished, another driver's start-up sweep may
         # tell Optuna this trial from the database, after which its attributes are read-only.
@@ -1204,7 +625,7 @@ class _Driver:
             self.storage.renew_leases([r.slot for r in self.running.values()], self.options.lease_s)
             self.last_renewal = time.monotonic()
 
-    def _interrupt_all(self, pool: _RayPool, failure: BaseException | None = None) -> None:
+    def _interrupt_all(self, pool: RayPool, failure: BaseException | None = None) -> None:
         """Cancel what still runs; record it, and a trial whose outcome was not written, as
         interrupted and re-queue its parameters; close a slot claimed but not yet running.
 
@@ -1342,13 +763,13 @@ def run_search(
     driver = _Driver(spec, storage, options, on_update)
     try:
         driver.check_study()
-        with _RayPool(options, evaluate_fn or evaluate) as pool:
+        with RayPool(options, evaluate_fn or evaluate) as pool:
             driver.open_study()
             try:
                 pool.arm(storage, continue_with)
                 driver.doing = "sweeping the trials a stopped driver left"
                 driver.sweep()
-            except BaseException:  # Ctrl-C or SIGTERM before the run's own handlers (probe 9) too
+            except BaseException:  # Ctrl-C or SIGTERM before the run's own handlers are in place too
                 driver.discard_new_study()
                 raise
             signum = driver.run(pool)

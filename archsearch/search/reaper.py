@@ -19,7 +19,7 @@ the kernel's parent-death signal took the raylet with it), and, when the driver 
 without releasing it, prints the one error line the driver could not, with the command that
 continues the search, and ends the leases of the driver's running trials so that `--resume`
 re-queues them at once. A driver that survives the raylet's death long enough reports it itself
-(`driver._RayPool.check_node`) and releases the watcher.
+(`pool.RayPool.check_node`) and releases the watcher.
 
 Linux only (it reads /proc); elsewhere the watcher finds nothing and Ray's own shutdown is all.
 """
@@ -157,7 +157,7 @@ def how_it_ended(pid: int, start: int, proc: Path = Path("/proc")) -> str | None
 
 def node_died(pid: int, ended: str, work: str) -> str:
     """The start of the line for a local Ray node that died under `work` ("the search", "validate"),
-    said by the driver (`driver._RayPool.check_node`) or by the watcher when Ray ended the driver."""
+    said by the driver (`pool.RayPool.check_node`) or by the watcher when Ray ended the driver."""
     return (
         f"the local Ray node died under {work} (its raylet, pid {pid}, {ended}; a memory limit or the "
         "OOM killer can do that)"

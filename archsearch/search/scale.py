@@ -274,9 +274,9 @@ class ScaleResult:
 
 def score(model: DeviceModel, cfg: ArchConfig, batch: int) -> Scored:
     """`cfg`'s modelled training step on `batch` sequences."""
+    from archsearch.evaluators.counting import eager_host_ops, eager_kernel_count, eager_memory_ops
     from archsearch.evaluators.hardware import predict_step
     from archsearch.evaluators.kernels import step_kernels
-    from archsearch.evaluators.model import eager_host_ops, eager_kernel_count, eager_memory_ops
 
     inventory = step_kernels(cfg, batch, DTYPE, eager_memory_ops(cfg, batch, DTYPE))
     report = predict_step(model, inventory, DTYPE, eager_kernel_count(cfg), eager_host_ops(cfg))

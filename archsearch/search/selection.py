@@ -51,7 +51,7 @@ def trial_provenance(
         device: what is recorded of the device the trial trained on (a `DeviceRecord`'s `info`),
             if known.
     """
-    from archsearch import __version__
+    from archsearch.version import __version__
 
     values = trial.values
     fingerprint = values.get("device_fingerprint")

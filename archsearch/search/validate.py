@@ -272,7 +272,7 @@ def long_run(request: dict[str, Any]) -> dict[str, Any]:
     """
     from archsearch.evaluators.settings import TrainSettings
     from archsearch.evaluators.trainer import Checkpoint, intra_op_threads, resolve_device, run_threads, train
-    from archsearch.search.worker import _dataset, trial_cores
+    from archsearch.search.worker import trial_cores, worker_dataset
     from archsearch.space.config import ArchConfig
 
     cfg = ArchConfig.from_dict(request["config"])
@@ -280,7 +280,7 @@ def long_run(request: dict[str, Any]) -> dict[str, Any]:
     threads = run_threads(cfg, settings, trial_cores(request.get("cpus")))
     if threads is not None:
         settings = dataclasses.replace(settings, threads=threads)
-    data = _dataset(request.get("data"), cfg.vocab_size, settings.seq_len or cfg.seq_len)
+    data = worker_dataset(request.get("data"), cfg.vocab_size, settings.seq_len or cfg.seq_len)
     with intra_op_threads(threads):  # so the device fingerprint counts the threads it trained on
         path = request.get("checkpoint")
         path = checkpoint_path(request) if path is None else path
@@ -453,7 +453,7 @@ def run_validate(
         ValidateError: too few complete trials, unknown trial numbers or study.
         ReadOnlyStorageError: the database cannot be written here.
     """
-    from archsearch.search.driver import _RayPool, _signals, _Stop
+    from archsearch.search.pool import RayPool, Stop, handle_signals
 
     record = storage.require_study(options.study)
     storage.require_writable()  # before training runs whose results could not be stored
@@ -480,7 +480,7 @@ def run_validate(
     start = time.monotonic()
     failed: list[str] = []
     trained = 0
-    stop = _Stop("validate")
+    stop = Stop("validate")
 
     def done(index: int, result: dict[str, Any] | None, reason: str | None) -> None:
         nonlocal trained
@@ -499,7 +499,7 @@ def run_validate(
     if todo:
         log.info("validate %s: %d long runs to train, %d stored", options.study, len(todo), skipped)
         kept = "the long runs stored so far are kept; rerun the same command to train the rest"
-        with _RayPool(options, run_fn or long_run, "validate", kept) as pool, _signals(stop):  # type: ignore[arg-type]
+        with RayPool(options, run_fn or long_run, "validate", kept) as pool, handle_signals(stop):  # type: ignore[arg-type]
             pool.arm()
             if on_update is not None:
                 on_update(ValidateProgress(skipped, total, 0, f"training {len(todo)} long runs", 0.0))

@@ -126,7 +126,7 @@ def on_plateau(val_loss: float, unigram_loss: float, half_tokens: float, tokens_
 
 
 @functools.lru_cache(maxsize=4)
-def _dataset(path: str | None, vocab_size: int, seq_len: int) -> Any:
+def worker_dataset(path: str | None, vocab_size: int, seq_len: int) -> Any:
     """One open dataset per worker process: Ray reuses workers, so later trials skip the scan."""
     from archsearch.evaluators.data import load_dataset
 
@@ -135,8 +135,8 @@ def _dataset(path: str | None, vocab_size: int, seq_len: int) -> Any:
 
 @functools.lru_cache(maxsize=4)
 def _unigram_loss(path: str | None, vocab_size: int, seq_len: int) -> float:
-    """`Dataset.unigram_loss` of `_dataset`'s corpus, counted once per worker process."""
-    return _dataset(path, vocab_size, seq_len).unigram_loss()  # type: ignore[no-any-return]
+    """`Dataset.unigram_loss` of `worker_dataset`'s corpus, counted once per worker process."""
+    return worker_dataset(path, vocab_size, seq_len).unigram_loss()  # type: ignore[no-any-return]
 
 
 def evaluate(
@@ -213,7 +213,7 @@ def _run_trial(
 
     cfg = request.config
     seq_len = settings.seq_len or cfg.seq_len
-    data = _dataset(request.data, cfg.vocab_size, seq_len)
+    data = worker_dataset(request.data, cfg.vocab_size, seq_len)
     flops = float(flop_counts(cfg).forward)
     params = param_counts(cfg).total
     rungs = request.rungs

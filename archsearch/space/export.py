@@ -676,7 +676,7 @@ for _format in (HFFormat(), LitGPTFormat(), NanoGPTFormat(), JsonFormat()):
 # ------------------------------------------------------------------------------------------------
 def config_provenance(cfg: ArchConfig) -> dict[str, Any]:
     """Provenance of a shape with no trial behind it: its exact costs only."""
-    from archsearch import __version__
+    from archsearch.version import __version__
 
     return {
         "archsearch_version": __version__,

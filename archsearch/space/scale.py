@@ -126,7 +126,7 @@ def scaled_candidates(
         tolerance: the largest relative distance from the target kept.
         aspect: the d_model / n_layers window; default `aspect_range(target_params)`.
         d_model_multiple, d_ff_multiples: the grids of d_model and d_ff; the GPU tiles' unless
-            a size ladder's small rungs need finer ones (`results.ladder`).
+            a size ladder's small rungs need finer ones (`search.ladder_plan`).
         head_dims: the head widths tried; default `head_dim_options(cfg)`.
 
     Returns:

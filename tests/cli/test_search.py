@@ -252,7 +252,7 @@ def test_bad_flags_exit_2_with_one_line_before_any_study_is_written(tmp_path, mo
     def no_ray(*args, **kwargs):
         raise AssertionError("Ray started before the flags were checked")
 
-    monkeypatch.setattr("archsearch.search.driver._RayPool", no_ray)
+    monkeypatch.setattr("archsearch.search.driver.RayPool", no_ray)
     args = ["search", "--space", str(_space(tmp_path)), "--storage", url, *flags]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2, result.output

@@ -19,17 +19,17 @@ from typer.testing import CliRunner
 from archsearch.cli import app
 from archsearch.errors import ConfigError
 from archsearch.evaluators.catalogue import FITTED
-from archsearch.evaluators.hardware import device_model, misalignment, plan_gemm, predict_step
-from archsearch.evaluators.kernels import step_kernels
-from archsearch.evaluators.model import (
-    ProxyLM,
-    _count_step,
+from archsearch.evaluators.counting import (
     _counts_per_step,
     _kernels_per_step,
+    count_step,
     eager_host_ops,
     eager_kernel_count,
     eager_memory_ops,
 )
+from archsearch.evaluators.hardware import device_model, misalignment, plan_gemm, predict_step
+from archsearch.evaluators.kernels import step_kernels
+from archsearch.evaluators.model import ProxyLM
 from archsearch.evaluators.step_fit import fitted_fields, held_out_fit, refit
 from archsearch.space import preset
 from archsearch.space.knobs import config_from_knobs
@@ -163,7 +163,7 @@ def test_the_host_ops_are_the_launches_and_the_autograd_graphs_nodes_of_the_real
     # counts, the real step's launches plus its graph's nodes (one per differentiable op and
     # parameter; a fused norm is one).
     cfg = config_from_knobs(vocab_size=64, seq_len=16, d_model=48, n_layers=3, head_dim=8, d_ff=40, **knobs)
-    real = _count_step(cfg)
+    real = count_step(cfg)
     parameters = sum(1 for _ in ProxyLM(cfg).parameters())
     assert real.nodes > parameters  # one AccumulateGrad per parameter, and the ops
     assert eager_host_ops(cfg) == real.kernels + real.nodes
@@ -187,7 +187,7 @@ def test_eager_memory_bytes_are_the_dispatchers_count_at_sizes_the_fit_never_saw
     # Fitted on tiny copies of the structure (batch 2-4, widths 8-40), evaluated at other sizes and
     # depth: the bytes each group of kernels moves, exactly as counting this very step gives them.
     cfg = config_from_knobs(vocab_size=50, seq_len=12, d_model=44, n_layers=3, head_dim=10, d_ff=56, **knobs)
-    counted = _count_step(cfg, batch=5).bytes
+    counted = count_step(cfg, batch=5).bytes
     assert {op.name: op.bytes for op in eager_memory_ops(cfg, 5)} == counted
     assert set(counted) == {"elementwise", "cross_entropy", "optimizer"}
     rows = {op.name: op.row for op in eager_memory_ops(cfg, 5)}
@@ -201,14 +201,14 @@ def _counted_after_a_whole_step(cfg, batch: int, dtype: str):
     import torch
     import torch.nn.functional as F
 
-    from archsearch.evaluators.model import _count_norms_as_fused, _KernelCounter
+    from archsearch.evaluators.counting import KernelCounter, count_norms_as_fused
 
     torch.manual_seed(0)
     model = ProxyLM(cfg)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     idx = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len + 1))
-    counter = _KernelCounter()
-    _count_norms_as_fused(model, counter)
+    counter = KernelCounter()
+    count_norms_as_fused(model, counter)
     for step in range(2):
         counter.kernels, counter.bytes = 0, {}
         with counter if step else contextlib.nullcontext():
@@ -231,33 +231,33 @@ def _counted_after_a_whole_step(cfg, batch: int, dtype: str):
     ids=["sandwich-gqa-qk_norm", "gpt2-like", "post-fp32"],
 )  # fmt: skip
 def test_the_counted_step_is_the_step_after_a_whole_one(knobs, dtype):
-    # `_count_step` makes the optimizer's state with one step on zero gradients, not a whole
+    # `count_step` makes the optimizer's state with one step on zero gradients, not a whole
     # forward and backward (half the time): nothing else a first step does is lazy.
     cfg = config_from_knobs(vocab_size=40, seq_len=10, d_model=24, n_layers=2, head_dim=6, d_ff=40, **knobs)
-    whole, counted = _counted_after_a_whole_step(cfg, 3, dtype), _count_step(cfg, 3, dtype)
+    whole, counted = _counted_after_a_whole_step(cfg, 3, dtype), count_step(cfg, 3, dtype)
     assert (counted.kernels, counted.bytes) == (whole.kernels, whole.bytes)
 
 
 def test_eager_bytes_are_counted_once_per_structure_across_processes(tmp_path, monkeypatch):
     # Kept in the cache folder: a Ray worker or a CLI call reads them instead of counting again.
-    import archsearch.evaluators.model as model
+    import archsearch.evaluators.counting as counting
 
     monkeypatch.setenv("ARCHSEARCH_CACHE", str(tmp_path))
     cfg = config_from_knobs(
         vocab_size=48, seq_len=12, d_model=40, n_layers=2, head_dim=10, activation="geglu"
     )
-    model._byte_coefficients.cache_clear()  # as a fresh process
+    counting._byte_coefficients.cache_clear()  # as a fresh process
     first = eager_memory_ops(cfg, 3)
     [kept] = (tmp_path / "eager-bytes").iterdir()
-    model._byte_coefficients.cache_clear()
-    monkeypatch.setattr(model, "_count_step", lambda *a: pytest.fail("counted again"))
+    counting._byte_coefficients.cache_clear()
+    monkeypatch.setattr(counting, "count_step", lambda *a: pytest.fail("counted again"))
     assert eager_memory_ops(cfg, 3) == first
     kept.write_text("not json")  # a damaged file is counted again, not trusted
-    model._byte_coefficients.cache_clear()
+    counting._byte_coefficients.cache_clear()
     monkeypatch.undo()
     monkeypatch.setenv("ARCHSEARCH_CACHE", str(tmp_path))
     assert eager_memory_ops(cfg, 3) == first and json.loads(kept.read_text())
-    model._byte_coefficients.cache_clear()
+    counting._byte_coefficients.cache_clear()
 
 
 def test_a_fit_prices_the_bytes_the_eager_step_moves_not_the_fused_estimate(h100_refit):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from archsearch.evaluators import step_record
+from archsearch.evaluators.counting import eager_kernel_count
 from archsearch.evaluators.device import detect_device
-from archsearch.evaluators.model import eager_kernel_count
 from archsearch.evaluators.profiler import InMemoryCache
 from archsearch.evaluators.step_fit import records_from_benchmark
 from archsearch.space.knobs import config_from_knobs

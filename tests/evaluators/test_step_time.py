@@ -14,11 +14,11 @@ import pytest
 
 from archsearch.errors import ConfigError
 from archsearch.evaluators import profiler, trainer
+from archsearch.evaluators.counting import eager_host_ops, eager_kernel_count, eager_memory_ops
 from archsearch.evaluators.data import load_dataset
 from archsearch.evaluators.device import DeviceError, detect_device
 from archsearch.evaluators.hardware import device_model, predict_step
 from archsearch.evaluators.kernels import step_kernels
-from archsearch.evaluators.model import eager_host_ops, eager_kernel_count, eager_memory_ops
 from archsearch.evaluators.profiler import (
     PEAK_KIND,
     InMemoryCache,

@@ -126,7 +126,7 @@ def test_a_number_out_of_range_is_one_line_and_changes_nothing(database, tmp_pat
 def test_a_rung_below_one_parameter_is_the_ladder_s_own_error():
     """63 rungs under a small top: targets that rounded to 0 were refused as 'target_params must be
     positive', an internal check's words; the smallest rung is now one parameter, which no shape has."""
-    from archsearch.results.ladder import LadderError, rung_shape, rung_targets
+    from archsearch.search.ladder_plan import LadderError, rung_shape, rung_targets
     from archsearch.space.knobs import config_from_knobs
 
     targets = rung_targets(2_000_000, 63)

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from archsearch.cli import app
 from archsearch.errors import Terminated
 from archsearch.search import driver as driver_module
+from archsearch.search import pool as pool_module
 from archsearch.storage import Storage
 from archsearch.trial import TrialOutcome
 from tests.faults.test_more_inputs import RECORDED
@@ -53,7 +54,7 @@ def test_a_second_signal_during_the_clean_up_still_says_how_to_continue(
 
 
 def test_a_second_sigterm_is_a_sigterm():
-    stop = driver_module._Stop()
+    stop = pool_module.Stop()
     stop(signal.SIGINT, None)
     with pytest.raises(Terminated):
         stop(signal.SIGTERM, None)

@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 from ray import cloudpickle  # Ray vendors it
 
-from archsearch.search import driver as driver_module
-from archsearch.search.driver import RayStartError, SearchOptions, run_search
+from archsearch.search import pool as pool_module
+from archsearch.search.driver import SearchOptions, run_search
+from archsearch.search.pool import RayStartError
 from archsearch.search.raystart import RayStartTimeout, bounded, start_failure_cause
 from archsearch.search.reaper import how_it_ended, local_raylet
 from archsearch.storage import Storage
@@ -217,7 +218,7 @@ def test_a_failed_local_start_names_the_cause_the_raylet_logged(tmp_path, monkey
         )
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(driver_module, "start_local_ray", times_out)
+    monkeypatch.setattr(pool_module, "start_local_ray", times_out)
     url = f"sqlite:///{tmp_path / 't.db'}"
     with Storage.open(url) as db, pytest.raises(RayStartError) as info:
         run_search(tiny_spec(), db, SearchOptions(study="s", trials=1), evaluate_fn=_instant)
@@ -243,8 +244,9 @@ def test_a_session_of_another_process_is_not_blamed(tmp_path):
 FAILED_START = """
 import atexit, sys, threading
 import ray
-from archsearch.search import driver
-from archsearch.search.driver import RayStartError, SearchOptions, run_search
+from archsearch.search import pool
+from archsearch.search.driver import SearchOptions, run_search
+from archsearch.search.pool import RayStartError
 from archsearch.storage import Storage
 from tests.specs import tiny_spec
 
@@ -258,7 +260,7 @@ atexit.unregister(ray.shutdown)
 ray.shutdown = stuck
 atexit.register(stuck, True)  # in the place of Ray's own hook
 ray.is_initialized = lambda: False
-driver.start_local_ray = fails
+pool.start_local_ray = fails
 with Storage.open(sys.argv[1]) as db:
     try:
         run_search(tiny_spec(), db, SearchOptions(study="s", trials=1))

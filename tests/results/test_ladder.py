@@ -16,22 +16,20 @@ import pytest
 from typer.testing import CliRunner
 
 from archsearch.cli import app
-from archsearch.results.ladder import (
+from archsearch.results.ladder import fit_study_ladders, predict_trial, seed_predictions
+from archsearch.results.ladder_fit import LadderFitError
+from archsearch.search.ladder_plan import (
     MIN_RUNG_STEPS,
     LadderError,
     LadderOptions,
     default_top,
     few_steps_note,
-    fit_study_ladders,
     merged_rungs_note,
     plan_ladder,
-    predict_trial,
-    run_ladder,
     rung_shape,
     rung_targets,
-    seed_predictions,
 )
-from archsearch.results.ladder_fit import LadderFitError
+from archsearch.search.ladder_runs import run_ladder
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import param_counts
 from archsearch.space.knobs import config_from_knobs
@@ -260,7 +258,7 @@ def test_a_rung_another_ladder_is_training_is_left_to_it_and_a_rerun_trains_it(
 ):
     # Probe 10: two ladders of one study started together trained every missing rung twice. Each
     # rung is now claimed in the database just before it starts; here another ladder holds one.
-    import archsearch.results.ladder as ladder
+    import archsearch.search.ladder_runs as ladder
 
     log = tmp_path / "runs.log"
     with Storage.open(url) as db:

@@ -13,14 +13,13 @@ from typer.testing import CliRunner
 from archsearch.cli import app
 from archsearch.errors import ArchsearchError, UnknownNameError
 from archsearch.evaluators.kernels import ProfileReport
-from archsearch.results.html import render
+from archsearch.results.html import render, write_report
 from archsearch.results.report import (
     TOP_KERNELS,
     ReportError,
     build_report,
     rank_interval,
     step_breakdown,
-    write_report,
 )
 from archsearch.search.selection import Choice, select
 from archsearch.space.export import EXPORT_FORMATS

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from archsearch.results.report import write_report
+from archsearch.results.html import write_report
 from archsearch.storage import Storage
 from tests.results.browser import CHROMIUM_ENV, Page, find_chromium, install_chromium
 
