@@ -23,7 +23,7 @@ def test_space_and_cli_import_without_torch_or_ray():
 
 
 ROOT = Path(__file__).resolve().parents[1] / "archsearch"
-SHARED = {"errors", "fileio", "registry", "trial", "units"}  # helpers every room may import
+SHARED = {"errors", "fileio", "registry", "trial", "units", "version"}  # helpers every room may import
 # Room -> the archsearch rooms it may import (and SHARED).
 ALLOWED = {
     "space": {"space"},

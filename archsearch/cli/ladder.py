@@ -69,6 +69,7 @@ def ladder(
     `export --scale-to` prints the predicted loss and `pareto --at-size` ranks the laddered designs.
     """
     from archsearch.fileio import check_writable
+    from archsearch.results.ladder import fit_study_ladders
     from archsearch.search.ladder_plan import LadderOptions, few_steps_note, merged_rungs_note, plan_ladder
     from archsearch.search.ladder_runs import run_ladder
     from archsearch.storage import Storage, database_files
@@ -91,7 +92,7 @@ def ladder(
             if note:
                 typer.echo(note, err=True)
         with ladder_display() as update:
-            summary = run_ladder(db, options, on_update=update, planned=planned)
+            summary = run_ladder(db, options, fit_rungs=fit_study_ladders, on_update=update, planned=planned)
     for line in summary.failed:
         typer.echo(f"failed: {line}", err=True)
     if summary.signal is not None:

@@ -8,7 +8,7 @@
 
 The reading side is growing (fronts, selection, validation and plots still sit in `search/`
 beside the code that runs a search); new reading-side code lives here. This room may import
-`space`, `storage`, `evaluators` and `search`, never the other way round, save one call:
-`search.ladder_runs` fits the rungs it has just trained with `ladder.fit_study_ladders`, imported
-when it runs. `cli` imports this room lazily.
+`space`, `storage`, `evaluators` and `search`, never the other way round (`search.ladder_runs`
+is handed `ladder.fit_study_ladders` by its caller to fit the rungs it has just trained). `cli`
+imports this room lazily.
 """

@@ -60,9 +60,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from archsearch.errors import EnvironmentFailure, quoted
+from archsearch.errors import EnvironmentFailure
 from archsearch.search import study_open
 from archsearch.search.objective_values import objective_values, unusable_objectives, with_serve_times
+from archsearch.search.options import SearchOptions
 from archsearch.search.pareto import StudyFront, pareto_mask, study_front
 from archsearch.search.pool import (
     EVALUATION_ERROR,
@@ -73,7 +74,6 @@ from archsearch.search.pool import (
     handle_signals,
 )
 from archsearch.search.pruning import DEFAULT_REDUCTION_FACTOR, MultiObjectiveHalving
-from archsearch.search.samplers import SAMPLERS
 from archsearch.search.spec import SearchSpec
 from archsearch.search.worker import TrialRequest, evaluate
 from archsearch.space.config import ArchConfig
@@ -89,14 +89,12 @@ from archsearch.storage import (
     failure_cause,
 )
 from archsearch.trial import COMPLETE, DUPLICATE, FAILED, INTERRUPTED, PRUNED, REJECTED, RUNNING, TrialOutcome
-from archsearch.units import SEED_MAX, ray_resources_problem, short_number
 
 if TYPE_CHECKING:
     import optuna
 
 log = logging.getLogger(__name__)
 
-DEFAULT_LEASE_S = 120.0  # a running trial whose driver went silent this long is presumed dead
 WAIT_S = 0.5  # how long the loop blocks on Ray: also how fast a Ctrl-C is noticed
 MAX_REJECTIONS = 500  # rejected samples in a row before the search gives up on the sampler
 # Finished trials of a run that all failed with one error in the evaluation, and none trained,
@@ -113,46 +111,6 @@ SKIPPED_CONSTRAINT = {REJECTED: "valid_shape", DUPLICATE: "new_shape"}
 class SetupFailureError(SearchError, EnvironmentFailure):
     """Every trial of a run failed with the same error in the evaluation: the setup is at fault
     (the data, the install), not the shapes; those trials were re-queued."""
-
-
-@dataclass(frozen=True)
-class SearchOptions:
-    """How to run a search; the spec's `[search]` table gives the defaults the CLI passes here."""
-
-    study: str
-    trials: int  # finished trials (complete, pruned or failed) the study should reach
-    workers: int = 1  # trials in flight at once
-    sampler: str = "tpe"
-    seed: int = 0
-    resume: bool = False  # continue a study of this name (created if missing)
-    prune: bool = True
-    address: str | None = None  # a Ray cluster to join; None starts a local one
-    cpus_per_trial: float = 1.0
-    gpus_per_trial: float = 0.0
-    retries: int = 1  # re-runs of a trial whose worker died
-    lease_s: float = DEFAULT_LEASE_S
-    replay: str | None = None  # a study of the same space whose complete shapes run first
-
-    def __post_init__(self) -> None:
-        # Printable: a line break in the name split the one error line and the command that
-        # continues the search (quoted across two lines) in two.
-        if not self.study or len(self.study) > 512 or not self.study.isprintable():
-            raise SearchError(
-                f"--study must be a name of 1 to 512 printable characters, got {quoted(self.study)}"
-            )
-        if self.trials < 1:
-            raise SearchError(f"--trials must be at least 1, got {short_number(self.trials)}")
-        if self.retries < 0:
-            raise SearchError(f"--retries must be >= 0, got {short_number(self.retries)}")
-        if problem := ray_resources_problem(
-            self.cpus_per_trial, self.gpus_per_trial, "trial", self.workers, self.address
-        ):
-            raise SearchError(problem)
-        if not 0 <= self.seed <= SEED_MAX:
-            seed = short_number(self.seed)
-            raise SearchError(f"--seed must be in 0..{SEED_MAX} (Optuna's seed range), got {seed}")
-        if self.sampler not in SAMPLERS:
-            raise SearchError(f"sampler {self.sampler!r} is unknown; valid: {', '.join(SAMPLERS.names())}")
 
 
 def search_eta(wall_times_s: Sequence[float], remaining: int, workers: int) -> float | None:

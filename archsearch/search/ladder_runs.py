@@ -20,14 +20,13 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from archsearch.errors import ArchsearchError
 from archsearch.search.ladder_plan import LadderOptions, PlannedRung, plan_ladder, rung_name
 from archsearch.trial import COMPLETE
 
 if TYPE_CHECKING:
-    from archsearch.results.ladder_fit import LadderFit
     from archsearch.storage import LadderRungRecord, Storage
 
 log = logging.getLogger(__name__)
@@ -38,6 +37,12 @@ log = logging.getLogger(__name__)
 # CLAIM_LEASE_S after their last renewal.
 CLAIM_LEASE_S = 600.0
 CLAIM_RENEW_S = 60.0
+
+
+class FittedLaw(Protocol):
+    """What `run_ladder` stores of a fit: the law over the rungs, as `results.ladder_fit.LadderFit`."""
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,7 @@ class LadderSummary:
     batch_size: int
     planned: tuple[PlannedRung, ...]
     rungs: tuple[LadderRungRecord, ...]  # every stored rung of the study with this recipe
-    fit: LadderFit | None  # None when interrupted or when the rungs cannot be fitted
+    fit: FittedLaw | None  # None when interrupted or when the rungs cannot be fitted
     fit_error: str | None  # why there is no fit
     trained: int
     skipped: int
@@ -71,6 +76,7 @@ def run_ladder(
     storage: Storage,
     options: LadderOptions,
     *,
+    fit_rungs: Callable[[Sequence[LadderRungRecord]], FittedLaw],
     on_update: Callable[[LadderProgress], None] | None = None,
     run_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     planned: Sequence[PlannedRung] | None = None,
@@ -80,6 +86,10 @@ def run_ladder(
     Args:
         storage: the trial database (the study must be in it).
         options: see `LadderOptions`.
+        fit_rungs: the law fitted over the stored rungs of this recipe
+            (`results.ladder.fit_study_ladders`), raising an `ArchsearchError` whose message says
+            why where the rungs cannot be fitted. Passed in, since fitting and reading fits is the
+            `results` package's and the training side imports nothing of it.
         on_update: called with a `LadderProgress` after each rung, for progress displays.
         run_fn: the Ray task body; `search.validate.long_run` (train one config) by default.
         planned: `plan_ladder(storage, options)` where the caller made it already (the CLI's note
@@ -94,8 +104,6 @@ def run_ladder(
         LadderError: see `plan_ladder`.
         ReadOnlyStorageError: the database cannot be written here.
     """
-    from archsearch.results.ladder import fit_study_ladders
-    from archsearch.results.ladder_fit import LadderFitError
     from archsearch.search.pool import RayPool, Stop, handle_signals
     from archsearch.search.validate import long_run
     from archsearch.storage import shape_key
@@ -215,8 +223,8 @@ def run_ladder(
         )
     fit, fit_error = None, None
     try:
-        fit = fit_study_ladders(rungs)
-    except LadderFitError as exc:
+        fit = fit_rungs(rungs)
+    except ArchsearchError as exc:  # the rungs cannot be fitted (too few, one size): said, not raised
         fit_error = str(exc)
     if fit is not None:
         storage.add_ladder_fit(options.study, tokens_per_param=ratio, batch_size=batch, fit=fit.to_dict())

@@ -20,7 +20,7 @@ from archsearch.trial import COMPLETE
 if TYPE_CHECKING:
     import optuna
 
-    from archsearch.search.driver import SearchOptions
+    from archsearch.search.options import SearchOptions
     from archsearch.search.spec import SearchSpec
     from archsearch.storage import Storage
 

@@ -49,6 +49,11 @@ SHAPES = {
 }
 
 
+def _run_ladder(storage, options, **kwargs):
+    """`run_ladder` with the law `archsearch ladder` fits the rungs by."""
+    return run_ladder(storage, options, fit_rungs=fit_study_ladders, **kwargs)
+
+
 def _cfg(d_model: int, layers: int, activation: str) -> ArchConfig:
     return config_from_knobs(
         d_model=d_model, n_layers=layers, head_dim=32, vocab_size=256, seq_len=32, activation=activation
@@ -228,14 +233,14 @@ def test_ctrl_c_keeps_finished_rungs_and_a_rerun_trains_the_rest_once(url, tmp_p
             os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C: the driver's handler stops the loop
 
     with Storage.open(url) as db:
-        summary = run_ladder(db, OPTIONS, on_update=interrupt, run_fn=_logged(log))
+        summary = _run_ladder(db, OPTIONS, on_update=interrupt, run_fn=_logged(log))
         assert summary.signal == signal.SIGINT and summary.fit is None and summary.trained == 1
         assert seen[0] == 0  # displays hear of the start, before any rung ends
         [kept] = db.ladder_rungs("tiny")
         assert db.ladder_fits("tiny") == []
         first = _lines(log)
         log.unlink()
-        again = run_ladder(db, OPTIONS, run_fn=_logged(log))
+        again = _run_ladder(db, OPTIONS, run_fn=_logged(log))
         assert (again.trained, again.skipped, again.failed) == (5, 1, ())
         rungs = db.ladder_rungs("tiny")
         assert len(rungs) == 6 and len({r.key for r in rungs}) == 6 and kept in rungs
@@ -243,7 +248,7 @@ def test_ctrl_c_keeps_finished_rungs_and_a_rerun_trains_the_rest_once(url, tmp_p
         assert sorted(set(first) | set(_lines(log))) == sorted(r.shape_key for r in rungs)
         # A third run trains nothing and fits the same.
         log.unlink()
-        third = run_ladder(db, OPTIONS, run_fn=_logged(log))
+        third = _run_ladder(db, OPTIONS, run_fn=_logged(log))
         assert (third.trained, third.skipped) == (0, 6) and _lines(log) == []
         assert third.fit.to_dict() == again.fit.to_dict()
         assert len(db.ladder_fits("tiny")) == 2
@@ -269,7 +274,7 @@ def test_a_rung_another_ladder_is_training_is_left_to_it_and_a_rerun_trains_it(
             batch_size=held.batch_size, config=held.config, seed=OPTIONS.seed, owner="other:1:x",
             lease_s=600,
         ) is None  # fmt: skip
-        summary = run_ladder(db, OPTIONS, run_fn=_logged(log))
+        summary = _run_ladder(db, OPTIONS, run_fn=_logged(log))
         assert summary.busy == (f"trial {held.trial} at {held.params / 1e3:.4g}k",)
         assert summary.trained == len(planned) - 1 and summary.failed == ()
         assert shape_key(held.config) not in _lines(log)  # not trained here
@@ -290,16 +295,16 @@ def test_a_rung_another_ladder_is_training_is_left_to_it_and_a_rerun_trains_it(
     with Storage.open(url) as db:
         db.release_ladder_claims("other:1:x")  # the other ladder gave up: the rung is free again
         log.unlink()
-        again = run_ladder(db, OPTIONS, run_fn=_logged(log))
+        again = _run_ladder(db, OPTIONS, run_fn=_logged(log))
         assert (again.trained, again.busy) == (1, ()) and _lines(log) == [shape_key(held.config)]
 
 
 def test_another_batch_size_is_another_recipe_with_rungs_and_a_law_of_its_own(url, tmp_path, ray_session):
     log = tmp_path / "runs.log"
     with Storage.open(url) as db:
-        first = run_ladder(db, OPTIONS, run_fn=_logged(log))  # the study's proxy batch: 4
+        first = _run_ladder(db, OPTIONS, run_fn=_logged(log))  # the study's proxy batch: 4
         small = dataclasses.replace(OPTIONS, batch_size=2)
-        second = run_ladder(db, small, run_fn=_logged(log))
+        second = _run_ladder(db, small, run_fn=_logged(log))
         assert (first.batch_size, second.batch_size) == (4, 2)
         assert (second.trained, second.skipped) == (6, 0)  # the same shapes, trained again at batch 2
         assert len(_lines(log)) == 12
@@ -348,11 +353,11 @@ def test_a_failed_rung_is_reported_not_stored_and_tried_again(url, tmp_path, ray
     with Storage.open(url) as db:
         planned = plan_ladder(db, options)
         assert (planned[0].config.d_model, planned[0].config.n_layers) == (32, 1)
-        summary = run_ladder(db, options, run_fn=_logged(log))
+        summary = _run_ladder(db, options, run_fn=_logged(log))
         assert summary.failed == (f"trial 3 at {planned[0].params / 1e3:.4g}k: loss is NaN",)
         assert summary.trained == 3 and len(db.ladder_rungs("tiny")) == 3
         assert summary.fit is None and "cannot fit 3 constants" in summary.fit_error  # 3 rungs, 1 design
-        again = run_ladder(db, options, run_fn=_logged(log))
+        again = _run_ladder(db, options, run_fn=_logged(log))
         assert (again.trained, again.skipped, len(again.failed)) == (0, 3, 1)
 
 
@@ -361,11 +366,12 @@ def test_a_shape_already_trained_for_a_trial_of_the_same_design_is_not_trained_a
 ):
     log = tmp_path / "runs.log"
     with Storage.open(url) as db:
-        first = run_ladder(db, LadderOptions("tiny", numbers=(0,), rungs=4, top=920_000), run_fn=_logged(log))
+        one = LadderOptions("tiny", numbers=(0,), rungs=4, top=920_000)
+        first = _run_ladder(db, one, run_fn=_logged(log))
         assert (first.trained, first.skipped) == (4, 0)
         # Trial 4 is trial 0's design: to the same top, its rungs are the same shapes.
         both = LadderOptions("tiny", numbers=(4, 0), rungs=4, top=920_000)
-        again = run_ladder(db, both, run_fn=_logged(log))
+        again = _run_ladder(db, both, run_fn=_logged(log))
         assert (again.trained, again.skipped) == (0, 8) and len(_lines(log)) == 4
         rungs = db.ladder_rungs("tiny")
     by_trial = {n: [(r.shape_key, r.val_loss) for r in rungs if r.trial_number == n] for n in (0, 4)}
@@ -376,7 +382,7 @@ def test_a_shape_already_trained_for_a_trial_of_the_same_design_is_not_trained_a
 def test_two_trials_of_one_design_share_each_run_in_one_ladder(url, tmp_path, ray_session):
     log = tmp_path / "runs.log"
     with Storage.open(url) as db:
-        summary = run_ladder(
+        summary = _run_ladder(
             db, LadderOptions("tiny", numbers=(0, 4), rungs=3, top=460_000), run_fn=_logged(log)
         )
         assert (summary.trained, summary.skipped) == (3, 3) and len(_lines(log)) == 3
