@@ -1,5 +1,6 @@
 """Suite-wide fixtures: no test writes to the home directory's cache; one local Ray shared by the
-in-process searches; both CPU precision paths on any host."""
+in-process searches; both CPU precision paths on any host; the xdist groups of the tests that
+share a costly resource."""
 
 from __future__ import annotations
 
@@ -14,11 +15,34 @@ import pytest
 os.environ.setdefault("ARCHSEARCH_CPU_BF16", "none")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `--dist loadgroup` (pyproject's addopts), the tests on the in-process Ray run in one
+    worker, so one Ray starts for the run rather than one per worker (each is about a gigabyte
+    and seconds of CPU to start); the browser tests run in one worker, so at most one installs
+    Chromium (two apt-get runs at once fail on dpkg's lock). Run before xdist's own hook, which
+    reads the marks into the node ids it schedules by."""
+    for item in items:
+        if "ray_session" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("ray"))
+        elif "chromium" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("chromium"))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _session_cache(tmp_path_factory: pytest.TempPathFactory):
-    """A session-wide ARCHSEARCH_CACHE (tests that need an empty one override it per test)."""
+    """A run-wide ARCHSEARCH_CACHE (tests that need an empty one override it per test), shared by
+    the xdist workers, so the corpus and the eager-bytes counts are built once per run, not once
+    per worker. Sharing is safe: every cache entry is written whole under a unique temporary name
+    and renamed into place (`fileio.write_atomic`; a corpus in a scratch folder of its own), so
+    two workers writing one entry at once leave a whole one, and a reader never sees half."""
     old = os.environ.get("ARCHSEARCH_CACHE")
-    os.environ["ARCHSEARCH_CACHE"] = str(tmp_path_factory.mktemp("archsearch-cache"))
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's folder, above each worker's own
+    folder = base / "archsearch-cache"
+    folder.mkdir(exist_ok=True)
+    os.environ["ARCHSEARCH_CACHE"] = str(folder)
     yield
     if old is None:
         os.environ.pop("ARCHSEARCH_CACHE", None)
