@@ -5,6 +5,7 @@ share a costly resource."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -70,6 +71,31 @@ def ray_session():
                 raise
     yield
     ray.shutdown()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend_url(request, tmp_path) -> Iterator[str]:
+    """A fresh, empty database URL on each backend (the storage contract suite and the fault tests
+    run against both); PostgreSQL skips visibly when absent."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'trials.db'}"
+        return
+    from tests.postgres import postgres_database
+
+    with postgres_database() as url:
+        yield url
+
+
+@pytest.fixture
+def study_url(tmp_path) -> str:
+    """A SQLite URL of `tmp_path / "trials.db"` holding the filled study "s" (`fill_study`)."""
+    from archsearch.storage import Storage
+    from tests.storage.test_query import fill_study
+
+    url = f"sqlite:///{tmp_path / 'trials.db'}"
+    with Storage.open(url) as db:
+        fill_study(db)
+    return url
 
 
 @pytest.fixture

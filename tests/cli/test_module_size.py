@@ -1,4 +1,4 @@
-"""The CLI stays a thin layer: no module under archsearch/cli/ over `MAX_LINES` lines (issue 24).
+"""The CLI stays a thin layer: no module under archsearch/cli/ over `MAX_LINES` lines.
 A command that outgrows its module gets one of its own, or its work moves into the library."""
 
 from __future__ import annotations
