@@ -1,9 +1,12 @@
 """Suite-wide fixtures: no test writes to the home directory's cache; one local Ray shared by the
-in-process searches; both CPU precision paths on any host."""
+in-process searches; both CPU precision paths on any host; the xdist groups of the tests that
+share a costly resource."""
 
 from __future__ import annotations
 
 import os
+import zlib
+from collections.abc import Iterator
 
 import pytest
 
@@ -14,11 +17,37 @@ import pytest
 os.environ.setdefault("ARCHSEARCH_CPU_BF16", "none")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `--dist loadgroup` (pyproject's addopts), the tests on the in-process Ray run in two
+    workers, so two Rays start for the run rather than one per worker (each is about a gigabyte
+    and seconds of CPU to start); the browser tests run in one worker, so at most one installs
+    Chromium (two apt-get runs at once fail on dpkg's lock). Run before xdist's own hook, which
+    reads the marks into the node ids it schedules by."""
+    for item in items:
+        if "ray_session" in item.fixturenames:
+            # Two groups, split by module: one Ray serialised every in-process search of the run
+            # on one worker, the longest chain of the run; two Rays halve it.
+            half = zlib.crc32(item.module.__name__.encode()) % 2
+            item.add_marker(pytest.mark.xdist_group(f"ray-{half}"))
+        elif "chromium" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("chromium"))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _session_cache(tmp_path_factory: pytest.TempPathFactory):
-    """A session-wide ARCHSEARCH_CACHE (tests that need an empty one override it per test)."""
+    """A run-wide ARCHSEARCH_CACHE (tests that need an empty one override it per test), shared by
+    the xdist workers, so the corpus and the eager-bytes counts are built once per run, not once
+    per worker. Sharing is safe: every cache entry is written whole under a unique temporary name
+    and renamed into place (`fileio.write_atomic`; a corpus in a scratch folder of its own), so
+    two workers writing one entry at once leave a whole one, and a reader never sees half."""
     old = os.environ.get("ARCHSEARCH_CACHE")
-    os.environ["ARCHSEARCH_CACHE"] = str(tmp_path_factory.mktemp("archsearch-cache"))
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's folder, above each worker's own
+    folder = base / "archsearch-cache"
+    folder.mkdir(exist_ok=True)
+    os.environ["ARCHSEARCH_CACHE"] = str(folder)
     yield
     if old is None:
         os.environ.pop("ARCHSEARCH_CACHE", None)
@@ -34,9 +63,43 @@ def ray_session():
     from archsearch.search.pool import start_local_ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    start_local_ray(2, log_to_driver=False, configure_logging=False)
+    for attempt in range(3):
+        try:
+            start_local_ray(2, log_to_driver=False, configure_logging=False)
+            break
+        except Exception as exc:  # Ray raises a bare Exception when its raylet registers late
+            # On a loaded machine (a CI runner, xdist's other workers) the raylet can take longer
+            # than the 30 s Ray waits for it; one failed start would error every test on this Ray.
+            ray.shutdown()
+            if attempt == 2 or "timed out during startup" not in str(exc):
+                raise
     yield
     ray.shutdown()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend_url(request, tmp_path) -> Iterator[str]:
+    """A fresh, empty database URL on each backend (the storage contract suite and the fault tests
+    run against both); PostgreSQL skips visibly when absent."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'trials.db'}"
+        return
+    from tests.postgres import postgres_database
+
+    with postgres_database() as url:
+        yield url
+
+
+@pytest.fixture
+def study_url(tmp_path) -> str:
+    """A SQLite URL of `tmp_path / "trials.db"` holding the filled study "s" (`fill_study`)."""
+    from archsearch.storage import Storage
+    from tests.storage.test_query import fill_study
+
+    url = f"sqlite:///{tmp_path / 'trials.db'}"
+    with Storage.open(url) as db:
+        fill_study(db)
+    return url
 
 
 @pytest.fixture

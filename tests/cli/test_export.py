@@ -390,7 +390,7 @@ def test_scale_to_as_json_names_the_trial_target_and_device(db_url, tmp_path):
 
 
 def test_scale_to_prints_the_step_memory_and_notes_a_micro_batch_over_the_device(db_url, tmp_path):
-    """Probe 6: `--batch 1e15` printed a step and an MFU for a micro-batch no GPU holds, no note."""
+    """`--batch 1e15` printed a step and an MFU for a micro-batch no GPU holds, no note."""
     fits = run(
         db_url,
         "--study",

@@ -81,7 +81,7 @@ def _bad(name: str, table: str, body: str, message: str):
     return pytest.param({table: body}, message, id=name)
 
 
-# Values `space check` used to accept and that then burned compute (issue 9 section 3).
+# Values `space check` used to accept and that then burned compute.
 BAD_VALUES = [
     _bad("lr-negative", "proxy", f"tokens = 2048\nlr = -1.0\n{PROXY}", r"\[proxy\]: lr must be positive"),
     _bad("lr-nan", "proxy", f"tokens = 2048\nlr = nan\n{PROXY}", r"\[proxy\]: lr must be a finite number"),
@@ -96,7 +96,7 @@ BAD_VALUES = [
          r"\[objectives\].extrapolate: must be a finite number >= 0, got -1.0$"),
     _bad("seed-too-large", "search", "trials = 3\nprune = false\nseed = 4294967296",
          r"\[search\].seed: must be in 0\.\.4294967295"),
-    # made before the first step: 1e9 of either exhausted the host's memory (issue 26, probe 3)
+    # made before the first step: 1e9 of either exhausted the host's memory
     _bad("evals-1e9", "proxy", "tokens = 2048\nbatch_size = 4\nevals = 1e9\neval_batches = 1",
          r"\[proxy\]: evals must be at most 10,000, got 1000000000$"),
     _bad("eval-batches-1e9", "proxy", "tokens = 2048\nbatch_size = 4\nevals = 4\neval_batches = 1e9",
@@ -237,7 +237,7 @@ def test_bad_values_in_a_space_file_are_refused_when_read(tmp_path, monkeypatch,
         (["--seed", "-1"], r"--seed must be in 0\.\.4294967295 \(Optuna's seed range\), got -1"),
         (["--seed", "99999999999"], r"--seed must be in 0\.\.4294967295 .*, got 99999999999"),
         (["--study", ""], r"--study must be a name of 1 to 512 printable characters, got ''"),
-        # a line break split the error line and the command that continues it in two (issue 26, probe 3)
+        # a line break split the error line and the command that continues it in two
         (["--study", "a\nb"], r"--study must be a name of 1 to 512 printable characters, got 'a\\nb'$"),
         # checked before Ray starts, as the other flags are (was after a local Ray's start-up)
         (["--replay", "nosuch"], r"^error: --replay: no study 'nosuch' in this database$"),

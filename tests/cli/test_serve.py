@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from archsearch.cli import app
 from archsearch.space import ArchConfig, save_config
+from tests.helpers import one_line
 
 runner = CliRunner()
 
@@ -118,3 +119,13 @@ def test_bad_serving_options_are_one_line(args, message):
 def test_memory_without_serve_is_one_line():
     result = run("profile", "--preset", "byte-1m", "--device", "h100-sxm", "--memory", "40GB")
     assert result.exit_code == 2 and result.stderr == "error: --memory only goes with --serve\n"
+
+
+def test_a_serving_batch_past_2_31_is_refused():
+    """`profile --serve --batch 99999999999999999999` printed cache bytes of 27 digits, exit 0."""
+    result = CliRunner().invoke(
+        app, ["profile", "--preset", "byte-1m", "--device", "h100-sxm", "--serve", "--batch", "9" * 20]
+    )
+    assert one_line(result, 2) == (
+        "error: batch must be a positive integer up to 2**31 - 1, got a 20-digit number"
+    )

@@ -10,6 +10,8 @@ from typer.testing import CliRunner
 
 from archsearch.cli import app
 from archsearch.space import ArchConfig, load_config, param_counts, preset
+from tests.helpers import one_line
+from tests.storage.test_query import fill_study
 from tests.terminal import under_a_terminal
 
 runner = CliRunner()
@@ -46,7 +48,7 @@ def test_cost_of_a_file_prints_a_table(tmp_path):
 
 @pytest.mark.parametrize(("aspect", "layers", "noted"), [(1000, 1, True), (64, 2, False), (50, 3, False)])
 def test_an_aspect_ratio_the_depth_cannot_keep_is_noted(aspect, layers, noted):
-    """Probe 7: `config new --d-model 128 --aspect-ratio 1000` built 1 layer (aspect 128) silently."""
+    """`config new --d-model 128 --aspect-ratio 1000` built 1 layer (aspect 128) silently."""
     result = run("config", "new", "--d-model", "128", "--aspect-ratio", str(aspect), "--head-dim", "32")
     assert result.exit_code == 0, result.output
     assert ArchConfig.from_json(result.stdout).n_layers == layers
@@ -360,7 +362,6 @@ def test_usage_errors_are_one_line_not_a_usage_box(tmp_path, monkeypatch, args, 
 def trial_db(tmp_path_factory):
     """A SQLite trial database with study "s" (tests.storage.test_query.TRIALS) and its URL."""
     from archsearch.storage import Storage
-    from tests.storage.test_query import fill_study
 
     path = tmp_path_factory.mktemp("trials") / "trials.db"
     with Storage.open(f"sqlite:///{path}") as storage:
@@ -458,3 +459,23 @@ def test_train_takes_a_thread_count(tiny_config, threads, code):
         assert json.loads(result.stdout)["threads"] == 1
     else:
         assert result.stderr == "error: threads must be a positive integer (or unset: chosen), got 0\n"
+
+
+def test_a_profile_timing_budget_past_a_minute_per_kernel_is_refused():
+    """`profile --min-run-time 1e308` was accepted and timed its first kernel without end."""
+    result = CliRunner().invoke(
+        app, ["profile", "--preset", "byte-1m", "--device", "cpu", "--steps", "0", "--min-run-time", "1e308"]
+    )
+    assert one_line(result, 2).startswith(
+        "error: min_run_time must be a positive number of seconds, at most 60 per kernel, got 1e+308"
+    )
+
+
+@pytest.mark.parametrize("command", [["align"], ["profile", "--device", "h100-sxm"]])
+def test_a_modelled_batch_past_2_31_sequences_is_refused(command):
+    """`align --batch 1e20` modelled a step of 360 peta-seconds."""
+    result = CliRunner().invoke(app, [*command, "--preset", "byte-1m", "--batch", str(10**20)])
+    assert (
+        one_line(result, 2)
+        == "error: batch must be a positive integer up to 2**31 - 1, got a 21-digit number"
+    )

@@ -171,7 +171,7 @@ def test_text_folder_of_one_file_splits_by_bytes(tmp_path):
 
 
 def test_text_folder_of_too_many_files_is_refused_before_reading_them(tmp_path, monkeypatch):
-    """Probe 6: `[proxy] data = "/"` went on to read the whole file system."""
+    """`[proxy] data = "/"` went on to read the whole file system."""
     monkeypatch.setattr(data, "MAX_TEXT_FILES", 5)
     for i in range(3):
         (tmp_path / "a" / str(i)).mkdir(parents=True)

@@ -125,15 +125,15 @@ def transformers():
 
 @pytest.mark.parametrize("name", HF_SHAPES)
 def test_greedy_tokens_and_cache_bytes_equal_transformers_generate(name, transformers, tmp_path):
-    from tests.space.test_export import _load_hf, _proxy_weights_as_hf
+    from tests.helpers import load_hf, proxy_weights_as_hf
 
     cfg = HF_SHAPES[name]
     assert hf_model_type(cfg) is not None
-    model = _load_hf(transformers, cfg, tmp_path).eval()
+    model = load_hf(transformers, cfg, tmp_path).eval()
     proxy = _model(cfg)
     head_key = next(k for k in ("lm_head.weight", "embed_out.weight") if k in model.state_dict())
     missing, unexpected = model.load_state_dict(
-        _proxy_weights_as_hf(proxy, cfg, hf_model_type(cfg), head_key), strict=False
+        proxy_weights_as_hf(proxy, cfg, hf_model_type(cfg), head_key), strict=False
     )
     assert not missing and not unexpected
     prompt = torch.randint(0, cfg.vocab_size, (2, 6))

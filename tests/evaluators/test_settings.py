@@ -49,7 +49,7 @@ def test_constant_is_cosine_with_no_decay():
 
 # --- CPU threads ---
 # examples/tiny.toml's smallest shape (d_model 64, aspect 64, d_ff_ratio 2) at its proxy's batch
-# of 16 x 128 tokens: issue 9's measured case.
+# of 16 x 128 tokens: the case whose thread counts were measured.
 SMALLEST = config_from_knobs(d_model=64, n_layers=1, d_ff=128, head_dim=64, vocab_size=256, seq_len=128)
 TOKENS = 16 * 128
 
@@ -118,6 +118,6 @@ def test_threads_must_be_a_positive_integer(threads):
     ids=["tokens", "5000-digit-tokens", "flops", "seconds"],
 )
 def test_a_budget_that_never_ends_is_refused(budget, message):
-    """Probe 7: `train --seconds 1e300` and `--tokens 1e23` trained until killed."""
+    """`train --seconds 1e300` and `--tokens 1e23` trained until killed."""
     with pytest.raises(TrainError, match=f"^{re.escape(message)}"):
         TrainSettings(**budget)

@@ -1,4 +1,4 @@
-"""Step time means a real training step (issue 12, section 1).
+"""Step time means a real training step.
 
 The trainer times its own optimizer steps; a local profile is that step's breakdown, with a
 residual line so its parts add up; profiles and MFU use the precision training used; MFU never
@@ -221,7 +221,7 @@ def test_mfu_is_never_above_one(achieved, peak, mfu, caplog):
 
 
 def test_an_under_measured_peak_gives_mfu_one_not_more(monkeypatch, corpus, caplog):
-    """The issue's 1.083: a peak measured low (say, while another worker loaded the cores)."""
+    """An MFU of 1.083 was once reported: a peak measured low (say, while another worker loaded the cores)."""
     monkeypatch.setattr(trainer, "peak_matmul_flops", lambda device, precision, cache=None: 1.0)  # 1 FLOP/s
     with caplog.at_level(logging.WARNING, logger=profiler.__name__):
         result = train(TINY, corpus, TrainSettings(tokens=4 * 128, precision="fp32", **FAST))

@@ -210,3 +210,14 @@ def test_cuda_without_cuda_is_an_error(corpus):
         pytest.skip("this machine has CUDA")
     with pytest.raises(ArchsearchError, match="no CUDA device"):
         train(TINY, corpus, TrainSettings(tokens=100, device="cuda", **FAST))
+
+
+def test_a_batch_past_memory_says_how_much_in_a_short_number():
+    """`train --batch-size 1e20` said `needs ~4125976562500000256.0 GiB`."""
+    from archsearch.evaluators.device import DeviceInfo
+    from archsearch.evaluators.trainer import too_large
+    from archsearch.space import preset
+
+    cfg = preset("byte-1m")
+    info = DeviceInfo("cpu", None, "a CPU", 2, 2, "AVX2", "AVX2", "2.13.0", None, memory_bytes=2**30)
+    assert re.search(r"needs ~[0-9.]+e\+[0-9]+ GiB, has 1\.0 GiB$", too_large(cfg, 10**20, cfg.seq_len, info))

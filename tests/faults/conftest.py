@@ -1,33 +1,31 @@
 """Fault injection: each test breaks one thing a run depends on and checks the exit code (or the
 error), the one line, and the database afterwards (nothing left running, a resume reaching
-exactly N). Backends: SQLite files and a throwaway database on the local PostgreSQL."""
+exactly N). Backends: `backend_url` (tests/conftest.py), SQLite files and a throwaway database on
+the local PostgreSQL."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from tests.postgres import postgres_database
-from tests.storage.test_query import fill_study
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def backend_url(request, tmp_path) -> Iterator[str]:
-    """A fresh, empty database URL on each backend; PostgreSQL skips visibly when absent."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'trials.db'}"
-        return
-    with postgres_database() as url:
-        yield url
-
 
 @pytest.fixture
-def study_url(tmp_path) -> str:
-    """A SQLite URL of `tmp_path / "trials.db"` holding the filled study "s" (`fill_study`)."""
-    from archsearch.storage import Storage
-
-    url = f"sqlite:///{tmp_path / 'trials.db'}"
-    with Storage.open(url) as db:
-        fill_study(db)
-    return url
+def small_disk(tmp_path) -> Iterator[Path]:
+    """A folder on an 8 MB tmpfs, mounted for the test; skips, saying why, where it cannot be."""
+    folder = tmp_path / "small"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("a full disk needs a small tmpfs, and mounting one needs root")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(folder)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs for a full disk: {done.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)

@@ -1,4 +1,4 @@
-"""Stored rows that are not what their columns hold, beyond the trials table (issue 26 probe 6): a
+"""Stored rows that are not what their columns hold, beyond the trials table: a
 study row's time, loss rule or JSON, a profile's or a device's JSON of another shape, a kernel
 time that is text or negative; and numbers JSON cannot carry. Each was a traceback or a silent
 nonsense result; each is now the damaged-database line, exit 1, with the file left as it was.
@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from archsearch.cli import app
 from archsearch.storage import DamagedStorageError, Storage, StorageError
-from tests.faults.test_inputs import _one_line
+from tests.helpers import one_line
 from tests.storage.test_query import fill_study
 
 
@@ -76,12 +76,12 @@ DAMAGED_STUDY_ROWS = {  # column, stored value, what the line says
 )
 @pytest.mark.parametrize("command", [["studies"], ["pareto", "--study", "s"], ["trials", "--study", "s"]])
 def test_a_damaged_study_row_is_a_damaged_database_and_left_as_it_was(tmp_path, column, stored, why, command):
-    """Probe 6: `studies` (created_at text: `time.localtime`) and `pareto` (a loss rule that is not
+    """`studies` (created_at text: `time.localtime`) and `pareto` (a loss rule that is not
     a number) ended in tracebacks."""
     path, url = _study(tmp_path, (f"UPDATE archsearch_studies SET {column} = ?", (stored,)))
     before = _digest(path)
     result = CliRunner().invoke(app, [*command, "--storage", url])
-    assert _one_line(result, 1) == (
+    assert one_line(result, 1) == (
         f"error: the database {url} is damaged (a stored value is damaged: {why}): restore it from a "
         "copy, or give another --storage"
     )
@@ -102,7 +102,7 @@ JSON_OF_ANOTHER_SHAPE = {  # table, column, what the line names
     ("table", "column", "why"), JSON_OF_ANOTHER_SHAPE.values(), ids=JSON_OF_ANOTHER_SHAPE.keys()
 )
 def test_json_of_another_shape_in_any_table_is_a_damaged_database(tmp_path, table, column, why):
-    """Probe 6: a profile's report or a device's info stored as a JSON list was an AttributeError
+    """A profile's report or a device's info stored as a JSON list was an AttributeError
     or TypeError traceback in `report`."""
     path, url = _study(tmp_path, (f"UPDATE {table} SET {column} = '[1]'", ()))
     with Storage.open(url, read_only=True) as db:
@@ -116,13 +116,13 @@ def test_json_of_another_shape_in_any_table_is_a_damaged_database(tmp_path, tabl
     )
     out = tmp_path / "r.html"
     result = CliRunner().invoke(app, ["report", "--study", "s", "-o", str(out), "--storage", url])
-    _one_line(result, 1, "is damaged (a stored value is damaged: ", "is not a JSON object")
+    one_line(result, 1, "is damaged (a stored value is damaged: ", "is not a JSON object")
     assert _digest(path) == before and not out.exists()
 
 
 @pytest.mark.parametrize(("stored", "shown"), [("x", "'x'"), (-1.0, "'-1.0'")], ids=["text", "negative"])
 def test_a_stored_kernel_time_that_is_not_a_positive_number_is_a_damaged_database(tmp_path, stored, shown):
-    """Probe 6: `profile --storage` read a kernel time stored as text (a traceback) or negative
+    """`profile --storage` read a kernel time stored as text (a traceback) or negative
     (a 'measured matmul peak' of -2e9 FLOP/s and an MFU clamped to 1)."""
     path, url = _study(tmp_path, ("UPDATE archsearch_kernels SET seconds = ?", (stored,)))
     before = _digest(path)
@@ -133,7 +133,7 @@ def test_a_stored_kernel_time_that_is_not_a_positive_number_is_a_damaged_databas
 
 
 def test_another_application_s_sqlite_file_is_not_given_archsearch_s_tables(tmp_path):
-    """Probe 6: `profile --storage` (which creates the database it is given) added archsearch's
+    """`profile --storage` (which creates the database it is given) added archsearch's
     tables to another application's SQLite file, exit 0. A file with Optuna's tables only, or an
     empty one, still becomes an archsearch database."""
     path = tmp_path / "other.db"
@@ -155,7 +155,7 @@ def test_another_application_s_sqlite_file_is_not_given_archsearch_s_tables(tmp_
 
 # --- numbers JSON has no words for ---------------------------------------------------------------------
 def test_an_infinite_stored_value_is_null_in_the_trials_json(tmp_path):
-    """Probe 6: `trials --format json` ended in a ValueError traceback ('Out of range float
+    """`trials --format json` ended in a ValueError traceback ('Out of range float
     values are not JSON compliant') on a stored +-inf, which the database keeps (a failed trial's
     bits per byte)."""
     _, url = _study(tmp_path, ("UPDATE archsearch_trials SET bits_per_byte = 9e999 WHERE number = 0", ()))
@@ -166,13 +166,13 @@ def test_an_infinite_stored_value_is_null_in_the_trials_json(tmp_path):
 
 
 def test_a_reference_point_whose_hypervolume_overflows_is_refused(tmp_path):
-    """Probe 6: `pareto --reference 1e308,1e308` printed numpy's RuntimeWarning and a hypervolume
+    """`pareto --reference 1e308,1e308` printed numpy's RuntimeWarning and a hypervolume
     of inf (`"hypervolume": Infinity` with --json, which strict JSON parsers refuse), exit 0."""
     _, url = _study(tmp_path)
     result = CliRunner().invoke(
         app, ["pareto", "--study", "s", "--reference", "1e308,1e308", "--json", "--storage", url]
     )
-    assert _one_line(result, 2) == (
+    assert one_line(result, 2) == (
         "error: the hypervolume against the reference point (1e+308, 1e+308) overflows a float: give a "
         "reference nearer the front"
     )
@@ -180,7 +180,7 @@ def test_a_reference_point_whose_hypervolume_overflows_is_refused(tmp_path):
 
 
 def test_a_reference_point_no_trial_beats_says_why_the_hypervolume_is_0(tmp_path):
-    """Probe 7: `pareto --reference 0,0` printed hypervolume 0, exit 0, with nothing to say why."""
+    """`pareto --reference 0,0` printed hypervolume 0, exit 0, with nothing to say why."""
     _, url = _study(tmp_path)
     result = CliRunner().invoke(app, ["pareto", "--study", "s", "--reference", "0,0", "--storage", url])
     assert result.exit_code == 0, result.output
@@ -188,16 +188,16 @@ def test_a_reference_point_no_trial_beats_says_why_the_hypervolume_is_0(tmp_path
     assert result.stderr.startswith("note: no trial of the front is better than the reference point")
 
 
-# --- probe 7's D5: damage that was blamed on the input ---------------------------------------------
+# --- damage that was blamed on the input ----- ---------------------------------------------
 @pytest.mark.parametrize("command", [["pareto", "--study", "s"], ["report", "--study", "s", "-o", "r.html"]])
 def test_an_infinite_objective_of_a_complete_trial_is_a_damaged_database(tmp_path, command):
-    """Probe 7: a complete trial's loss set to inf by hand made `pareto` blame the default reference
+    """A complete trial's loss set to inf by hand made `pareto` blame the default reference
     point (`give a reference nearer the front`), exit 2: the input's fault, which it was not."""
     path, url = _study(tmp_path, ("UPDATE archsearch_trials SET loss = 9e999 WHERE number = 0", ()))
     before = _digest(path)
     command = [str(tmp_path / c) if c.endswith(".html") else c for c in command]
     result = CliRunner().invoke(app, [*command, "--storage", url])
-    assert _one_line(result, 1) == (
+    assert one_line(result, 1) == (
         f"error: the database {url} is damaged (complete trial 0 of 's' stores loss = inf, which no "
         "complete trial has): restore it from a copy, or give another --storage"
     )
@@ -205,12 +205,12 @@ def test_an_infinite_objective_of_a_complete_trial_is_a_damaged_database(tmp_pat
 
 
 def test_stored_objectives_no_study_could_have_are_a_damaged_database(tmp_path):
-    """Probe 7: a study row's objectives 'foo,bar' were reported as bad input (exit 2), as if the
+    """A study row's objectives 'foo,bar' were reported as bad input (exit 2), as if the
     user had typed them."""
     path, url = _study(tmp_path, ("UPDATE archsearch_studies SET objectives = 'foo,bar'", ()))
     before = _digest(path)
     result = CliRunner().invoke(app, ["pareto", "--study", "s", "--storage", url])
-    line = _one_line(result, 1)
+    line = one_line(result, 1)
     assert line == (
         f"error: the database {url} is damaged (a stored value is damaged: the stored objectives of study "
         "'s' name 'foo', which is no objective): restore it from a copy, or give another --storage"

@@ -1,4 +1,4 @@
-"""Options that did nothing and a cache that is not a folder, from the seventh probe of issue 26:
+"""Options that did nothing and a cache that is not a folder:
 `profile --context` without `--serve` and the timing options of a modelled profile were ignored
 (exit 0); `ARCHSEARCH_CACHE=/dev/null` printed a warning line before its error line."""
 
@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from archsearch.cli import app
-from tests.faults.test_inputs import _one_line
+from tests.helpers import one_line
 
 CONFIG = {"vocab_size": 256, "seq_len": 64, "d_model": 128, "n_layers": 2, "n_heads": 4, "d_ff": 256}
 
@@ -34,7 +34,7 @@ def test_an_option_the_profile_would_ignore_is_refused(tmp_path, monkeypatch, ar
     monkeypatch.chdir(tmp_path)
     (tmp_path / "ok.json").write_text(json.dumps(CONFIG))
     result = CliRunner().invoke(app, ["profile", "ok.json", *args])
-    assert _one_line(result, 2).startswith(line)
+    assert one_line(result, 2).startswith(line)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ok.json"]
 
 
@@ -44,12 +44,12 @@ def test_a_cache_folder_that_is_a_file_is_one_line(tmp_path, monkeypatch):
     result = CliRunner().invoke(
         app, ["train", str(tmp_path / "ok.json"), "--device", "cpu", "--tokens", "2000"]
     )
-    _one_line(result, 2, "cannot write the corpus cache in /dev/null/corpus: Not a directory")
+    one_line(result, 2, "cannot write the corpus cache in /dev/null/corpus: Not a directory")
 
 
 @pytest.mark.parametrize("data", ["text.txt", None], ids=["text-file", "bundled-corpus"])
 def test_a_token_dtype_for_text_is_refused(tmp_path, data):
-    """Probe 7: `train --token-dtype uint32` on text was ignored, exit 0 (`--vocab-size` was refused)."""
+    """`train --token-dtype uint32` on text was ignored, exit 0 (`--vocab-size` was refused)."""
     (tmp_path / "ok.json").write_text(json.dumps(CONFIG))
     (tmp_path / "text.txt").write_text("hello world " * 500)
     where = ["--data", str(tmp_path / data)] if data else []
@@ -64,7 +64,7 @@ def test_a_token_dtype_for_text_is_refused(tmp_path, data):
         "--token-dtype",
         "uint32",
     ]
-    _one_line(
+    one_line(
         CliRunner().invoke(app, args),
         2,
         "is byte-level text: a token dtype ('uint32') is for .bin token files",

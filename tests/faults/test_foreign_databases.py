@@ -11,14 +11,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
 from typer.testing import CliRunner
 
 from archsearch.cli import app
 from archsearch.storage import Storage, StorageError
 from archsearch.storage import engine as engine_module
-from tests.faults.test_inputs import _one_line
 from tests.faults.test_storage_failures import HOLDER
+from tests.helpers import example_space, one_line
+from tests.postgres import postgres_database
 from tests.storage.test_query import fill_study
 
 
@@ -96,11 +98,11 @@ def test_a_lock_held_past_the_bound_when_a_command_opens_the_database_is_exit_1(
     finally:
         release.touch()
         holder.wait(timeout=60)
-    line = _one_line(result, 1, "database is locked")
+    line = one_line(result, 1, "database is locked")
     assert line.endswith("(another process held its lock for more than 1 s)"), line
 
 
-# --- the third probe of issue 26 ------------------------------------------------------------------
+# --- database URLs with options, truncated files, I/O errors and damaged columns ---------------------
 @pytest.mark.parametrize(
     "command", [["studies"], ["search", "--space", "{space}", "--study", "s", "--resume"]]
 )
@@ -117,7 +119,7 @@ def test_a_sqlite_url_with_options_is_refused_and_writes_nowhere(tmp_path, comma
     url = f"sqlite:///{path}?mode=ro&uri=true"
     args = [a.format(space=tmp_path / "space.toml") for a in command]
     result = CliRunner().invoke(app, [*args, "--storage", url])
-    assert _one_line(result, 2) == f"error: {url}: a SQLite URL takes no options; give sqlite:///PATH"
+    assert one_line(result, 2) == f"error: {url}: a SQLite URL takes no options; give sqlite:///PATH"
     assert _digest(path) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["space.toml", "trials.db"]
 
@@ -132,7 +134,7 @@ def test_a_database_truncated_half_way_is_damaged_exit_1(tmp_path, command):
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     before = _digest(path)
     result = CliRunner().invoke(app, [*command, "--storage", f"sqlite:///{path}"])
-    assert _one_line(result, 1) == (
+    assert one_line(result, 1) == (
         f"error: the database sqlite:///{path} is damaged (database disk image is malformed): restore it "
         "from a copy, or give another --storage"
     )
@@ -176,7 +178,7 @@ def test_an_io_error_while_opening_the_database_is_exit_1(tmp_path):
 @pytest.mark.parametrize("command", [["studies"], ["trials", "--study", "s"], ["pareto", "--study", "s"]])
 def test_a_damaged_json_column_is_a_damaged_database_and_left_as_it_was(tmp_path, stored, why, command):
     """A study whose stored spec was overwritten (garbage, or JSON of another shape) was a
-    JSONDecodeError or AttributeError traceback in every command that read it (issue 26 probe 5)."""
+    JSONDecodeError or AttributeError traceback in every command that read it."""
     path = tmp_path / "trials.db"
     with Storage.open(f"sqlite:///{path}") as db:
         fill_study(db)
@@ -186,7 +188,7 @@ def test_a_damaged_json_column_is_a_damaged_database_and_left_as_it_was(tmp_path
     before = _digest(path)
     url = f"sqlite:///{path}"
     result = CliRunner().invoke(app, [*command, "--storage", url])
-    assert _one_line(result, 1) == (
+    assert one_line(result, 1) == (
         f"error: the database {url} is damaged (a stored value is damaged: {why}): restore it from a "
         "copy, or give another --storage"
     )
@@ -214,7 +216,7 @@ def test_a_damaged_trial_value_is_a_damaged_database_and_left_as_it_was(
     tmp_path, column, stored, why, command
 ):
     """SQLite keeps text in a REAL column: `pareto` and `report` were a ValueError traceback; a
-    damaged trial config blamed the input ('config: invalid JSON', exit 2) (issue 26 probe 5)."""
+    damaged trial config blamed the input ('config: invalid JSON', exit 2)."""
     path = tmp_path / "trials.db"
     with Storage.open(f"sqlite:///{path}") as db:
         fill_study(db)
@@ -225,8 +227,68 @@ def test_a_damaged_trial_value_is_a_damaged_database_and_left_as_it_was(
     url = f"sqlite:///{path}"
     args = [a.format(out=tmp_path / "out") for a in command]
     result = CliRunner().invoke(app, [*args, "--storage", url])
-    assert _one_line(result, 1) == (
+    assert one_line(result, 1) == (
         f"error: the database {url} is damaged (a stored value is damaged: {why}): restore it from a "
         "copy, or give another --storage"
     )
     assert _digest(path) == before and not (tmp_path / "out").exists()
+
+
+def _sha(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _one_trial_search(tmp_path, url: str) -> list[str]:
+    """The arguments of a one-trial search of examples/tiny-hf.toml into `url`."""
+    space = str(example_space(tmp_path))
+    return ["search", "--space", space, "--study", "s", "--trials", "1", "--storage", url]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_another_applications_studies_and_trials_tables_are_not_adopted(tmp_path):
+    """A SQLite file whose tables are named `studies` and `trials` passed as Optuna's: the search
+    created archsearch's and Optuna's tables beside them, then failed (exit 1) on a missing column."""
+    import sqlite3
+
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE studies (x)")
+        conn.execute("CREATE TABLE trials (a, b)")
+    conn.close()
+    before = _sha(path)
+    result = CliRunner().invoke(app, _one_trial_search(tmp_path, f"sqlite:///{path}"))
+    assert one_line(result, 2) == (
+        f"error: sqlite:///{path} holds a table named 'studies' that is not Optuna's (it lacks Optuna's "
+        "columns): another application's; give a new database as --storage"
+    )
+    assert _sha(path) == before
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_postgresql_database_with_a_foreign_studies_table_is_left_as_it_was(tmp_path):
+    """The same on PostgreSQL: refused (exit 2), but archsearch's 12 tables were created first."""
+    with postgres_database() as url:
+        with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as conn:
+            conn.execute("CREATE TABLE studies (study_id int, name text)")
+            conn.execute("CREATE TABLE trials (a int)")
+        result = CliRunner().invoke(app, _one_trial_search(tmp_path, url))
+        assert one_line(result, 2).endswith(
+            "holds a table named 'studies' that is not Optuna's (it lacks Optuna's columns): another "
+            "application's; give a new database as --storage"
+        )
+        with psycopg.connect(url.replace("+psycopg", "")) as conn:
+            tables = {
+                r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+            }
+        assert tables == {"studies", "trials"}
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_sqlite_path_that_names_a_folder_is_refused(tmp_path):
+    """`--storage sqlite:///new/` made a database file named `new`."""
+    result = CliRunner().invoke(app, ["studies", "--storage", f"sqlite:///{tmp_path}/new/"])
+    assert one_line(result, 2) == (
+        f"error: sqlite:///{tmp_path}/new/ names a folder: give the database file, e.g. "
+        f"{tmp_path}/new/archsearch.db"
+    )
+    assert not (tmp_path / "new").exists()

@@ -1,4 +1,4 @@
-"""Numbers too large to mean anything, from the seventh probe of issue 26: integers of 400 and
+"""Numbers too large to mean anything: integers of 400 and
 5,000 digits in space files, config JSON, measurement caches, recorded runs and flags (each was a
 traceback: Python converts no integer of more than 4,300 digits, and 400 digits overflow a float),
 and sizes or budgets that are finite but could never finish (`export --scale-to 1P` searched for
@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from archsearch.cli import app
-from tests.faults.test_inputs import _one_line
+from tests.helpers import one_line
 from tests.specs import TINY_TOML
 
 D400 = "1" + "0" * 400
@@ -55,7 +55,7 @@ def test_a_huge_number_in_a_space_file_is_one_line_exit_2(tmp_path, edit):
     assert old in TINY_TOML
     space = tmp_path / "space.toml"
     space.write_text(TINY_TOML.replace(old, new, 1))
-    line = _one_line(CliRunner().invoke(app, ["space", "check", str(space)]), 2, fragment)
+    line = one_line(CliRunner().invoke(app, ["space", "check", str(space)]), 2, fragment)
     assert len(line) < 300, line  # the value named by its length, not echoed
 
 
@@ -66,7 +66,7 @@ CONFIG = {"vocab_size": 256, "seq_len": 64, "d_model": 128, "n_layers": 2, "n_he
 def test_a_5000_digit_integer_in_a_config_file_is_one_line_exit_2(tmp_path, command):
     path = tmp_path / "big.json"
     path.write_text(json.dumps(CONFIG).replace('"d_model": 128', f'"d_model": {D5000}'))
-    _one_line(
+    one_line(
         CliRunner().invoke(app, [*command, str(path)]), 2, "invalid JSON: a number of more than 4,300 digits"
     )
 
@@ -76,7 +76,7 @@ def test_a_5000_digit_integer_in_a_measurement_cache_is_one_line(tmp_path):
     config.write_text(json.dumps(CONFIG))
     cache.write_text('{"version": 1, "entries": {"a": {"seconds": ' + D5000 + "}}}")
     result = CliRunner().invoke(app, ["profile", str(config), "--cache", str(cache), "--steps", "0"])
-    _one_line(
+    one_line(
         result,
         (1, 2),
         f"measurement cache {cache}: invalid JSON: a number of more than 4,300 digits; delete it",
@@ -93,7 +93,7 @@ def test_a_5000_digit_integer_in_a_measurement_cache_is_one_line(tmp_path):
     ids=["width", "config-new-d-model", "config-new-multiple-of"],
 )
 def test_a_huge_size_flag_is_named_by_its_length_exit_2(args, fragment):
-    _one_line(CliRunner().invoke(app, args), 2, fragment)
+    one_line(CliRunner().invoke(app, args), 2, fragment)
 
 
 @pytest.mark.parametrize(
@@ -107,4 +107,4 @@ def test_a_huge_size_flag_is_named_by_its_length_exit_2(args, fragment):
 def test_a_training_budget_that_never_ends_is_refused_before_training(tmp_path, args, fragment):
     config = tmp_path / "ok.json"
     config.write_text(json.dumps(CONFIG))
-    _one_line(CliRunner().invoke(app, ["train", str(config), "--device", "cpu", *args]), 2, fragment)
+    one_line(CliRunner().invoke(app, ["train", str(config), "--device", "cpu", *args]), 2, fragment)

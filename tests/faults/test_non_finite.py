@@ -42,7 +42,7 @@ def _trained(db: Storage) -> list:
 
 
 def test_a_diverging_proxy_fails_each_trial_with_the_reason_and_the_search_finishes(backend_url):
-    # The case: `[proxy] lr = 1e9`, a valid value, trained for real.
+    # A divergence as a user meets it: `[proxy] lr = 1e9`, a valid value, trained for real.
     with Storage.open(backend_url) as db:
         summary = run_search(tiny_spec(proxy=DIVERGING), db, SearchOptions(study="s", trials=3))
         records = _trained(db)

@@ -15,11 +15,10 @@ from typer.testing import CliRunner
 
 from archsearch.cli import app
 from archsearch.errors import quoted
-from tests.faults.test_inputs import _one_line
-from tests.faults.test_real_storage_failures import _fill, small_disk  # noqa: F401 (a fixture)
+from tests.helpers import fill_disk, one_line
 from tests.specs import TINY_TOML
 
-PROFILE_CACHE = ["profile", "--preset", "byte-1m", "--device", "cpu", "--steps", "1", "--cache"]  # probe 4
+PROFILE_CACHE = ["profile", "--preset", "byte-1m", "--device", "cpu", "--steps", "1", "--cache"]
 
 
 # --- a FIFO where a file is read ----------------------------------------------------------------------
@@ -53,7 +52,7 @@ def test_a_fifo_given_as_an_input_file_is_refused_at_once(tmp_path, command, wha
     "command", [["trials", "--study", "s"], ["search", "--space", "{space}", "--trials", "1"]]
 )
 def test_a_storage_path_that_is_not_a_file_says_what_it_is(tmp_path, kind, command):
-    """Probe 5: a FIFO given as the SQLite database was 'no database at' it to a reader and 'disk I/O
+    """A FIFO given as the SQLite database was 'no database at' it to a reader and 'disk I/O
     error' (exit 1, the environment's fault) to a search; a folder was SQLite's 'unable to open'."""
     space = tmp_path / "space.toml"
     space.write_text(TINY_TOML)
@@ -62,7 +61,7 @@ def test_a_storage_path_that_is_not_a_file_says_what_it_is(tmp_path, kind, comma
     args = [a.format(space=space) for a in command]
     result = CliRunner().invoke(app, [*args, "--storage", f"sqlite:///{path}"])
     what = "not a regular file" if kind == "fifo" else "a folder"
-    assert _one_line(result, 2) == f"error: {path} is {what}, not a SQLite database"
+    assert one_line(result, 2) == f"error: {path} is {what}, not a SQLite database"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["space.toml", "trials.db"]
 
 
@@ -70,7 +69,7 @@ def test_a_folder_given_as_the_space_still_says_so(tmp_path):
     folder = tmp_path / "space.toml"
     folder.mkdir()
     result = CliRunner().invoke(app, ["space", "check", str(folder)])
-    _one_line(result, 2, "Is a directory")
+    one_line(result, 2, "Is a directory")
 
 
 # --- outputs onto a full disk -------------------------------------------------------------------------
@@ -83,15 +82,15 @@ OUTPUTS = {  # command, and the output's name
 
 
 @pytest.mark.parametrize(("command", "name"), OUTPUTS.values(), ids=OUTPUTS.keys())
-def test_an_output_onto_a_full_disk_is_one_line_naming_it_exit_1(study_url, small_disk, command, name):  # noqa: F811
-    _fill(small_disk)
+def test_an_output_onto_a_full_disk_is_one_line_naming_it_exit_1(study_url, small_disk, command, name):
+    fill_disk(small_disk)
     out = small_disk / name
     result = CliRunner().invoke(app, [*(a.format(out=out) for a in command), "--storage", study_url])
-    assert _one_line(result, 1) == f"error: cannot use {out}: No space left on device"
+    assert one_line(result, 1) == f"error: cannot use {out}: No space left on device"
     assert [p.name for p in small_disk.iterdir()] == ["filler"]  # no hidden scratch file or folder
 
 
-FIFO_OUTPUTS = {  # probe 4: each replaced the FIFO with a regular file, exit 0 (as root, /dev/full too)
+FIFO_OUTPUTS = {  # each replaced the FIFO with a regular file, exit 0 (as root, /dev/full too)
     "report": ["report", "--study", "s", "-o", "{out}.html"],
     "trials-csv": ["trials", "--study", "s", "--format", "csv", "-o", "{out}.csv"],
     "pareto-plot": ["pareto", "--study", "s", "--plot", "{out}.png"],
@@ -107,7 +106,7 @@ def test_an_output_that_is_a_fifo_is_refused_and_left_as_it_was(study_url, tmp_p
     os.mkfifo(fifo)
     storage = ["--storage", study_url] if command[0] != "config" else []
     result = CliRunner().invoke(app, [*args, *storage])
-    assert _one_line(result, 2) == (
+    assert one_line(result, 2) == (
         f"error: cannot write {fifo}: not a regular file (a device, a FIFO or a socket), which the output "
         "would replace"
     )
@@ -117,7 +116,7 @@ def test_an_output_that_is_a_fifo_is_refused_and_left_as_it_was(study_url, tmp_p
 
 @pytest.mark.parametrize("command", FIFO_OUTPUTS.values(), ids=FIFO_OUTPUTS.keys())
 def test_an_output_through_a_symlink_writes_the_file_it_points_to(study_url, tmp_path, command):
-    """Probe 5: the rename that writes an output whole replaced the link itself, exit 0, and the
+    """The rename that writes an output whole replaced the link itself, exit 0, and the
     file it pointed to kept its old contents."""
     args = [a.format(out=tmp_path / "out") for a in command]
     link = Path(args[-1])
@@ -135,27 +134,27 @@ def test_an_output_through_a_symlink_writes_the_file_it_points_to(study_url, tmp
 
 @pytest.mark.parametrize("command", FIFO_OUTPUTS.values(), ids=FIFO_OUTPUTS.keys())
 def test_a_loop_of_symlinks_as_an_output_is_one_line_and_left_as_it_was(study_url, tmp_path, command):
-    """Probe 5: a link to a link back to it was replaced by a regular file, exit 0."""
+    """A link to a link back to it was replaced by a regular file, exit 0."""
     args = [a.format(out=tmp_path / "out") for a in command]
     link, other = Path(args[-1]), tmp_path / "other"
     link.symlink_to(other)
     other.symlink_to(link)
     storage = ["--storage", study_url] if command[0] != "config" else []
     result = CliRunner().invoke(app, [*args, *storage])
-    assert _one_line(result, 2) == f"error: cannot write {link}: a loop of symbolic links"
+    assert one_line(result, 2) == f"error: cannot write {link}: a loop of symbolic links"
     assert link.is_symlink() and other.is_symlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["trials.db", link.name, "other"])
 
 
 @pytest.mark.parametrize("command", FIFO_OUTPUTS.values(), ids=FIFO_OUTPUTS.keys())
 def test_an_output_that_is_a_folder_is_one_line_exit_2(study_url, tmp_path, command):
-    """Probe 6: `config new -o FOLDER` ran, then failed at the write with exit 1."""
+    """`config new -o FOLDER` ran, then failed at the write with exit 1."""
     args = [a.format(out=tmp_path / "out") for a in command]
     folder = Path(args[-1])
     (folder / "kept").mkdir(parents=True)
     storage = ["--storage", study_url] if command[0] != "config" else []
     result = CliRunner().invoke(app, [*args, *storage])
-    assert _one_line(result, 2) == f"error: cannot write {folder}: it is a folder"
+    assert one_line(result, 2) == f"error: cannot write {folder}: it is a folder"
     assert [p.name for p in folder.iterdir()] == ["kept"]
 
 
@@ -171,7 +170,7 @@ def test_running_out_of_memory_outside_a_trial_is_one_line_exit_1(tmp_path, monk
     space = tmp_path / "space.toml"
     space.write_text(TINY_TOML)
     result = CliRunner().invoke(app, ["space", "check", str(space)])
-    _one_line(result, 1, "out of memory", "ulimit -v")
+    one_line(result, 1, "out of memory", "ulimit -v")
 
 
 def test_a_fifo_given_as_the_data_is_refused_for_what_it_is(tmp_path):
@@ -187,7 +186,7 @@ def test_a_fifo_given_as_the_data_is_refused_for_what_it_is(tmp_path):
 
 @pytest.mark.parametrize("kind", ["loop", "no-such-user"])
 def test_a_data_path_that_cannot_be_resolved_is_one_line(tmp_path, kind):
-    """Probe 5: `[proxy] data` naming a loop of symlinks, or `~user` of no user, was Path.resolve's
+    """`[proxy] data` naming a loop of symlinks, or `~user` of no user, was Path.resolve's
     RuntimeError traceback in `space check` and `search`."""
     if kind == "loop":
         (tmp_path / "a").symlink_to(tmp_path / "b")
@@ -198,7 +197,7 @@ def test_a_data_path_that_cannot_be_resolved_is_one_line(tmp_path, kind):
     space = tmp_path / "space.toml"
     space.write_text(TINY_TOML.replace("[proxy]\n", f'[proxy]\ndata = "{data}"\n', 1))
     result = CliRunner().invoke(app, ["space", "check", str(space)])
-    assert _one_line(result, 2) == f"error: {space}: [proxy].data: cannot resolve {quoted(data)}: {why}"
+    assert one_line(result, 2) == f"error: {space}: [proxy].data: cannot resolve {quoted(data)}: {why}"
 
 
 @pytest.mark.parametrize(
@@ -212,7 +211,7 @@ def test_a_data_path_that_cannot_be_resolved_is_one_line(tmp_path, kind):
 )  # fmt: skip
 def test_torch_running_out_of_memory_is_the_same_one_line(tmp_path, monkeypatch, error, out_of_memory):
     """`profile --serve --device cpu --context 100000000` under `ulimit -v 6000000`: torch's CPU
-    allocator raises a RuntimeError, not MemoryError, and it ended in a traceback (issue 26, probe 3).
+    allocator raises a RuntimeError, not MemoryError, and it ended in a traceback.
     Any other RuntimeError is a bug and keeps its traceback."""
     import archsearch.evaluators.serve_profiler as serve_profiler
     from archsearch.space import preset
@@ -225,6 +224,6 @@ def test_torch_running_out_of_memory_is_the_same_one_line(tmp_path, monkeypatch,
     config.write_text(preset("gpt2-small").to_json())
     result = CliRunner().invoke(app, ["profile", str(config), "--serve", "--device", "cpu"])
     if out_of_memory:
-        _one_line(result, 1, "out of memory", "ulimit -v", "smaller shape, batch or context")
+        one_line(result, 1, "out of memory", "ulimit -v", "smaller shape, batch or context")
     else:
         assert result.exit_code == 1 and result.exception is error

@@ -1,4 +1,4 @@
-"""Numbers out of range on the command line and in a space file, from the third probe of issue 26:
+"""Numbers out of range on the command line and in a space file:
 sizes past what the database stores (`--scale-to 1e400` and `--memory 1e400GB` were OverflowError
 tracebacks; `[serve] memory = "1e400GB"` passed `space check`), a ladder of a million rungs (a
 traceback), a million seeds (minutes spent building the plan, then more), and a NaN reference
@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from archsearch.cli import app
 from archsearch.errors import ArchsearchError
 from archsearch.storage import Storage
-from tests.faults.test_inputs import _one_line
+from tests.helpers import one_line
 from tests.specs import tiny_toml
 from tests.storage.test_query import fill_study
 
@@ -60,7 +60,7 @@ REFUSED = {  # the arguments, and the one line's start
         ["pareto", "--study", "s", "--reference", "3.0,inf"],
         "error: --reference takes finite numbers separated by commas, got '3.0,inf'",
     ),
-    # Probe 4: one seed range for every seed a run takes; `train --seed -1` was numpy's traceback
+    # One seed range for every seed a run takes; `train --seed -1` was numpy's traceback
     # after the model was built, `--seed 2**64` torch's, and validate and ladder took any seed.
     "train-seed-negative": (
         ["train", "--study", "s", "--trial", "0", "--tokens", "2048", "--seed", "-1"],
@@ -78,7 +78,7 @@ REFUSED = {  # the arguments, and the one line's start
         ["validate", "--study", "s", "--trials", "4", "--seed", "-1"],
         "error: --seed must be in 0..4294967295, got -1",
     ),
-    # Probe 5: validate and ladder checked Ray's resources with `< 0`, which NaN passes: Ray
+    # Validate and ladder checked Ray's resources with `< 0`, which NaN passes: Ray
     # started (and the ladder opened) before Ray refused it; now search's rule, in one place.
     "validate-gpus-nan": (
         ["validate", "--study", "s", "--trials", "4", "--gpus-per-run", "nan"],
@@ -92,7 +92,7 @@ REFUSED = {  # the arguments, and the one line's start
         ["ladder", "--study", "s", "--trial", "0", "--cpus-per-run", "inf"],
         "error: --cpus-per-run must be a finite number >= 0.0001, got inf",
     ),
-    # Probe 5: `search --workers 99999999999` started a local Ray of as many logical CPUs, whose
+    # `search --workers 99999999999` started a local Ray of as many logical CPUs, whose
     # start-up timed out a minute later blaming an overloaded GCS.
     "search-workers-huge": (
         ["search", "--space", "{space}", "--study", "s2", "--workers", "99999999999"],
@@ -118,7 +118,7 @@ def test_a_number_out_of_range_is_one_line_and_changes_nothing(database, tmp_pat
     space = Path(__file__).parents[2] / "examples" / "tiny.toml"
     filled = [a.format(out=out, space=space) for a in args]
     result = CliRunner().invoke(app, [*filled, "--storage", f"sqlite:///{database}"])
-    assert _one_line(result, 2) == line
+    assert one_line(result, 2) == line
     assert hashlib.sha256(database.read_bytes()).hexdigest() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trials.db"]  # no output, no -wal left
 
@@ -145,7 +145,7 @@ def test_a_rung_below_one_parameter_is_the_ladder_s_own_error():
             '"1e400GB"',
             "memory '1e400GB' is too large: the database stores at most 2**63 - 1 (9.2e18) (bytes)",
         ),
-        # Any integer of the file past 2**63 - 1 is refused as it is read (probe 7).
+        # Any integer of the file past 2**63 - 1 is refused as it is read.
         ("99999999999999999999", "a 20-digit number is past 2**63 - 1, the most the database stores"),
     ],
     ids=["string", "integer"],
@@ -154,7 +154,7 @@ def test_a_serve_memory_past_the_bound_is_refused_by_space_check(tmp_path, memor
     space = tmp_path / "space.toml"
     space.write_text(tiny_toml(serve=f"batch = 1\nprompt_len = 16\ngen_len = 16\nmemory = {memory}"))
     result = CliRunner().invoke(app, ["space", "check", str(space)])
-    assert _one_line(result, 2) == f"error: {space}: [serve].memory: {why}"
+    assert one_line(result, 2) == f"error: {space}: [serve].memory: {why}"
 
 
 def test_a_proxy_seed_out_of_range_is_refused_by_space_check(tmp_path):
@@ -162,7 +162,7 @@ def test_a_proxy_seed_out_of_range_is_refused_by_space_check(tmp_path):
     space = tmp_path / "space.toml"
     space.write_text(tiny_toml(proxy="tokens = 2048\nbatch_size = 4\nevals = 4\ndevice = 'cpu'\nseed = -1"))
     result = CliRunner().invoke(app, ["space", "check", str(space)])
-    assert _one_line(result, 2) == f"error: {space}: [proxy]: seed must be in 0..4294967295, got -1"
+    assert one_line(result, 2) == f"error: {space}: [proxy]: seed must be in 0..4294967295, got -1"
 
 
 # --- bounds from the environment -----------------------------------------------------------------------
@@ -209,9 +209,9 @@ def test_both_bounds_from_the_environment_read_alike(monkeypatch, name):
 )
 def test_the_relu_risk_of_a_huge_width_takes_a_bounded_number_of_terms(tmp_path, monkeypatch, args):
     """The ReLU feature-loss risk summed one lgamma per unit of d_model into a list: `width 1e23`
-    and `cost` of a ReLU shape 2**40 wide ran out of memory after minutes (issue 26 probe 5). The
+    and `cost` of a ReLU shape 2**40 wide ran out of memory after minutes. The
     sum now stops where its terms stop counting: a few hundred terms at any size (`width` takes
-    up to 2**53, as a shape's sizes; past it, one line: probe 7)."""
+    up to 2**53, as a shape's sizes; past it, one line)."""
     import math
 
     from archsearch.space import ArchConfig
@@ -244,7 +244,7 @@ def test_the_relu_risk_of_a_huge_width_takes_a_bounded_number_of_terms(tmp_path,
 
 
 def test_a_negative_kernel_count_is_refused():
-    """`profile --top -3` showed every kernel but the last three, exit 0 (issue 26 probe 5)."""
+    """`profile --top -3` showed every kernel but the last three, exit 0."""
     args = ["profile", "--preset", "byte-1m", "--device", "h100-sxm", "--top", "-3"]
     result = CliRunner().invoke(app, args)
     assert (result.exit_code, result.output) == (
@@ -271,10 +271,10 @@ def test_a_negative_kernel_count_is_refused():
 )
 def test_a_non_finite_ratio_is_one_line(tmp_path, args, line):
     """`config new --aspect-ratio nan` was a ValueError traceback and `--d-ff-ratio inf` an
-    OverflowError one: both passed a `<= 0` check (issue 26 probe 5)."""
+    OverflowError one: both passed a `<= 0` check."""
     out = tmp_path / "c.json"
     result = CliRunner().invoke(app, ["config", "new", "--d-model", "64", *args, "-o", str(out)])
-    assert _one_line(result, 2) == line
+    assert one_line(result, 2) == line
     assert not out.exists()
 
 
@@ -288,30 +288,30 @@ def test_a_non_finite_ratio_is_one_line(tmp_path, args, line):
 )
 def test_a_thread_count_past_any_machine_is_refused_before_torch_makes_them(args):
     """`train --threads 5000` was a segmentation fault (exit 139, no line) under a memory limit
-    while torch's OpenMP made the threads (issue 26 probe 5)."""
-    assert _one_line(CliRunner().invoke(app, args), 2) == "error: threads must be at most 1024, got 5000"
+    while torch's OpenMP made the threads."""
+    assert one_line(CliRunner().invoke(app, args), 2) == "error: threads must be at most 1024, got 5000"
 
 
 def test_a_proxy_thread_count_past_any_machine_is_refused_by_space_check(tmp_path):
     space = tmp_path / "space.toml"
     space.write_text(tiny_toml().replace("[proxy]\n", "[proxy]\nthreads = 5000\n", 1))
     result = CliRunner().invoke(app, ["space", "check", str(space)])
-    assert _one_line(result, 2) == f"error: {space}: [proxy]: threads must be at most 1024, got 5000"
+    assert one_line(result, 2) == f"error: {space}: [proxy]: threads must be at most 1024, got 5000"
 
 
 def test_a_proxy_batch_no_shape_could_hold_is_refused_before_any_trial(tmp_path):
-    """Probe 5: `[proxy] batch_size = 1e9` passed `space check`, and a search would have failed
+    """`[proxy] batch_size = 1e9` passed `space check`, and a search would have failed
     every trial on the trainer's memory check; the logits alone are the floor the spec checks."""
     space = tmp_path / "big.toml"
     space.write_text(tiny_toml(proxy='tokens = 2048\nbatch_size = 1_000_000_000\ndevice = "cpu"'))
     result = CliRunner().invoke(app, ["space", "check", str(space)])
-    line = _one_line(result, 2)
+    line = one_line(result, 2)
     assert line.startswith("error: [proxy].batch_size: 1,000,000,000 sequences of ")
     assert "their logits alone need" in line and "more than this cpu's" in line
     result = CliRunner().invoke(
         app, ["search", "--space", str(space), "--storage", f"sqlite:///{tmp_path / 't.db'}", "--trials", "1"]
     )
-    assert _one_line(result, 2) == line
+    assert one_line(result, 2) == line
     assert not (tmp_path / "t.db").exists()  # refused before the database was opened
 
 

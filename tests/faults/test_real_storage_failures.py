@@ -18,8 +18,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from ray import cloudpickle  # Ray vendors it
@@ -31,6 +29,7 @@ from archsearch.search.driver import SearchOptions, run_search
 from archsearch.storage import Storage, StorageUnavailableError
 from archsearch.trial import TrialOutcome
 from tests.faults.test_storage_failures import _message, _resume
+from tests.helpers import fill_disk
 from tests.postgres import throwaway_cluster
 from tests.specs import tiny_spec, tiny_toml
 
@@ -47,35 +46,6 @@ def instant(request, known=None, board=None):
 
 
 # --- a full disk --------------------------------------------------------------------------------------
-@pytest.fixture
-def small_disk(tmp_path) -> Iterator[Path]:
-    """A folder on an 8 MB tmpfs, mounted for the test; skips, saying why, where it cannot be."""
-    folder = tmp_path / "small"
-    folder.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("a full disk needs a small tmpfs, and mounting one needs root")
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(folder)], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs for a full disk: {done.stderr.strip()}")
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=True)
-
-
-def _fill(folder: Path) -> None:
-    """Write to `folder` until its file system is full."""
-    with open(folder / "filler", "wb") as handle:
-        try:
-            while True:
-                handle.write(b"\0" * 65536)
-                handle.flush()
-        except OSError as exc:
-            assert exc.errno == 28, exc  # ENOSPC
-
-
 def test_a_disk_that_fills_mid_search_ends_in_one_line_and_the_hint_finishes_exactly_n(
     small_disk, tmp_path, monkeypatch
 ):
@@ -85,7 +55,7 @@ def test_a_disk_that_fills_mid_search_ends_in_one_line_and_the_hint_finishes_exa
     def fill_then_finish(request, known=None, board=None):
         if request.number >= 1 and not marker.exists():  # trial 0 recorded, trial 1 running
             marker.touch()
-            _fill(small_disk)
+            fill_disk(small_disk)
         return instant(request)
 
     space = tmp_path / "space.toml"

@@ -1,4 +1,4 @@
-"""Studies for report tests, written through the storage API: no training, no Ray.
+"""Studies for the report and ladder tests, written through the storage API: no training, no Ray.
 
 - `small_study`: five shapes of `tests/specs.TINY_TOML` (losses chosen so that trials 3, 1 and 0
   form the front and 1 is its knee), one failed trial, a measured local step time for each and a
@@ -6,6 +6,8 @@
 - `recorded_study`: the recorded calibration set of benchmarks/data (14 tiny shapes, their
   measured proxy losses and 10x long-run losses), stored as a validated study: what a real
   study's report looks like, for the browser test and the docs' screenshot.
+- `ladder_study`: study "tiny" of `LADDER_SHAPES` (four tiny shapes and one failed trial), what the
+  ladder tests and the tests of `pareto --at-size` and `report` on a laddered study start from.
 """
 
 from __future__ import annotations
@@ -111,3 +113,39 @@ def recorded_study(db: Storage, name: str) -> dict[str, Any]:
     report = fidelity_report(rows, 10.0, 1, size_beta=0.15, objective="adjusted")
     db.add_validation(name, multiplier=10.0, seeds=1, report=report)
     return report
+
+
+# `ladder_study`'s trials: number -> (d_model, n_layers, activation, proxy loss); trial 2 failed;
+# 4 is trial 0's design, narrower.
+LADDER_SHAPES = {
+    0: (128, 2, "gelu", 2.9),
+    1: (128, 2, "swiglu", 2.8),
+    3: (64, 2, "swiglu", 3.0),
+    4: (64, 4, "gelu", 3.1),
+}
+
+
+def ladder_config(d_model: int, layers: int, activation: str) -> ArchConfig:
+    return config_from_knobs(
+        d_model=d_model, n_layers=layers, head_dim=32, vocab_size=256, seq_len=32, activation=activation
+    )
+
+
+def ladder_study(url: str, spec=None) -> str:
+    spec = spec or tiny_spec()
+    with Storage.open(url) as db:
+        db.create_study(
+            "tiny", spec_fingerprint=spec.fingerprint, spec_source=spec.source, spec=spec.to_dict(),
+            objectives=spec.objectives,
+        )  # fmt: skip
+        for number in range(max(LADDER_SHAPES) + 1):
+            slot = db.claim_trial("tiny", 100, 60)
+            if number not in LADDER_SHAPES:
+                db.assign_trial(slot, number=number, optuna_trial_id=number, params={}, config=None)
+                db.finish_trial(slot, TrialOutcome(status="failed", reason="boom"))
+                continue
+            d_model, layers, activation, loss = LADDER_SHAPES[number]
+            cfg = ladder_config(d_model, layers, activation)
+            db.assign_trial(slot, number=number, optuna_trial_id=number, params={}, config=cfg)
+            db.finish_trial(slot, TrialOutcome(status="complete", train={"val_loss": loss, "tokens": 2048}))
+    return url

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import signal
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -32,21 +33,15 @@ from archsearch.search.ladder_plan import (
 from archsearch.search.ladder_runs import run_ladder
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import param_counts
-from archsearch.space.knobs import config_from_knobs
 from archsearch.space.scale import KEPT_FIELDS
 from archsearch.storage import Storage, shape_key
 from archsearch.trial import TrialOutcome
+from tests.helpers import one_line
+from tests.results.studies import LADDER_SHAPES, ladder_config, ladder_study
 from tests.specs import tiny_spec
 
 E, ALPHA = 1.2, 0.34  # the stand-in run's law, on non-embedding parameters
 A = {"gelu": 30.0, "swiglu": 24.0}
-# number -> (d_model, n_layers, activation, proxy loss); trial 2 failed; 4 is trial 0's design, narrower.
-SHAPES = {
-    0: (128, 2, "gelu", 2.9),
-    1: (128, 2, "swiglu", 2.8),
-    3: (64, 2, "swiglu", 3.0),
-    4: (64, 4, "gelu", 3.1),
-}
 
 
 def _run_ladder(storage, options, **kwargs):
@@ -54,35 +49,9 @@ def _run_ladder(storage, options, **kwargs):
     return run_ladder(storage, options, fit_rungs=fit_study_ladders, **kwargs)
 
 
-def _cfg(d_model: int, layers: int, activation: str) -> ArchConfig:
-    return config_from_knobs(
-        d_model=d_model, n_layers=layers, head_dim=32, vocab_size=256, seq_len=32, activation=activation
-    )
-
-
-def _study(url: str, spec=None) -> str:
-    spec = spec or tiny_spec()
-    with Storage.open(url) as db:
-        db.create_study(
-            "tiny", spec_fingerprint=spec.fingerprint, spec_source=spec.source, spec=spec.to_dict(),
-            objectives=spec.objectives,
-        )  # fmt: skip
-        for number in range(max(SHAPES) + 1):
-            slot = db.claim_trial("tiny", 100, 60)
-            if number not in SHAPES:
-                db.assign_trial(slot, number=number, optuna_trial_id=number, params={}, config=None)
-                db.finish_trial(slot, TrialOutcome(status="failed", reason="boom"))
-                continue
-            d_model, layers, activation, loss = SHAPES[number]
-            cfg = _cfg(d_model, layers, activation)
-            db.assign_trial(slot, number=number, optuna_trial_id=number, params={}, config=cfg)
-            db.finish_trial(slot, TrialOutcome(status="complete", train={"val_loss": loss, "tokens": 2048}))
-    return url
-
-
 @pytest.fixture
 def url(tmp_path):
-    return _study(f"sqlite:///{tmp_path / 't.db'}")
+    return ladder_study(f"sqlite:///{tmp_path / 't.db'}")
 
 
 def _law(cfg: ArchConfig) -> float:
@@ -119,7 +88,7 @@ def test_rungs_are_about_2x_apart_keep_the_design_and_train_in_proportion(url):
         planned = plan_ladder(db, LadderOptions("tiny", numbers=(0, 1), rungs=3, tokens_per_param=20))
     assert [p.trial for p in planned] == [0, 0, 0, 1, 1, 1]
     for trial in (0, 1):
-        source = _cfg(*SHAPES[trial][:3])
+        source = ladder_config(*LADDER_SHAPES[trial][:3])
         mine = [p for p in planned if p.trial == trial]
         assert [p.target for p in mine] == list(rung_targets(param_counts(source).total, 3))
         sizes = [p.params for p in mine]
@@ -172,7 +141,7 @@ def test_denser_rungs_that_come_out_as_one_shape_train_once_and_say_so(url):
 
 
 def test_the_scaled_shape_at_a_large_size_keeps_the_design():
-    source = _cfg(128, 2, "swiglu")
+    source = ladder_config(128, 2, "swiglu")
     big = rung_shape(source, 1_300_000_000)
     assert abs(param_counts(big).total / 1.3e9 - 1) <= 0.25 and big.activation == "swiglu"
     assert 50 <= big.aspect_ratio <= 400
@@ -196,11 +165,11 @@ def _run(*args: str):
         (("--trial", "0", "--top", "2k"), "trial 0: no shape keeping the design (mha, head_dim 32"),
         (("--trial", "0", "--plot", "x.svg"), "cannot plot ladders to 'x.svg': use a .png file"),
         (("--trial", "0", "--tokens-per-param", "1e300"),
-         "a rung cannot train: tokens budget a 30"),  # probe 7: trained until killed
+         "a rung cannot train: tokens budget a 30"),  # trained until killed
         (("--trial", "0", "--batch-size", "0"), "--batch-size must be a positive number of sequences, got 0"),
         (("--trial", "0", "--tokens-per-param", "1e308"),
-         "a rung cannot train: tokens budget a 309-digit number"),  # probe 8: OverflowError
-        (("--trial", "0", "--batch-size", "1099511627776"), "trial 0 at "),  # probe 8: all failed, exit 0
+         "a rung cannot train: tokens budget a 309-digit number"),  # OverflowError
+        (("--trial", "0", "--batch-size", "1099511627776"), "trial 0 at "),  # all failed, exit 0
         (("--trial", "0", "--spacing", "1"), "--spacing must be a ratio > 1 and <= 16, got 1.0"),
         (("--trial", "0", "--spacing", "nan"), "--spacing must be a ratio > 1 and <= 16, got nan"),
         (("--trial", "0", "--rungs", "40", "--spacing", "4"), "--rungs must be at most 32 (rungs 4x apart"),
@@ -210,7 +179,7 @@ def _run(*args: str):
          "batch-past-memory", "spacing-1", "spacing-nan", "rungs-past-spacing"],
 )  # fmt: skip
 def test_bad_ladders_exit_2_with_one_line_and_store_nothing(tmp_path, args, message):
-    url = _study(f"sqlite:///{tmp_path / 't.db'}", tiny_spec(budget="params = { max = 2e6 }"))
+    url = ladder_study(f"sqlite:///{tmp_path / 't.db'}", tiny_spec(budget="params = { max = 2e6 }"))
     result = _run("--study", "tiny", "--storage", url, *args)
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith(f"error: {message}") and result.stderr.count("\n") == 1, result.stderr
@@ -261,7 +230,7 @@ def test_ctrl_c_keeps_finished_rungs_and_a_rerun_trains_the_rest_once(url, tmp_p
 def test_a_rung_another_ladder_is_training_is_left_to_it_and_a_rerun_trains_it(
     url, tmp_path, ray_session, monkeypatch
 ):
-    # Probe 10: two ladders of one study started together trained every missing rung twice. Each
+    # Two ladders of one study started together trained every missing rung twice. Each
     # rung is now claimed in the database just before it starts; here another ladder holds one.
     import archsearch.search.ladder_runs as ladder
 
@@ -315,7 +284,7 @@ def test_another_batch_size_is_another_recipe_with_rungs_and_a_law_of_its_own(ur
     with pytest.raises(LadderFitError, match=r"rungs of 2 recipes \(tokens per parameter, batch size\)"):
         fit_study_ladders(rungs)
     # A prediction rests on one recipe: of equal ladders, the smaller batch's (more steps per rung).
-    found = predict_trial(rungs, 1, rung_shape(_cfg(*SHAPES[1][:3]), 2_000_000))
+    found = predict_trial(rungs, 1, rung_shape(ladder_config(*LADDER_SHAPES[1][:3]), 2_000_000))
     assert found.batch_size == 2 and {r.batch_size for r in found.rungs} == {2}
 
 
@@ -334,7 +303,7 @@ def test_a_rung_of_too_few_steps_is_noted_with_the_batch_that_gives_enough(url):
     )
     assert note.endswith(f"--batch-size {max(1, batch)} gives it enough")
     assert min(p.steps for p in enough) >= MIN_RUNG_STEPS and few_steps_note(enough) is None
-    # Probe 8: a batch of 100,000 (1 step) was told a batch that still gave 74 steps.
+    # A batch of 100,000 (1 step) was told a batch that still gave 74 steps.
     with Storage.open(url) as db:
         huge = plan_ladder(
             db, LadderOptions("tiny", numbers=(0,), rungs=4, tokens_per_param=20, batch_size=2000)
@@ -580,7 +549,7 @@ def test_export_of_a_trial_whose_ladder_has_one_size_says_so(url, tmp_path):
 
 
 def test_pareto_at_size_names_designs_laddered_under_another_recipe_only(url):
-    """Probe 10: a design laddered only at another tokens-per-parameter ratio vanished from the
+    """A design laddered only at another tokens-per-parameter ratio vanished from the
     ranking unsaid (the JSON said `left_out: 0`)."""
     _laddered(url)
     with Storage.open(url) as db:
@@ -602,7 +571,7 @@ def test_pareto_at_size_names_designs_laddered_under_another_recipe_only(url):
 
 
 def test_pareto_at_size_where_no_design_has_a_shape_is_one_error_line(url):
-    """Probe 10: every design left out printed an empty table and exited 0."""
+    """Every design left out printed an empty table and exited 0."""
     _laddered(url)
     result = CliRunner().invoke(app, ["pareto", "--study", "tiny", "--at-size", "1k", "--storage", url])
     assert result.exit_code == 2 and result.stdout == "", result.output
@@ -622,7 +591,7 @@ def test_a_count_that_rounds_to_zero_says_so(url, tmp_path):
 
 
 def test_pareto_at_size_of_a_study_with_nothing_to_ladder_does_not_advise_a_ladder(tmp_path):
-    """Probe 10: a study whose every trial failed was told to run `ladder --knee`, which fails."""
+    """A study whose every trial failed was told to run `ladder --knee`, which fails."""
     url = f"sqlite:///{tmp_path / 'f.db'}"
     spec = tiny_spec()
     with Storage.open(url) as db:
@@ -638,3 +607,40 @@ def test_pareto_at_size_of_a_study_with_nothing_to_ladder_does_not_advise_a_ladd
         2,
         "error: study 'failed' has no ladder, and no complete trial to ladder yet\n",
     )
+
+
+def test_rungs_naming_a_trial_the_study_lacks_are_left_out_with_a_note(tmp_path):
+    """`pareto --at-size` on rungs whose trial number names no trial: a KeyError traceback."""
+    result = _pareto_at_size_after(
+        tmp_path, "UPDATE archsearch_ladder_rungs SET trial_number = 999 WHERE trial_number = 1"
+    )
+    assert result.exit_code == 0, result.output
+    assert "left out: trial 999: its rungs name a trial the study does not have" in result.stderr
+
+
+def test_a_size_no_design_reaches_is_noted_without_another_command_s_flags(tmp_path):
+    """`pareto --at-size 1` advised `--top` and `--rungs`, flags of `ladder`, not of `pareto`."""
+    url = _laddered(ladder_study(f"sqlite:///{tmp_path / 't.db'}"))
+    result = CliRunner().invoke(app, ["pareto", "--study", "tiny", "--at-size", "1", "--storage", url])
+    # No design left to rank is an error (it used to print an empty table, exit 0).
+    assert one_line(result, 2).startswith("error: no laddered design of 'tiny' can be ranked at 1 parameters")
+    assert "trial 0: no shape keeping its design has 1 parameters" in result.stderr
+    assert "--top" not in result.stderr and "--rungs" not in result.stderr
+
+
+def test_a_stored_rung_loss_no_run_ends_with_is_a_damaged_database(tmp_path):
+    """A rung whose val_loss is -1e308 reached the fit's logarithm: exit 2, as if the input erred."""
+    result = _pareto_at_size_after(
+        tmp_path, "UPDATE archsearch_ladder_rungs SET val_loss = -1e308 WHERE id = 1"
+    )
+    line = one_line(result, 1)
+    assert "damaged" in line and "the val_loss of ladder rung 1 of 'tiny' is -1e+308" in line, line
+
+
+def _pareto_at_size_after(tmp_path, sql):
+    """`pareto --at-size 2M` on a laddered study whose database `sql` edited behind its back."""
+    url = _laddered(ladder_study(f"sqlite:///{tmp_path / 't.db'}"))
+    with sqlite3.connect(tmp_path / "t.db") as conn:
+        conn.execute(sql)
+    conn.close()
+    return CliRunner().invoke(app, ["pareto", "--study", "tiny", "--at-size", "2M", "--storage", url])

@@ -24,7 +24,8 @@ from archsearch.results.report import (
 from archsearch.search.selection import Choice, select
 from archsearch.space.export import EXPORT_FORMATS
 from archsearch.storage import Storage
-from tests.results.studies import FRONT, KNEE, SHAPES, small_study
+from archsearch.trial import TrialOutcome
+from tests.results.studies import FRONT, KNEE, SHAPES, ladder_study, small_study
 
 
 def _report(url: str, *studies: str, **kwargs):
@@ -241,3 +242,29 @@ def test_the_report_is_written_as_html_only(url, tmp_path):
             write_report(db, ["b"], tmp_path / "report.png")
         path = write_report(db, ["b"], tmp_path / "report.html")
     assert path.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_a_report_of_a_study_with_no_complete_trial_says_what_its_trials_are(tmp_path):
+    """`report` of a study whose trials all failed said only `no complete trial with every
+    objective`; it now counts them by state and names the command that lists their reasons."""
+
+    url = ladder_study(f"sqlite:///{tmp_path / 't.db'}")
+    with Storage.open(url, create=False) as db:
+        r = db.require_study("tiny")
+        db.create_study(
+            "allfail", spec_fingerprint=r.spec_fingerprint, spec_source=r.spec_source, spec=r.spec,
+            objectives=r.objectives,
+        )  # fmt: skip
+        for number in range(2):
+            slot = db.claim_trial("allfail", 100, 60)
+            db.assign_trial(slot, number=number, optuna_trial_id=number, params={}, config=None)
+            db.finish_trial(slot, TrialOutcome(status="failed", reason="loss is NaN"))
+    result = CliRunner().invoke(
+        app,
+        ["report", "--study", "tiny", "--study", "allfail", "-o", str(tmp_path / "r.html"), "--storage", url],
+    )
+    assert result.exit_code == 2 and not (tmp_path / "r.html").exists()
+    assert result.stderr == (
+        "error: no complete trial with every objective in 'allfail' (2 failed): `archsearch trials --study "
+        "allfail` lists its trials with their reasons\n"
+    )

@@ -14,7 +14,13 @@ from ray import cloudpickle  # Ray vendors it
 
 from archsearch.errors import Terminated
 from archsearch.search import driver as driver_module
-from archsearch.search.driver import SearchError, SearchOptions, objective_values, run_search
+from archsearch.search.driver import (
+    SearchError,
+    SearchOptions,
+    SetupFailureError,
+    objective_values,
+    run_search,
+)
 from archsearch.storage import Storage
 from archsearch.trial import TrialOutcome
 from tests.specs import tiny_spec
@@ -466,7 +472,7 @@ def test_progress_is_shown_once_a_finished_trials_slot_is_refilled(db):
 
 @pytest.mark.parametrize("signal_error", [KeyboardInterrupt, Terminated])
 def test_a_signal_before_the_first_trial_leaves_no_empty_study(db, monkeypatch, signal_error):
-    """Probe 9: SIGINT or SIGTERM after the study row was written but before the run's own signal
+    """SIGINT or SIGTERM after the study row was written but before the run's own signal
     handlers (while the pool is armed, stopped drivers' trials swept) left an empty study that a
     plain rerun refused as existing."""
 
@@ -480,3 +486,27 @@ def test_a_signal_before_the_first_trial_leaves_no_empty_study(db, monkeypatch, 
     monkeypatch.undo()
     run_search(tiny_spec(), db, SearchOptions(study="s", trials=2), evaluate_fn=instant)  # no --resume
     assert db.counts("s")["complete"] == 2
+
+
+def _broken_install(request, known=None, board=None):
+    raise ImportError("libtorch_cpu.so: cannot open shared object file")
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_search_whose_trials_all_fail_the_same_way_stops_and_re_queues_them(tmp_path):
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    with Storage.open(url) as db, pytest.raises(SetupFailureError) as info:
+        run_search(tiny_spec(), db, SearchOptions(study="s", trials=5), evaluate_fn=_broken_install)
+    assert str(info.value).startswith(
+        "the first 3 trials of this run all failed with the same error in the evaluation: ImportError: "
+        "libtorch_cpu.so: cannot open shared object file (trials 0, 1, 2, re-queued): fix the setup"
+    )
+    with Storage.open(url) as db:
+        failed = db.trials("s")
+        assert [r.status for r in failed] == ["interrupted"] * 3  # not counted: the setup's fault
+        run_search(tiny_spec(), db, SearchOptions(study="s", trials=5, resume=True), evaluate_fn=instant)
+        counts = db.counts("s")
+        assert counts["complete"] == 5 and set(counts) <= {"complete", "interrupted", "duplicate"}, counts
+        rerun = [r.params for r in db.trials("s")[3:6]]
+        assert rerun == [r.params for r in failed]  # the re-queued points ran first
+    assert "RUNNING" not in {t.state.name for t in optuna.load_study(study_name="s", storage=url).trials}

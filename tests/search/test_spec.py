@@ -92,7 +92,7 @@ qk_norm = [true, false]
 
 @pytest.mark.parametrize("example", ["tiny.toml", "tiny-hf.toml"])
 def test_sampling_a_parsed_space_uses_the_knob_names_as_optuna_parameters(example):
-    # Both examples propose only shapes to train (issue 13 asks at least 95%): each knob among
+    # Both examples propose only shapes to train (at least 95% of proposals): each knob among
     # the values still feasible, under its name or, narrowed, its name and those values.
     spec = load_spec(EXAMPLES / example)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
@@ -186,10 +186,10 @@ def test_extrapolate_enters_the_loss_rule_and_the_fingerprint_only_when_given():
 def test_the_examples_keep_their_fingerprints(name, fingerprint):
     """Pinned: a new settings field that enters the fingerprint orphans every existing study of
     the file (`search --resume` refuses it). Decide such a change, do not let it happen. Last
-    decided: `[objectives] extrapolate = 2.0` in both (issue 21: another loss objective, chosen
-    on the development calibration sets; a study of the old file ranked by the old one). Before:
-    tiny.toml's `[proxy] precision = "fp32"` (issue 21: "auto" trained in bf16 on CPUs with native
-    bf16, so the same file ranked shapes differently by host), and `[objectives].size_beta`."""
+    decided: `[objectives] extrapolate = 2.0` in both (another loss objective, chosen on the
+    development calibration sets; a study of the old file ranked by the old one). Before:
+    tiny.toml's `[proxy] precision = "fp32"` ("auto" trained in bf16 on CPUs with native bf16,
+    so the same file ranked shapes differently by host), and `[objectives].size_beta`."""
     assert load_spec(EXAMPLES / f"{name}.toml").fingerprint == fingerprint
 
 
@@ -284,7 +284,7 @@ BAD = [
          r"\[model\].vocab_size: the bundled corpus is bytes: must be 256, got 32000"),
     case("table-not-table", "model = 3\n", r"\[model\] must be a table, got 3"),
     case("toml-syntax", spec_text("[search]\ntrials = = 3\n"), r"invalid TOML: .*\(at line 11, column 10\)"),
-    # tomllib recurses per level: these raised RecursionError (issue 9)
+    # tomllib recurses per level: these raised RecursionError
     case("deep-array", "[model]\nd_model = " + "[" * 100_000, r"invalid TOML: nested too deeply"),
     case("deep-inline-table", "[model]\nd_model = " + "{a = " * 100_000, r"invalid TOML: nested too deeply"),
 ]  # fmt: skip

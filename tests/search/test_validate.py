@@ -439,3 +439,12 @@ def test_a_shape_trained_twice_enters_the_calibration_set_once(tmp_path):
     with Storage.open(url) as db:
         assert [r.number for r in calibration_set(db, "tiny", 12)] == [0, 1, 2, 3, 4, 5]
         assert [r.number for r in calibration_set(db, "tiny", numbers=[4, 6, 0, 1])] == [0, 1, 4, 6]
+
+
+@pytest.mark.parametrize("proxy", [{"tokens": 2048}, {"tokens": None, "flops": None, "seconds": 3.0}])
+def test_a_multiplier_whose_budget_overflows_is_refused(proxy):
+    """`validate --multiplier 1e308`: `round(inf)`, an OverflowError traceback."""
+    with pytest.raises(
+        ValidateError, match=r"--multiplier 1e\+308 makes long runs that cannot train: .*309-digit"
+    ):
+        long_settings(proxy, 1e308, 0, 1000)

@@ -34,6 +34,7 @@ from archsearch.space.export import (
     nanogpt_config,
     parse_flops,
 )
+from tests.helpers import load_hf, proxy_weights_as_hf
 from tests.strategies import arch_configs
 
 # --- shapes -----------------------------------------------------------------------------------
@@ -161,83 +162,8 @@ def transformers():
     return module
 
 
-def _load_hf(transformers, cfg: ArchConfig, tmp_path):
-    for name, data in export_files("hf", cfg, config_provenance(cfg)).items():
-        (tmp_path / name).write_bytes(data)
-    config = transformers.AutoConfig.from_pretrained(tmp_path)
-    return transformers.AutoModelForCausalLM.from_config(config)
-
-
 def _unique_parameters(model) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-
-
-def _proxy_weights_as_hf(proxy, cfg: ArchConfig, model_type: str, head_key: str) -> dict:
-    """The proxy's state dict under the transformers model type's names and layouts."""
-    import torch
-
-    sd = proxy.state_dict()
-    out = {}
-    linear_names = ("weight", "bias") if cfg.bias else ("weight",)
-    for i in range(cfg.n_layers):
-        p = f"blocks.{i}."
-        qkv = {n: sd[p + f"attn.qkv.{n}"].split([cfg.q_dim, cfg.kv_dim, cfg.kv_dim]) for n in linear_names}
-        gate_up = {n: sd[p + f"mlp.up.{n}"].chunk(2) for n in linear_names} if cfg.gated else {}
-        norm_names = ("weight", "bias") if cfg.bias and cfg.norm == "layernorm" else ("weight",)
-        if model_type in ("llama", "qwen3"):
-            h = f"model.layers.{i}."
-            for n in linear_names:
-                out[h + f"self_attn.q_proj.{n}"], out[h + f"self_attn.k_proj.{n}"] = qkv[n][0], qkv[n][1]
-                out[h + f"self_attn.v_proj.{n}"] = qkv[n][2]
-                out[h + f"self_attn.o_proj.{n}"] = sd[p + f"attn.out.{n}"]
-                out[h + f"mlp.gate_proj.{n}"], out[h + f"mlp.up_proj.{n}"] = gate_up[n]
-                out[h + f"mlp.down_proj.{n}"] = sd[p + f"mlp.down.{n}"]
-            if cfg.qk_norm:
-                out[h + "self_attn.q_norm.weight"] = sd[p + "attn.q_norm.weight"]
-                out[h + "self_attn.k_norm.weight"] = sd[p + "attn.k_norm.weight"]
-            out[h + "input_layernorm.weight"] = sd[p + "norm_in.0.weight"]
-            out[h + "post_attention_layernorm.weight"] = sd[p + "norm_in.1.weight"]
-        elif model_type == "gpt2":  # Conv1D: weights stored (in, out)
-            h = f"transformer.h.{i}."
-            out[h + "attn.c_attn.weight"] = sd[p + "attn.qkv.weight"].T
-            out[h + "attn.c_attn.bias"] = sd[p + "attn.qkv.bias"]
-            for ours, theirs in (
-                ("attn.out", "attn.c_proj"),
-                ("mlp.up", "mlp.c_fc"),
-                ("mlp.down", "mlp.c_proj"),
-            ):
-                out[h + f"{theirs}.weight"] = sd[p + f"{ours}.weight"].T
-                out[h + f"{theirs}.bias"] = sd[p + f"{ours}.bias"]
-            for j, ln in enumerate(("ln_1", "ln_2")):
-                for n in norm_names:
-                    out[h + f"{ln}.{n}"] = sd[p + f"norm_in.{j}.{n}"]
-        elif model_type == "gpt_neox":  # fused QKV interleaved by head: [q_h, k_h, v_h] per head
-            h = f"gpt_neox.layers.{i}."
-            for n in linear_names:
-                rest = qkv[n][0].shape[1:]
-                per_head = [t.reshape(cfg.n_heads, cfg.head_dim, *rest) for t in qkv[n]]
-                out[h + f"attention.query_key_value.{n}"] = torch.stack(per_head, dim=1).reshape(-1, *rest)
-                out[h + f"attention.dense.{n}"] = sd[p + f"attn.out.{n}"]
-                out[h + f"mlp.dense_h_to_4h.{n}"] = sd[p + f"mlp.up.{n}"]
-                out[h + f"mlp.dense_4h_to_h.{n}"] = sd[p + f"mlp.down.{n}"]
-            for j, ln in enumerate(("input_layernorm", "post_attention_layernorm")):
-                for n in norm_names:
-                    out[h + f"{ln}.{n}"] = sd[p + f"norm_in.{j}.{n}"]
-    final_norm = {
-        "llama": "model.norm", "qwen3": "model.norm", "gpt2": "transformer.ln_f",
-        "gpt_neox": "gpt_neox.final_layer_norm",
-    }[model_type]  # fmt: skip
-    for n in ("weight", "bias") if cfg.bias and cfg.norm == "layernorm" else ("weight",):
-        out[f"{final_norm}.{n}"] = sd[f"norm_final.{n}"]
-    embed = {
-        "llama": "model.embed_tokens", "qwen3": "model.embed_tokens", "gpt2": "transformer.wte",
-        "gpt_neox": "gpt_neox.embed_in",
-    }[model_type]  # fmt: skip
-    out[f"{embed}.weight"] = sd["tok_emb.weight"]
-    if model_type == "gpt2":
-        out["transformer.wpe.weight"] = sd["pos_emb.weight"]
-    out[head_key] = sd["head.weight"]
-    return out
 
 
 @pytest.mark.parametrize("name", [n for n, c in SHAPES.items() if hf_model_type(c) is not None])
@@ -246,7 +172,7 @@ def test_hf_config_loads_with_the_exact_count_and_computes_the_proxys_logits(nam
     from archsearch.evaluators.model import ProxyLM
 
     cfg = SHAPES[name]
-    model = _load_hf(transformers, cfg, tmp_path)
+    model = load_hf(transformers, cfg, tmp_path)
     assert model.config.model_type == hf_model_type(cfg)
     assert _unique_parameters(model) == param_counts(cfg).total
 
@@ -257,7 +183,7 @@ def test_hf_config_loads_with_the_exact_count_and_computes_the_proxys_logits(nam
             p.add_(torch.randn_like(p) * 0.1)
     # GPT-NeoX's head is "embed_out" in transformers 4.x, "lm_head" in 5.
     head_key = next(k for k in ("lm_head.weight", "embed_out.weight") if k in model.state_dict())
-    weights = _proxy_weights_as_hf(proxy, cfg, hf_model_type(cfg), head_key)
+    weights = proxy_weights_as_hf(proxy, cfg, hf_model_type(cfg), head_key)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     assert not unexpected and not missing
     idx = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len))
@@ -279,7 +205,7 @@ def test_random_shapes_are_refused_with_a_named_field_or_load_exactly(cfg, trans
             continue
         files = export_files(fmt, cfg, config_provenance(cfg))
         if fmt == "hf":
-            model = _load_hf(transformers, cfg, tmp_path_factory.mktemp("hf"))
+            model = load_hf(transformers, cfg, tmp_path_factory.mktemp("hf"))
             assert _unique_parameters(model) == param_counts(cfg).total
         elif fmt == "litgpt":
             assert litgpt_param_count(yaml.safe_load(files["model_config.yaml"])) == param_counts(cfg).total
@@ -329,7 +255,7 @@ def llama_or_gpt_like(draw: st.DrawFn) -> ArchConfig:
 @given(cfg=llama_or_gpt_like())
 def test_random_llama_and_gpt_shapes_load_in_transformers_exactly(cfg, transformers, tmp_path_factory):
     assert EXPORT_FORMATS["hf"].refusal(cfg) is None
-    model = _load_hf(transformers, cfg, tmp_path_factory.mktemp("hf"))
+    model = load_hf(transformers, cfg, tmp_path_factory.mktemp("hf"))
     assert model.config.model_type == hf_model_type(cfg)
     assert _unique_parameters(model) == param_counts(cfg).total
 

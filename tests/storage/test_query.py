@@ -1,4 +1,4 @@
-"""The filter language and `trials_frame`, on SQLite and PostgreSQL (see conftest.db_url)."""
+"""The filter language and `trials_frame`, on SQLite and PostgreSQL (see conftest.backend_url)."""
 
 from __future__ import annotations
 
@@ -61,8 +61,8 @@ def fill_study(storage: Storage, study: str = "s") -> None:
 
 
 @pytest.fixture
-def storage(db_url):
-    with Storage.open(db_url) as st:
+def storage(backend_url):
+    with Storage.open(backend_url) as st:
         fill_study(st)
         yield st
 

@@ -1,4 +1,4 @@
-"""The storage contract: the same tests on SQLite and PostgreSQL (see conftest.db_url)."""
+"""The storage contract: the same tests on SQLite and PostgreSQL (see conftest.backend_url)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,16 @@ import hashlib
 import math
 import multiprocessing
 import re
+import threading
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
 from sqlalchemy import Column, MetaData, Table, UniqueConstraint, create_engine, make_url, text
+from typer.testing import CliRunner
 
+from archsearch.cli import app
 from archsearch.space import preset
 from archsearch.space.costs import param_counts
 from archsearch.storage import (
@@ -24,12 +28,15 @@ from archsearch.storage import (
     SchemaVersionError,
     Storage,
     StorageError,
+    StorageUnavailableError,
     StudyExistsError,
     shape_key,
     storage_url,
 )
 from archsearch.storage.schema import LadderRung
 from archsearch.trial import TrialOutcome
+from tests.helpers import one_line, space_file
+from tests.postgres import postgres_database
 from tests.readonly import read_only
 
 CFG = preset("byte-1m")
@@ -57,8 +64,8 @@ OUTCOME = TrialOutcome(
 
 
 @pytest.fixture
-def storage(db_url):
-    with Storage.open(db_url) as st:
+def storage(backend_url):
+    with Storage.open(backend_url) as st:
         st.create_study("s", **SPEC)
         yield st
 
@@ -194,32 +201,32 @@ def test_kernel_cache_reads_known_times_and_writes_new_ones_through(storage):
     assert storage.measurements("fp") == {"fp/bf16/gemm/4x5x6": 0.25}  # the first measurement wins
 
 
-def test_optuna_shares_the_database(storage, db_url):
+def test_optuna_shares_the_database(storage, backend_url):
     import optuna
 
     study = optuna.create_study(study_name="s", storage=storage.optuna_storage(), directions=["minimize"] * 2)
     trial = study.ask({"d_model": optuna.distributions.IntDistribution(64, 256)})
     study.tell(trial, [1.0, 2.0])
-    assert len(optuna.load_study(study_name="s", storage=db_url).trials) == 1
+    assert len(optuna.load_study(study_name="s", storage=backend_url).trials) == 1
 
 
-def test_a_schema_version_other_than_the_codes_is_refused(db_url):
-    Storage.open(db_url).close()
-    engine = create_engine(db_url)
+def test_a_schema_version_other_than_the_codes_is_refused(backend_url):
+    Storage.open(backend_url).close()
+    engine = create_engine(backend_url)
     with engine.begin() as conn:
         conn.execute(text("UPDATE archsearch_meta SET value = :v"), {"v": str(SCHEMA_VERSION + 1)})
     engine.dispose()
     with pytest.raises(SchemaVersionError, match=f"version {SCHEMA_VERSION + 1}, written by a newer"):
-        Storage.open(db_url)
+        Storage.open(backend_url)
 
 
-def test_reading_a_database_that_is_not_archsearchs_is_an_error(db_url):
-    engine = create_engine(db_url)
+def test_reading_a_database_that_is_not_archsearchs_is_an_error(backend_url):
+    engine = create_engine(backend_url)
     with engine.begin() as conn:
         conn.execute(text("CREATE TABLE other (x INTEGER)"))
     engine.dispose()
     with pytest.raises(StorageError, match="holds no archsearch database"):
-        Storage.open(db_url, create=False)
+        Storage.open(backend_url, create=False)
 
 
 def _claim_many(url: str, n: int, queue) -> None:
@@ -227,10 +234,10 @@ def _claim_many(url: str, n: int, queue) -> None:
         queue.put([st.claim_trial("s", 10, lease_s=60) for _ in range(n)])
 
 
-def test_concurrent_drivers_never_claim_more_than_the_limit(storage, db_url):
+def test_concurrent_drivers_never_claim_more_than_the_limit(storage, backend_url):
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_claim_many, args=(db_url, 6, queue)) for _ in range(4)]
+    procs = [ctx.Process(target=_claim_many, args=(backend_url, 6, queue)) for _ in range(4)]
     for p in procs:
         p.start()
     claims = [c for _ in procs for c in queue.get(timeout=120)]
@@ -317,10 +324,10 @@ def test_validation_reports_are_kept_in_order(storage):
     assert reports[0].id == first
 
 
-def test_an_older_database_gains_the_new_tables(db_url):
-    with Storage.open(db_url) as st:
+def test_an_older_database_gains_the_new_tables(backend_url):
+    with Storage.open(backend_url) as st:
         st.create_study("s", **SPEC)
-    engine = create_engine(db_url)
+    engine = create_engine(backend_url)
     with engine.begin() as conn:  # what a version-1 database looked like
         conn.execute(text("DROP TABLE archsearch_long_runs"))
         conn.execute(text("DROP TABLE archsearch_validations"))
@@ -331,7 +338,7 @@ def test_an_older_database_gains_the_new_tables(db_url):
         conn.execute(text("ALTER TABLE archsearch_trials DROP COLUMN decode_time_s"))
         conn.execute(text("UPDATE archsearch_meta SET value = '1'"))
     engine.dispose()
-    with Storage.open(db_url) as st:
+    with Storage.open(backend_url) as st:
         assert st.study("s") is not None
         assert st.trial_rows("s", ["prefill_time_s", "decode_time_s"]) == []  # the columns are back
         assert _long_run(st)
@@ -339,14 +346,14 @@ def test_an_older_database_gains_the_new_tables(db_url):
         st.add_search_run("s", {"sampler": "tpe"})
         assert [r.settings for r in st.search_runs("s")] == [{"sampler": "tpe"}]
         assert _rung(st) and len(st.ladder_rungs("s")) == 1
-    engine = create_engine(db_url)
+    engine = create_engine(backend_url)
     with engine.connect() as conn:
         assert conn.execute(text("SELECT value FROM archsearch_meta")).scalar_one() == str(SCHEMA_VERSION)
     engine.dispose()
 
 
-def test_a_version_5_database_gains_loss_change_filled_from_the_stored_curves(db_url):
-    with Storage.open(db_url) as st:
+def test_a_version_5_database_gains_loss_change_filled_from_the_stored_curves(backend_url):
+    with Storage.open(backend_url) as st:
         st.create_study("s", **SPEC)
         st.finish_trial(_assigned(st, 0), OUTCOME)  # val curve 1.9 -> 1.5
         long_curve = [[1024, 2.6], [2048, 2.2], [3072, 2.0], [4096, 1.95]]
@@ -360,21 +367,21 @@ def test_a_version_5_database_gains_loss_change_filled_from_the_stored_curves(db
         )
         no_curve = TrialOutcome(status="complete", train={"val_loss": 2.4})
         st.finish_trial(_assigned(st, 3), no_curve)
-    engine = create_engine(db_url)
+    engine = create_engine(backend_url)
     with engine.begin() as conn:  # what version 5 wrote: no loss_change column
         conn.execute(text("ALTER TABLE archsearch_trials DROP COLUMN loss_change"))
         conn.execute(text("UPDATE archsearch_meta SET value = '5'"))
     engine.dispose()
     with pytest.raises(SchemaVersionError, match="version 5, written by an older archsearch"):
-        Storage.open(db_url, read_only=True)  # a reader upgrades nothing
-    with Storage.open(db_url) as st:
+        Storage.open(backend_url, read_only=True)  # a reader upgrades nothing
+    with Storage.open(backend_url) as st:
         changes = dict(st.trial_rows("s", ["number", "loss_change"]))
         assert changes[0] == pytest.approx(-0.4) and changes[1] == pytest.approx(-0.05)
         assert changes[2] == 0.0  # one point: no interval
         assert changes[3] is None  # no stored curve: read as 0 (objectives.LossRule.value)
-    with Storage.open(db_url, read_only=True) as st:  # now at the code's version
+    with Storage.open(backend_url, read_only=True) as st:  # now at the code's version
         assert st.trial_rows("s", ["number", "loss_change"])[0] == (0, pytest.approx(-0.4))
-    engine = create_engine(db_url)
+    engine = create_engine(backend_url)
     with engine.connect() as conn:
         assert conn.execute(text("SELECT value FROM archsearch_meta")).scalar_one() == str(SCHEMA_VERSION)
     engine.dispose()
@@ -421,7 +428,7 @@ def test_ladder_rungs_are_stored_once_per_trial_recipe_shape_and_seed(storage):
     ]
 
 
-def test_a_rung_is_claimed_by_one_ladder_until_stored_released_or_lapsed(storage, db_url, monkeypatch):
+def test_a_rung_is_claimed_by_one_ladder_until_stored_released_or_lapsed(storage, backend_url, monkeypatch):
     def claim(owner, trial_number=2, lease_s=600.0, seed=0):
         return storage.claim_ladder_rung(
             "s", trial_number=trial_number, tokens_per_param=20.0, batch_size=16, config=CFG, seed=seed,
@@ -449,7 +456,7 @@ def test_a_rung_is_claimed_by_one_ladder_until_stored_released_or_lapsed(storage
     # Storing a rung drops its claim in the same transaction; the holder's other claims stay.
     assert claim("e", trial_number=5) is None and claim("e", trial_number=6) is None
     assert _rung(storage, trial_number=5)
-    assert _claims(db_url) == [("b", 2), ("b", 2), ("d", 3), ("e", 6)]  # b: seeds 0 and 1
+    assert _claims(backend_url) == [("b", 2), ("b", 2), ("d", 3), ("e", 6)]  # b: seeds 0 and 1
 
 
 def _claims(url: str) -> list[tuple[str, int]]:
@@ -465,12 +472,12 @@ def _claims(url: str) -> list[tuple[str, int]]:
         engine.dispose()
 
 
-def test_a_version_6_database_gains_batch_sizes_read_from_its_rungs_settings(db_url):
+def test_a_version_6_database_gains_batch_sizes_read_from_its_rungs_settings(backend_url):
     wider = dataclasses.replace(CFG, d_model=CFG.d_model * 2)
-    with Storage.open(db_url) as st:
+    with Storage.open(backend_url) as st:
         st.create_study("s", **SPEC)
         st.add_ladder_fit("s", tokens_per_param=20, batch_size=16, fit={"alpha": 0.3})
-    engine = create_engine(db_url)
+    engine = create_engine(backend_url)
     with engine.begin() as conn:  # what version 6 wrote: no batch column, a key without it
         conn.execute(text("DROP TABLE archsearch_ladder_rungs"))
         conn.execute(text("ALTER TABLE archsearch_ladder_fits DROP COLUMN batch_size"))
@@ -492,8 +499,8 @@ def test_a_version_6_database_gains_batch_sizes_read_from_its_rungs_settings(db_
         conn.execute(text("UPDATE archsearch_meta SET value = '6'"))
     engine.dispose()
     with pytest.raises(SchemaVersionError, match="version 6, written by an older archsearch"):
-        Storage.open(db_url, read_only=True)  # a reader upgrades nothing
-    with Storage.open(db_url) as st:
+        Storage.open(backend_url, read_only=True)  # a reader upgrades nothing
+    with Storage.open(backend_url) as st:
         rungs = st.ladder_rungs("s")
         # Each batch from its settings; 16 (those versions' default) where they name none or not a number.
         found = [(r.trial_number, r.batch_size, r.config) for r in rungs]
@@ -501,7 +508,7 @@ def test_a_version_6_database_gains_batch_sizes_read_from_its_rungs_settings(db_
         assert [f.batch_size for f in st.ladder_fits("s")] == [None]  # an older fit's is unknown
         assert _rung(st, trial_number=0, batch_size=16)  # the same shape at another batch: a new rung
         assert not _rung(st, trial_number=0, batch_size=4)  # ... at the stored one: already there
-    engine = create_engine(db_url)
+    engine = create_engine(backend_url)
     with engine.connect() as conn:
         assert conn.execute(text("SELECT value FROM archsearch_meta")).scalar_one() == str(SCHEMA_VERSION)
     engine.dispose()
@@ -541,14 +548,14 @@ def _read_only_database(url: str):
         engine.dispose()
 
 
-def test_a_read_only_database_reads_and_refuses_writes_in_one_line(db_url):
-    with Storage.open(db_url) as storage:
+def test_a_read_only_database_reads_and_refuses_writes_in_one_line(backend_url):
+    with Storage.open(backend_url) as storage:
         storage.create_study("s", **SPEC)
         storage.finish_trial(_assigned(storage), OUTCOME)
-    path = Path(make_url(db_url).database) if db_url.startswith("sqlite") else None
+    path = Path(make_url(backend_url).database) if backend_url.startswith("sqlite") else None
     before = hashlib.sha256(path.read_bytes()).hexdigest() if path else None
     # Opening a database whose schema is current writes nothing, so it opens read-only too.
-    with _read_only_database(db_url), Storage.open(db_url) as storage:
+    with _read_only_database(backend_url), Storage.open(backend_url) as storage:
         assert [s.name for s in storage.studies()] == ["s"]
         assert [t.status for t in storage.trials("s")] == ["complete"]
         message = re.escape(f"cannot write the database {storage.display_url}: ")
@@ -558,7 +565,7 @@ def test_a_read_only_database_reads_and_refuses_writes_in_one_line(db_url):
             storage.create_study("t", **SPEC)
     if path is not None:
         assert hashlib.sha256(path.read_bytes()).hexdigest() == before
-    with Storage.open(db_url, create=False) as storage:
+    with Storage.open(backend_url, create=False) as storage:
         assert [s.name for s in storage.studies()] == ["s"]
 
 
@@ -568,13 +575,13 @@ def test_require_writable_leaves_a_writable_database_as_it_was(storage):
     assert storage.counts("s") == {} and [s.name for s in storage.studies()] == ["s"]
 
 
-def test_drivers_creating_one_study_together_get_one_row_and_one_winner(db_url):
+def test_drivers_creating_one_study_together_get_one_row_and_one_winner(backend_url):
     # Four drivers, each with its own connection, create the same study at the same moment:
     # exactly one creates it, the others are told it exists (never a duplicate-key error), and
     # all see the winner's space fingerprint, so a driver with another space file can refuse it.
     import threading
 
-    stores = [Storage.open(db_url) for _ in range(4)]
+    stores = [Storage.open(backend_url) for _ in range(4)]
     try:
         for round_ in range(5):
             barrier, outcomes = threading.Barrier(len(stores)), {}
@@ -603,3 +610,50 @@ def test_drivers_creating_one_study_together_get_one_row_and_one_winner(db_url):
     finally:
         for store in stores:
             store.close()
+
+
+def test_a_postgresql_server_that_refuses_connections_is_the_environment_s_fault(tmp_path, monkeypatch):
+    """A server that is down (connection refused) was exit 2, bad input, where the same
+    server stopping mid-search is exit 1. A missing database stays the input's fault."""
+    url = "postgresql+psycopg://postgres@127.0.0.1:1/none"
+    with pytest.raises(StorageUnavailableError) as info:
+        Storage.open(url)
+    assert str(info.value).startswith(
+        f"cannot reach the database {url} (waited up to 15 s): OperationalError: "
+    )
+    assert "Connection refused" in str(info.value)
+    monkeypatch.chdir(tmp_path)
+    for command in (["studies"], ["search", "--space", str(space_file(tmp_path)), "--study", "s"]):
+        result = CliRunner().invoke(app, [*command, "--storage", url])
+        one_line(result, 1, "cannot reach the database", "Connection refused")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["space.toml"]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_an_unanswered_statement_under_a_short_bound_is_one_line(monkeypatch):
+    """`$ARCHSEARCH_DB_STATEMENT_S` below the server's 30 s lock timeout: the watchdog shut the
+    connection, the rollback met it invalidated, and `trials` ended in a 500-line traceback."""
+    with postgres_database() as url:
+        with Storage.open(url, create=True):
+            pass
+        locked, release = threading.Event(), threading.Event()
+
+        def hold_lock():
+            with psycopg.connect(url.replace("+psycopg", "")) as conn:
+                conn.execute("LOCK TABLE archsearch_studies IN ACCESS EXCLUSIVE MODE")
+                locked.set()
+                release.wait(30)
+
+        holder = threading.Thread(target=hold_lock)
+        holder.start()
+        try:
+            assert locked.wait(10)
+            monkeypatch.setenv("ARCHSEARCH_DB_STATEMENT_S", "2")
+            result = CliRunner().invoke(app, ["studies", "--storage", url])
+        finally:
+            release.set()
+            holder.join()
+        assert one_line(result, 1).endswith(
+            "failed: OperationalError: the server did not answer within 2 s (stopped or unreachable; "
+            "$ARCHSEARCH_DB_STATEMENT_S sets the bound)"
+        )

@@ -1,0 +1,135 @@
+"""Helpers the test modules share, so that no test module imports another's private names: the one
+error line a refused command ends in, space files written for a test, a disk filled up, and an
+exported config loaded in transformers with the proxy's weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tests.specs import tiny_toml
+
+if TYPE_CHECKING:
+    from archsearch.space.config import ArchConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+PROXY = "tokens = 2048\nbatch_size = 4\nevals = 4\neval_batches = 1\ndevice = 'cpu'"
+
+
+def one_line(result, code: int | tuple[int, ...], *fragments: str, progress: bool = False) -> str:
+    """The one error line (the only line on stderr; with `progress`, after the search's progress
+    lines), checked for the exit code and `fragments`."""
+    codes = code if isinstance(code, tuple) else (code,)
+    assert result.exit_code in codes, result.output
+    lines = result.stderr.strip().splitlines()
+    if progress:
+        assert all(line.startswith("[") for line in lines[:-1]), result.stderr
+        lines = lines[-1:]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def space_file(tmp_path: Path, **tables: str) -> Path:
+    """`tmp_path / "space.toml"` holding `tiny_toml(**tables)`."""
+    path = tmp_path / "space.toml"
+    path.write_text(tiny_toml(**tables))
+    return path
+
+
+def example_space(tmp_path: Path) -> Path:
+    """`tmp_path / "s.toml"`: a copy of examples/tiny-hf.toml."""
+    space = tmp_path / "s.toml"
+    space.write_text((ROOT / "examples" / "tiny-hf.toml").read_text())
+    return space
+
+
+def fill_disk(folder: Path) -> None:
+    """Write to `folder` until its file system is full."""
+    with open(folder / "filler", "wb") as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+        except OSError as exc:
+            assert exc.errno == 28, exc  # ENOSPC
+
+
+def load_hf(transformers, cfg: ArchConfig, tmp_path: Path):
+    """A transformers model (random weights) from the files `export --format hf` writes for `cfg`."""
+    from archsearch.space.export import config_provenance, export_files
+
+    for name, data in export_files("hf", cfg, config_provenance(cfg)).items():
+        (tmp_path / name).write_bytes(data)
+    config = transformers.AutoConfig.from_pretrained(tmp_path)
+    return transformers.AutoModelForCausalLM.from_config(config)
+
+
+def proxy_weights_as_hf(proxy, cfg: ArchConfig, model_type: str, head_key: str) -> dict:
+    """The proxy's state dict under the transformers model type's names and layouts."""
+    import torch
+
+    sd = proxy.state_dict()
+    out = {}
+    linear_names = ("weight", "bias") if cfg.bias else ("weight",)
+    for i in range(cfg.n_layers):
+        p = f"blocks.{i}."
+        qkv = {n: sd[p + f"attn.qkv.{n}"].split([cfg.q_dim, cfg.kv_dim, cfg.kv_dim]) for n in linear_names}
+        gate_up = {n: sd[p + f"mlp.up.{n}"].chunk(2) for n in linear_names} if cfg.gated else {}
+        norm_names = ("weight", "bias") if cfg.bias and cfg.norm == "layernorm" else ("weight",)
+        if model_type in ("llama", "qwen3"):
+            h = f"model.layers.{i}."
+            for n in linear_names:
+                out[h + f"self_attn.q_proj.{n}"], out[h + f"self_attn.k_proj.{n}"] = qkv[n][0], qkv[n][1]
+                out[h + f"self_attn.v_proj.{n}"] = qkv[n][2]
+                out[h + f"self_attn.o_proj.{n}"] = sd[p + f"attn.out.{n}"]
+                out[h + f"mlp.gate_proj.{n}"], out[h + f"mlp.up_proj.{n}"] = gate_up[n]
+                out[h + f"mlp.down_proj.{n}"] = sd[p + f"mlp.down.{n}"]
+            if cfg.qk_norm:
+                out[h + "self_attn.q_norm.weight"] = sd[p + "attn.q_norm.weight"]
+                out[h + "self_attn.k_norm.weight"] = sd[p + "attn.k_norm.weight"]
+            out[h + "input_layernorm.weight"] = sd[p + "norm_in.0.weight"]
+            out[h + "post_attention_layernorm.weight"] = sd[p + "norm_in.1.weight"]
+        elif model_type == "gpt2":  # Conv1D: weights stored (in, out)
+            h = f"transformer.h.{i}."
+            out[h + "attn.c_attn.weight"] = sd[p + "attn.qkv.weight"].T
+            out[h + "attn.c_attn.bias"] = sd[p + "attn.qkv.bias"]
+            for ours, theirs in (
+                ("attn.out", "attn.c_proj"),
+                ("mlp.up", "mlp.c_fc"),
+                ("mlp.down", "mlp.c_proj"),
+            ):
+                out[h + f"{theirs}.weight"] = sd[p + f"{ours}.weight"].T
+                out[h + f"{theirs}.bias"] = sd[p + f"{ours}.bias"]
+            for j, ln in enumerate(("ln_1", "ln_2")):
+                for n in norm_names:
+                    out[h + f"{ln}.{n}"] = sd[p + f"norm_in.{j}.{n}"]
+        elif model_type == "gpt_neox":  # fused QKV interleaved by head: [q_h, k_h, v_h] per head
+            h = f"gpt_neox.layers.{i}."
+            for n in linear_names:
+                rest = qkv[n][0].shape[1:]
+                per_head = [t.reshape(cfg.n_heads, cfg.head_dim, *rest) for t in qkv[n]]
+                out[h + f"attention.query_key_value.{n}"] = torch.stack(per_head, dim=1).reshape(-1, *rest)
+                out[h + f"attention.dense.{n}"] = sd[p + f"attn.out.{n}"]
+                out[h + f"mlp.dense_h_to_4h.{n}"] = sd[p + f"mlp.up.{n}"]
+                out[h + f"mlp.dense_4h_to_h.{n}"] = sd[p + f"mlp.down.{n}"]
+            for j, ln in enumerate(("input_layernorm", "post_attention_layernorm")):
+                for n in norm_names:
+                    out[h + f"{ln}.{n}"] = sd[p + f"norm_in.{j}.{n}"]
+    final_norm = {
+        "llama": "model.norm", "qwen3": "model.norm", "gpt2": "transformer.ln_f",
+        "gpt_neox": "gpt_neox.final_layer_norm",
+    }[model_type]  # fmt: skip
+    for n in ("weight", "bias") if cfg.bias and cfg.norm == "layernorm" else ("weight",):
+        out[f"{final_norm}.{n}"] = sd[f"norm_final.{n}"]
+    embed = {
+        "llama": "model.embed_tokens", "qwen3": "model.embed_tokens", "gpt2": "transformer.wte",
+        "gpt_neox": "gpt_neox.embed_in",
+    }[model_type]  # fmt: skip
+    out[f"{embed}.weight"] = sd["tok_emb.weight"]
+    if model_type == "gpt2":
+        out["transformer.wpe.weight"] = sd["pos_emb.weight"]
+    out[head_key] = sd["head.weight"]
+    return out
