@@ -130,7 +130,7 @@ def estimate_s(run: Run, device: str, concurrency: int) -> float:
     its evaluations (a forward is about a third of a step) and `RUN_START_S`. On a CPU (the smoke):
     `SMOKE_TOKENS_PER_S`."""
     from archsearch.evaluators.hardware import modelled_profile
-    from archsearch.evaluators.model import eager_host_ops, eager_kernel_count, eager_memory_ops
+    from archsearch.evaluators.counting import eager_host_ops, eager_kernel_count, eager_memory_ops
     from archsearch.space.config import ArchConfig
 
     s = run.settings
