@@ -78,8 +78,8 @@ def export(
     tokens: Annotated[
         str | None,
         typer.Option(
-            help="With --scale-to: the tokens you will train on (26B); where the trial has a ladder, its "
-            "predicted loss is for the ladder trained nearest that many tokens per parameter."
+            help="With --scale-to: the tokens you will train on (26B); where the trial is laddered at two "
+            "ratios or more, the loss is predicted at them (L(N, D)), else at the nearest ladder's ratio."
         ),
     ] = None,
     serve_batch: ServeBatchOpt = None,

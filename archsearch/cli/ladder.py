@@ -6,6 +6,7 @@ What the law predicts at your size is printed by `export --scale-to` and `pareto
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -37,8 +38,12 @@ def ladder(
         typer.Option(help="Total parameters of the largest rung (500k, 2M); default the trial's own size."),
     ] = None,
     tokens_per_param: Annotated[
-        float, typer.Option(help="Training tokens per parameter of every rung (Chinchilla: 20).")
-    ] = 20.0,
+        str,
+        typer.Option(
+            help="Training tokens per parameter of every rung (Chinchilla: 20); a comma list (5,20) "
+            "ladders each ratio and fits L(N, D) across them."
+        ),
+    ] = "20",
     batch_size: Annotated[
         int | None,
         typer.Option(
@@ -67,64 +72,114 @@ def ladder(
     the ratio and the batch make the ladder's recipe, one law per recipe. Rungs are stored
     as they finish: a rerun (or one after Ctrl-C, exit 130) trains only what is missing. Then
     `export --scale-to` prints the predicted loss and `pareto --at-size` ranks the laddered designs.
+    Several ratios (--tokens-per-param 5,20) train a ladder at each and fit L(N, D) = E + A_d N^-alpha
+    + B D^-beta across them too, so `--tokens` predicts at your own tokens per parameter.
     """
     from archsearch.fileio import check_writable
     from archsearch.results.ladder import fit_study_ladders
-    from archsearch.search.ladder_plan import LadderOptions, few_steps_note, merged_rungs_note, plan_ladder
+    from archsearch.search.ladder_plan import (
+        LadderOptions,
+        few_steps_note,
+        merged_rungs_note,
+        parse_ratios,
+        plan_ladder,
+    )
     from archsearch.search.ladder_runs import run_ladder
     from archsearch.storage import Storage, database_files
     from archsearch.units import parse_count
 
+    ratios = parse_ratios(tokens_per_param)
     if plot is not None and plot.suffix.lower() != ".png":
         raise ConfigError(f"cannot plot ladders to {plot.name!r}: use a .png file")
+    if plot is not None and len(ratios) > 1:
+        raise ConfigError("--plot draws the ladders of one ratio: give one --tokens-per-param")
     if plot is not None:  # before any rung trains: a plot below a file failed after the training
         check_writable(plot, inputs=database_files(storage))
 
-    options = LadderOptions(
+    base = LadderOptions(
         study=study, numbers=tuple(trial or ()), knee=knee, front=front, rungs=rungs, spacing=spacing,
-        top=parse_count(top, "--top") if top is not None else None, tokens_per_param=tokens_per_param,
+        top=parse_count(top, "--top") if top is not None else None, tokens_per_param=ratios[0],
         batch_size=batch_size, seed=seed, workers=workers, address=address, cpus_per_trial=cpus_per_run,
         gpus_per_trial=gpus_per_run,
     )  # fmt: skip
+    every = [dataclasses.replace(base, tokens_per_param=ratio) for ratio in ratios]
+    summaries = []
     with Storage.open(storage, create=False) as db:
-        planned = plan_ladder(db, options)
-        for note in (merged_rungs_note(planned, rungs), few_steps_note(planned)):
-            if note:
-                typer.echo(note, err=True)
-        with ladder_display() as update:
-            summary = run_ladder(db, options, fit_rungs=fit_study_ladders, on_update=update, planned=planned)
-    for line in summary.failed:
+        plans = [plan_ladder(db, options) for options in every]  # every ratio checked before any trains
+        for options, planned in zip(every, plans, strict=True):
+            for note in (merged_rungs_note(planned, rungs), few_steps_note(planned)):
+                if note:
+                    typer.echo(note, err=True)
+            with ladder_display() as update:
+                summary = run_ladder(
+                    db, options, fit_rungs=fit_study_ladders, on_update=update, planned=planned
+                )
+            summaries.append(summary)
+            if summary.signal is not None:
+                typer.echo(
+                    f"interrupted: {sum(s.trained for s in summaries)} rungs trained and stored; rerun the "
+                    "same command to train the rest",
+                    err=True,
+                )
+                raise typer.Exit(128 + summary.signal)
+    _report(summaries, plot, as_json)
+
+
+def _report(summaries: list[Any], plot: Path | None, as_json: bool) -> None:
+    """Each ratio's ladders and fit as one ratio's always were; with several, the joint law too."""
+    from archsearch.results.ladder import fit_study_ladders_joint, joint_line
+    from archsearch.results.ladder_fit import LadderFitError
+
+    joint, joint_error = None, None
+    if len(summaries) > 1:
+        try:
+            joint = fit_study_ladders_joint([r for s in summaries for r in s.rungs])
+        except LadderFitError as exc:
+            joint_error = str(exc)
+    failed = [line for s in summaries for line in s.failed]
+    busy = [name for s in summaries for name in s.busy]
+    for line in failed:
         typer.echo(f"failed: {line}", err=True)
-    if summary.signal is not None:
-        typer.echo(
-            f"interrupted: {summary.trained} rungs trained and stored; rerun the same command to train "
-            "the rest",
-            err=True,
+    if as_json and len(summaries) == 1:
+        print_json(_summary_dict(summaries[0]))
+    elif as_json:
+        print_json(
+            {
+                "ladders": [_summary_dict(s) for s in summaries],
+                "joint_fit": joint.to_dict() if joint is not None else None,
+                "joint_fit_error": joint_error,
+            }
         )
-        raise typer.Exit(128 + summary.signal)
-    if as_json:
-        print_json(_summary_dict(summary))
     else:
-        _print_ladders(summary)
-    if summary.fit_error:
-        typer.echo(f"no fit: {summary.fit_error}", err=True)
-    elif plot is not None:
+        for summary in summaries:
+            _print_ladders(summary)
+        if joint is not None:
+            ratios = [s.tokens_per_param for s in summaries]
+            typer.echo(joint_line(joint, ratios, summaries[0].batch_size))  # one line, never wrapped
+    for summary in summaries:
+        if summary.fit_error:
+            typer.echo(f"no fit: {summary.fit_error}", err=True)
+    if joint_error:
+        typer.echo(f"no joint fit: {joint_error}", err=True)
+    summary = summaries[0]
+    if plot is not None and summary.fit is not None:
         from archsearch.results.ladder_plot import plot_ladders
 
         plot_ladders(summary.fit, plot)
         typer.echo(f"wrote {plot}", err=True)
-    typer.echo(f"{summary.trained} rungs trained, {summary.skipped} reused from earlier runs", err=True)
-    if summary.busy:  # not failed: the ladder holding them stores them; a rerun then fits them
+    trained, skipped = sum(s.trained for s in summaries), sum(s.skipped for s in summaries)
+    typer.echo(f"{trained} rungs trained, {skipped} reused from earlier runs", err=True)
+    if busy:  # not failed: the ladder holding them stores them; a rerun then fits them
         typer.echo(
-            f"note: {len(summary.busy)} rung{'s' * (len(summary.busy) != 1)} left to another ladder "
-            f"training {'them' if len(summary.busy) != 1 else 'it'} now ({', '.join(summary.busy[:3])}"
-            f"{', ...' if len(summary.busy) > 3 else ''}); rerun the same command once it finishes to fit "
+            f"note: {len(busy)} rung{'s' * (len(busy) != 1)} left to another ladder "
+            f"training {'them' if len(busy) != 1 else 'it'} now ({', '.join(busy[:3])}"
+            f"{', ...' if len(busy) > 3 else ''}); rerun the same command once it finishes to fit "
             "every rung",
             err=True,
         )
-    if summary.failed:  # the ladder is incomplete: not a success, even when every rung failed
+    if failed:  # the ladder is incomplete: not a success, even when every rung failed
         typer.echo(
-            f"error: {len(summary.failed)} rung{'s' * (len(summary.failed) != 1)} failed (above); rerun the "
+            f"error: {len(failed)} rung{'s' * (len(failed) != 1)} failed (above); rerun the "
             "same command to train them again",
             err=True,
         )

@@ -65,14 +65,18 @@ def pareto(
             "law predicts at this many parameters (1.3B, 350M), with intervals."
         ),
     ] = None,
+    tokens: Annotated[
+        str | None,
+        typer.Option(help="With --at-size: your training tokens (15T), for the joint law L(N, D)."),
+    ] = None,
     storage: StorageOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """The Pareto front of a study: non-dominated trials along the front, the knee, the hypervolume."""
-    if at_size is not None:
+    if at_size is not None or tokens is not None:
         from archsearch.cli.predictions import pareto_at_size
 
-        pareto_at_size(study, at_size, (objectives, reference, loss, plot), storage, as_json)
+        pareto_at_size(study, at_size, (objectives, reference, loss, plot), storage, as_json, tokens)
         return
     from archsearch.search.pareto import study_fronts
     from archsearch.space.objectives import parse_objectives

@@ -37,18 +37,69 @@ def fit_study_ladders(rungs: Sequence[LadderRungRecord], *, resamples: int | Non
         raise LadderFitError(
             f"rungs of {len(recipes)} recipes (tokens per parameter, batch size) cannot share one law"
         )
+    return _fit_rungs(rungs, resamples, with_tokens=False)
+
+
+def fit_study_ladders_joint(rungs: Sequence[LadderRungRecord], *, resamples: int | None = None) -> LadderFit:
+    """The joint law `L(N, D) = E + A_d N^-alpha + B D^-beta` over stored rungs of one batch size at
+    two tokens-per-parameter ratios or more: every design with at least 2 sizes, on non-embedding
+    parameters and each rung's training tokens; deterministic (the bootstrap is seeded).
+
+    Raises:
+        LadderFitError: rungs of several batch sizes, of one ratio, no design of 2 sizes, too few rungs.
+    """
+    batches = {r.batch_size for r in rungs}
+    if len(batches) > 1:
+        raise LadderFitError(f"rungs of {len(batches)} batch sizes cannot share one law L(N, D)")
+    if len({r.tokens_per_param for r in rungs}) < 2:
+        raise LadderFitError("rungs of one tokens-per-parameter ratio cannot fit L(N, D): ladder a second")
+    return _fit_rungs(rungs, resamples, with_tokens=True)
+
+
+def _fit_rungs(rungs: Sequence[LadderRungRecord], resamples: int | None, *, with_tokens: bool) -> LadderFit:
+    """The law over every design of `rungs` with at least 2 sizes, on non-embedding parameters (and
+    with its training tokens, each rung's, for the joint law)."""
     sizes: dict[int, set[int]] = {}
     for r in rungs:
         sizes.setdefault(r.trial_number, set()).add(r.params_non_embedding)
-    points = [
-        RungPoint(r.trial_number, float(r.params_non_embedding), r.val_loss)
-        for r in rungs
-        if len(sizes[r.trial_number]) >= 2
-    ]
+    points = []
+    for r in rungs:
+        if len(sizes[r.trial_number]) >= 2:
+            tokens = float(r.tokens) if with_tokens else None
+            points.append(RungPoint(r.trial_number, float(r.params_non_embedding), r.val_loss, tokens))
     if not points:
         raise LadderFitError("no design has rungs of 2 sizes yet")
     kw = {} if resamples is None else {"resamples": resamples}
     return fit_ladders(points, **kw)
+
+
+def joint_batch(rungs: Sequence[LadderRungRecord], trial: int | None = None) -> int | None:
+    """The batch size whose rungs (of `trial`, or of any design) lie at two tokens-per-parameter
+    ratios or more, the one with the most such designs (ties: the smaller batch); None where none."""
+    ratios: dict[tuple[int, int], set[float]] = {}
+    for r in rungs:
+        if trial is None or r.trial_number == trial:
+            ratios.setdefault((r.batch_size, r.trial_number), set()).add(r.tokens_per_param)
+    designs: dict[int, int] = {}
+    for (batch, _), seen in ratios.items():
+        if len(seen) >= 2:
+            designs[batch] = designs.get(batch, 0) + 1
+    return max(designs, key=lambda b: (designs[b], -b)) if designs else None
+
+
+def ratio_note(ladder_ratio: float, yours: float) -> str | None:
+    """The one line that says a prediction is at the ladder's one ratio, not the user's, and how to
+    get theirs; None where the two are one ratio (within 5%)."""
+    if abs(yours / ladder_ratio - 1) <= 0.05:
+        return None
+    far = yours / ladder_ratio
+    how = f"{far:,.0f}x past" if far >= 10 else f"{far:.1f}x past" if far > 1 else f"{1 / far:.1f}x below"
+    second = ladder_ratio / 4 if far > 1 else ladder_ratio * 4
+    pair = ",".join(f"{r:g}" for r in sorted((second, ladder_ratio)))
+    return (
+        f"predicted at {ladder_ratio:g} tokens per parameter; you train at {yours:,.0f} ({how}): ladder a "
+        f"second ratio (--tokens-per-param {pair}) for the loss at yours"
+    )
 
 
 @dataclass(frozen=True)
@@ -67,6 +118,13 @@ class LadderPrediction:
     # (seed, loss): the prediction from each training seed's rungs alone, where the recipe's rungs
     # were trained at 2 seeds or more (`ladder --seed S`); empty otherwise (`seed_predictions`)
     by_seed: tuple[tuple[int, float], ...] = ()
+    # The ratios laddered where the joint law L(N, D) made the prediction (then `tokens_per_param` is
+    # the user's ratio, not a ladder's); empty for the law in N alone at the ladder's one ratio.
+    ratios: tuple[float, ...] = ()
+
+    @property
+    def joint(self) -> bool:
+        return bool(self.ratios)
 
     @property
     def tokens(self) -> int:
@@ -95,6 +153,7 @@ class LadderPrediction:
             "E": self.fit.e,
             "alpha": self.fit.alpha,
             "by_seed": {str(seed): loss for seed, loss in self.by_seed},
+            **({"ratios_laddered": list(self.ratios)} if self.ratios else {}),
         }
 
 
@@ -131,6 +190,9 @@ def predict_trial(
     """
     counts = param_counts(target)
     wanted = tokens / counts.total if tokens else None
+    batch = joint_batch(rungs, trial) if tokens else None
+    if tokens and batch is not None:
+        return _predict_joint(rungs, trial, batch, counts.total, counts.non_embedding, tokens)
     recipe = choose_recipe(rungs, trial, wanted)
     if recipe is None:
         return None
@@ -146,6 +208,22 @@ def predict_trial(
     return LadderPrediction(
         trial, *recipe, counts.total, counts.non_embedding, prediction, mine, len(fit.designs), fit,
         seed_predictions(same, trial, float(counts.non_embedding)),
+    )  # fmt: skip
+
+
+def _predict_joint(
+    rungs: Sequence[LadderRungRecord], trial: int, batch: int, total: int, non_embedding: int, tokens: int
+) -> LadderPrediction:
+    """`trial`'s loss at (`non_embedding` parameters, `tokens`) by the joint law over every design's
+    rungs of `batch` (the trial's at two ratios or more)."""
+    same = [r for r in rungs if r.batch_size == batch]
+    mine = tuple(r for r in same if r.trial_number == trial)
+    fit = fit_study_ladders_joint(same)
+    prediction = fit.predict(trial, float(non_embedding), float(tokens))
+    ratios = tuple(sorted({r.tokens_per_param for r in mine}))
+    return LadderPrediction(
+        trial, tokens / total, batch, total, non_embedding, prediction, mine, len(fit.designs), fit,
+        ratios=ratios,
     )  # fmt: skip
 
 
@@ -185,10 +263,17 @@ def seed_predictions(
 
 
 def predict_at_size(
-    storage: Storage, study: str, target_params: int, tokens_per_param: float | None = None
+    storage: Storage,
+    study: str,
+    target_params: int,
+    tokens_per_param: float | None = None,
+    tokens: int | None = None,
 ) -> tuple[list[tuple[TrialRecord, LadderPrediction]], list[str]]:
     """Every laddered design of `study` at `target_params`, best predicted loss first; each
-    design's shape at the size is built as its rungs were (`rung_shape`).
+    design's shape at the size is built as its rungs were (`rung_shape`). With `tokens`, where
+    designs are laddered at two ratios or more of one batch size, the joint law L(N, D) over that
+    batch's rungs predicts each at (N, `tokens`) (`LadderPrediction.joint`); else the recipe's law
+    at its own ratio does, as without.
 
     Returns:
         (the ranked (trial, prediction) pairs, notes on designs left out and why).
@@ -217,8 +302,14 @@ def predict_at_size(
         if tokens_per_param is None or r.tokens_per_param == float(tokens_per_param):
             designs.setdefault(r.recipe, set()).add(r.trial_number)
     recipe = max(designs, key=lambda k: (len(designs[k]), k[0], -k[1]))
-    same = [r for r in rungs if r.recipe == recipe]
-    fit = fit_study_ladders(same)
+    batch = joint_batch(rungs) if tokens and tokens_per_param is None else None
+    if batch is not None:  # the joint law: every ratio of the batch, one fit
+        same = [r for r in rungs if r.batch_size == batch]
+        fit = fit_study_ladders_joint(same)
+        designs[recipe] = {r.trial_number for r in same}
+    else:
+        same = [r for r in rungs if r.recipe == recipe]
+        fit = fit_study_ladders(same)
     trials = {t.number: t for t in storage.trials_by_number(study, list(fit.designs))}
     ranked, notes = [], []
     for number in fit.designs:
@@ -235,15 +326,19 @@ def predict_at_size(
             continue
         counts = param_counts(shape)
         mine = tuple(r for r in same if r.trial_number == number)
-        p = fit.predict(number, float(counts.non_embedding))
-        ranked.append(
-            (
-                trial,
-                LadderPrediction(
-                    number, *recipe, counts.total, counts.non_embedding, p, mine, len(fit.designs), fit
-                ),
+        if batch is not None:
+            p = fit.predict(number, float(counts.non_embedding), float(tokens))  # type: ignore[arg-type]
+            ratios = tuple(sorted({r.tokens_per_param for r in mine}))
+            found = LadderPrediction(
+                number, tokens / counts.total, batch, counts.total, counts.non_embedding, p, mine,  # type: ignore[operator]
+                len(fit.designs), fit, ratios=ratios,
+            )  # fmt: skip
+        else:
+            p = fit.predict(number, float(counts.non_embedding))
+            found = LadderPrediction(
+                number, *recipe, counts.total, counts.non_embedding, p, mine, len(fit.designs), fit
             )
-        )
+        ranked.append((trial, found))
     left = sorted({r.trial_number for r in same} - set(fit.designs))
     notes += [f"trial {n}: its ladder has one size so far" for n in left]
     # Designs laddered under other recipes only: named, with the recipe ranked, so none vanishes
@@ -252,12 +347,14 @@ def predict_at_size(
     for r in rungs:
         if r.trial_number not in designs[recipe]:
             elsewhere.setdefault(r.trial_number, set()).add(r.recipe)
+    ranking = (
+        f"the joint law L(N, D) over batch {batch}'s rungs"
+        if batch is not None
+        else f"at {recipe[0]:g} tokens per parameter at batch {recipe[1]}, the recipe most designs share"
+    )
     for n, recipes in sorted(elsewhere.items()):
         theirs = ", ".join(f"{t:g} tokens per parameter at batch {b}" for t, b in sorted(recipes))
-        notes.append(
-            f"trial {n}: laddered only at {theirs}; this ranking is at {recipe[0]:g} tokens per parameter "
-            f"at batch {recipe[1]}, the recipe most designs share"
-        )
+        notes.append(f"trial {n}: laddered only at {theirs}; this ranking is {ranking}")
     if not ranked:
         raise LadderError(
             f"no laddered design of {study!r} can be ranked at {format_si(target_params)} parameters: "
@@ -288,4 +385,22 @@ def backtest_line(fit: LadderFit) -> str | None:
         f"backtest: fitted without each design's top rung, the law predicts it ({min(distances):.1f}x-"
         f"{max(distances):.1f}x past the rungs left) with median |error| {median:.1%}, worst "
         f"{errors[worst]:+.1%} (trial {worst}) over {len(errors)} design{'s' * (len(errors) != 1)}"
+    )
+
+
+def joint_line(fit: LadderFit, ratios: Sequence[float], batch: int) -> str:
+    """The joint law `fit_study_ladders_joint` fitted over rungs at `ratios` tokens per parameter of
+    `batch`, in one line: its constants with their 95% bootstrap intervals and its residuals."""
+    d = fit.to_dict()
+    (e_low, e_high), (a_low, a_high), (b_low, b_high) = (
+        d[k] or (math.nan, math.nan) for k in ("E_interval", "alpha_interval", "beta_interval")
+    )
+    return (
+        f"joint law: L(N, D) = E + A_d N^-alpha + B D^-beta over {len(fit.designs)} designs at "
+        f"{' and '.join(f'{r:g}' for r in sorted(ratios))} tokens per parameter, batch {batch}: E "
+        f"{fit.e:.4f} [{e_low:.3f}, {e_high:.3f}], alpha "
+        f"{fit.alpha:.4f} [{a_low:.3f}, {a_high:.3f}], B {fit.token_coefficient:.4g}, beta {fit.beta:.4f} "
+        f"[{b_low:.3f}, {b_high:.3f}] ({d['resamples']} resamples); residuals rms {d['rmse']:.4f}, worst "
+        f"{d['max_abs_relative_residual']:.2%}; `export --scale-to N --tokens D` and `pareto --at-size N "
+        "--tokens D` predict at your (N, D)"
     )

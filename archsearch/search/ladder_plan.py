@@ -435,3 +435,26 @@ def few_steps_note(planned: Sequence[PlannedRung]) -> str | None:
 
 def rung_name(rung: PlannedRung) -> str:
     return f"trial {rung.trial} at {format_si(rung.params)}"
+
+
+def parse_ratios(text: str) -> tuple[float, ...]:
+    """`--tokens-per-param`: one ratio (20) or a comma list (5,20), each a finite number > 0, none
+    twice; a ladder is trained at each and the joint law L(N, D) fitted across them.
+
+    Raises:
+        LadderError: an entry that is not a number, is not finite and > 0, or is given twice.
+    """
+    ratios = []
+    for item in text.split(","):
+        try:
+            ratio = float(item)
+        except ValueError:
+            raise LadderError(
+                f"--tokens-per-param takes numbers separated by commas (5,20), got {text!r}"
+            ) from None
+        if not (math.isfinite(ratio) and ratio > 0):
+            raise LadderError(f"--tokens-per-param must be a finite number > 0, got {ratio}")
+        if ratio in ratios:
+            raise LadderError(f"--tokens-per-param gives {ratio:g} twice")
+        ratios.append(ratio)
+    return tuple(ratios)
