@@ -129,8 +129,8 @@ def estimate_s(run: Run, device: str, concurrency: int) -> float:
     step time, or at `concurrency` times its kernels' time where the GPU is what bounds them, plus
     its evaluations (a forward is about a third of a step) and `RUN_START_S`. On a CPU (the smoke):
     `SMOKE_TOKENS_PER_S`."""
-    from archsearch.evaluators.hardware import modelled_profile
     from archsearch.evaluators.counting import eager_host_ops, eager_kernel_count, eager_memory_ops
+    from archsearch.evaluators.hardware import modelled_profile
     from archsearch.space.config import ArchConfig
 
     s = run.settings
