@@ -110,7 +110,13 @@ SMOKES = {
     "public_runs": [
         "1. ranking from a short run: 22 Gemstones shapes",
         "objective ",
+        # Each term of the loss objective alone, beside the free baselines.
+        "extrapolation only ",
+        "size credit only ",
+        "-FLOPs ",
         "2. pruning",
+        "front members pruned per order: mean",
+        "proxy compute saved: mean",
         "190M-760M at 0.5x-10x -> 1.28B, 3.17B at each: L(N, D)",
         "all parameters, at 350B tokens: L(N)",
         "5. the loss objective's constants: size_beta [0.0, 0.15] x extrapolate [0.0, 2.0]",

@@ -67,15 +67,19 @@ def validate(
             err=True,
         )
         raise typer.Exit(128 + (summary.signal or 2))
+    from archsearch.results.regimes import validation_regime
+
     if as_json:
         print_json({"study": summary.study, "trained": summary.trained, "skipped": summary.skipped,
-                     FAILED: list(summary.failed), **summary.report})  # fmt: skip
+                     FAILED: list(summary.failed), **summary.report,
+                     "regime": validation_regime(summary.report)})  # fmt: skip
     else:
         _print_validation(summary.study, summary.report)
     typer.echo(f"{summary.trained} long runs trained, {summary.skipped} reused from earlier runs", err=True)
 
 
 def _print_validation(study: str, report: dict[str, Any]) -> None:
+    from archsearch.results.regimes import validation_regime
     from archsearch.search.validate import adjusted_label
 
     console = stdout()
@@ -133,6 +137,7 @@ def _print_validation(study: str, report: dict[str, Any]) -> None:
             f"size-adjusted front: {len(fronts['adjusted'])}, shared with the long-run front "
             f"{fronts['adjusted_shared']}; long-run hypervolume {fronts['adjusted_long_hypervolume']:.4g}"
         )
+    console.print(escape(validation_regime(report)))
 
 
 def _print_deciding(console: Any, deciding: dict[str, Any] | None, names: dict[str, str]) -> None:

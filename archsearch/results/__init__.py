@@ -5,6 +5,8 @@
 - `ladder`: the law fitted over a study's stored size ladders and the loss it predicts at
   another size (the rungs are planned and trained in `search.ladder_plan` and `search.ladder_runs`);
 - `ladder_plot`: the ladders and their law drawn to a PNG.
+- `regimes`: which measured regime a study's proxy sits in and what was measured there, the one
+  wording `validate` and the report use.
 
 The reading side is growing (fronts, selection, validation and plots still sit in `search/`
 beside the code that runs a search); new reading-side code lives here. This room may import

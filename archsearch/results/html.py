@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from archsearch.fileio import write_atomic
+from archsearch.results.regimes import expectation, validation_regime
 from archsearch.results.report import (
     DEFAULT_MAX_ROWS,
     REPORT_SUFFIXES,
@@ -397,8 +398,24 @@ def _validation(i: int, s: StudySection) -> str:
             "never validated.</b> Its loss axis is a short proxy run, which can rank shapes unlike longer "
             f"training; <code>archsearch validate --study {esc(s.name)}</code> retrains a calibration set "
             "for longer and measures how well it ranks.</div>"
+        ) + _regime(i, s, None)
+    return head + _validation_body(i, v) + _regime(i, s, v)
+
+
+def _regime(i: int, s: StudySection, v: Validation | None) -> str:
+    """Which measured regime the study's proxy sits in, and what was measured there: a study's
+    figures read beside the regime that measured them, not the tiny CPU regime's by default."""
+    at = {name: k for k, name in enumerate(s.table.columns)}
+    rows = [r for r in s.table.rows if r[at["params_total"]]]
+    if v is not None:
+        text = validation_regime(v.record.report, {r[at["number"]]: r[at["tokens_trained"]] for r in rows})
+    elif rows:
+        text = "regime: " + expectation(
+            [r[at["params_total"]] for r in rows], [r[at["tokens_trained"]] for r in rows]
         )
-    return head + _validation_body(i, v)
+    else:
+        return ""
+    return f'<p class="note" id="s{i}-regime">{esc(text)}</p>'
 
 
 def _validation_body(i: int, v: Validation) -> str:

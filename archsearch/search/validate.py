@@ -554,6 +554,7 @@ def _report(storage: Storage, options: ValidateOptions, chosen: list[TrialRecord
             params_total=int(r["params_total"]),
             flops=float(r["flops_forward_per_token"]),
             proxy_loss=float(r["loss"]),
+            proxy_tokens=r["tokens_trained"],  # with params_total, places the study in a regime
             loss_change=r["loss_change"],
             long_losses=losses.get(r.number, []),
             shape=r.config.describe() if r.config is not None else "",

@@ -143,6 +143,8 @@ def test_a_stored_validation_is_shown_with_intervals(recorded_url):
         assert c.kendall_interval[0] < c.kendall < c.kendall_interval[1]
     page = render(report)
     assert "never validated" not in page and 'id="correlations-0"' in page
+    regime = re.search(r'<p class="note" id="s0-regime">(.*?)</p>', page)
+    assert regime and "the figures above are this study&#x27;s own" in regime[1]
     low, high = v.correlations[0].spearman_interval
     assert f"{v.correlations[0].spearman:.3f} [{low:.2f}, {high:.2f}]" in page
 
@@ -151,6 +153,10 @@ def test_a_study_never_validated_says_so(url):
     page = render(_report(url, "b"))
     warning = re.search(r'<div class="warning" role="alert" id="s0-not-validated">(.*?)</div>', page)
     assert warning and "was never validated" in warning[1] and "archsearch validate --study b" in warning[1]
+    regime = re.search(r'<p class="note" id="s0-regime">(.*?)</p>', page)
+    # The fixture's trials trained 2,048 tokens each: far fewer per parameter than either regime ranked.
+    assert regime and regime[1].startswith("regime: this study&#x27;s proxy (1.43M parameters at 0.0014")
+    assert "sits outside the regimes where a ranking was measured" in regime[1]
 
 
 def test_the_knee_s_step_breakdown_adds_up_to_its_step(url):

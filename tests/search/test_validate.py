@@ -37,6 +37,7 @@ ARGS = ("--study", "tiny", "--trials", "4", "--multiplier", "2")  # 4 runs of 4,
 JSON_KEYS = {
     "study", "trained", "skipped", "failed", "multiplier", "seeds", "trials", "correlations", "iso_pairs",
     "size_beta", "size_beta_fixed", "extrapolate", "objective", "noise_floor", "fronts", "rows", "deciding",
+    "regime",
 }  # fmt: skip
 PREDICTORS = {"proxy", "params", "flops", "adjusted"}
 
@@ -342,6 +343,11 @@ def test_the_table_states_the_measures(validated):
     for text in ("proxy loss", "-params", "-FLOPs", "Spearman", "Kendall", "seed noise floor", "hypervolume"):
         assert text in out
     assert f"size-adjusted proxy (beta {report['size_beta']:.3f})" in out and "size-adjusted front:" in out
+    # Which regime measured these figures, and what the measured regimes say of a proxy like this one.
+    said = " ".join(out.split())
+    assert "regime: the figures above are this study's own, its shapes retrained at 2x" in said
+    assert report["regime"].startswith("regime: the figures above are this study's own")
+    assert all(r["proxy_tokens"] > 0 for r in report["rows"])  # each trial's proxy tokens, stored
 
 
 def test_an_interrupted_validation_keeps_its_runs_and_a_rerun_trains_the_rest(
