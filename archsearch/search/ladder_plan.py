@@ -20,10 +20,11 @@ law across ladders (`results.ladder`):
 3. The settings: the study's `[proxy]` settings with `tokens_per_param` x the rung's total
    parameters tokens (Chinchilla's 20 by default: `--scale-to 1.3B --tokens 26B` is that ratio),
    with the cosine schedule and floor that `validate`'s long runs use (how users train), at the
-   proxy's batch or `--batch-size`. A ratio and a batch size make a recipe: rungs of one recipe
-   share one law, and a rung is stored per recipe. The batch matters at these sizes: at the tiny
-   study's batch of 16 its 62k rungs train 150 steps, too few for their loss to follow the law
-   (`MIN_RUNG_STEPS`).
+   `--batch-size`, else the proxy's batch lowered until the smallest rung trains `MIN_RUNG_STEPS`
+   steps (`plan_ladders`). A ratio and a batch size make a recipe: rungs of one recipe share one
+   law, and a rung is stored per recipe. The batch matters at these sizes: at the tiny study's
+   batch of 16, 5 tokens per parameter give its 62k rungs 150 steps, too few for their loss to
+   follow the law.
 
 Everything here is checked before anything trains: a plan that cannot train writes nothing.
 """
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from archsearch.errors import ArchsearchError
@@ -409,6 +410,48 @@ def _check_memory(planned: Sequence[PlannedRung]) -> None:
         raise LadderError(
             f"{rung_name(largest)} at batch {settings.batch_size}: {why}; give a smaller --batch-size"
         )
+
+
+def enough_batch(planned: Sequence[PlannedRung]) -> int | None:
+    """The largest batch that gives the smallest rung `MIN_RUNG_STEPS` steps; None when it has them
+    at its planned batch or when even batch 1 cannot give them."""
+    if not planned:
+        return None
+    short = min(planned, key=lambda p: p.steps)
+    if short.steps >= MIN_RUNG_STEPS:
+        return None
+    batch = short.settings["tokens"] // (short.seq_len * MIN_RUNG_STEPS)
+    return int(batch) if batch >= 1 else None
+
+
+def plan_ladders(
+    storage: Storage, every: Sequence[LadderOptions]
+) -> tuple[list[LadderOptions], list[list[PlannedRung]], str | None]:
+    """Each ratio's plan (`plan_ladder`), all checked before any trains, and the batch they train at.
+
+    Without `batch_size` the rungs train at the study's proxy batch, lowered where the smallest rung
+    of any ratio would train fewer than `MIN_RUNG_STEPS` steps to the largest batch that gives it
+    that many (measured on 0.06-2M CPU rungs at 5 tokens per parameter: the tiny study's batch of
+    16 gave its smallest rungs 150-300 steps and missed real 2M runs by 5.2% at the median, batch 4,
+    600+ steps, by 1.4%). One batch for every ratio, so their rungs make one recipe and one joint
+    law. Returns the options as they will train, their plans, and a note naming a lowered batch.
+    """
+    plans = [plan_ladder(storage, options) for options in every]
+    if any(options.batch_size is not None for options in every):
+        return list(every), plans, None
+    lowered = [b for b in (enough_batch(p) for p in plans) if b is not None]
+    if not lowered:
+        return list(every), plans, None
+    batch = min(lowered)
+    short = min((p for plan in plans for p in plan), key=lambda p: p.steps)
+    every = [replace(options, batch_size=batch) for options in every]
+    plans = [plan_ladder(storage, options) for options in every]
+    note = (
+        f"note: rungs train at batch {batch}, not the proxy's {short.batch_size}, so the smallest "
+        f"({rung_name(short)}) gets {MIN_RUNG_STEPS}+ steps, not {short.steps}: the law needs them on "
+        "small rungs (--batch-size sets another)"
+    )
+    return every, plans, note
 
 
 def few_steps_note(planned: Sequence[PlannedRung]) -> str | None:

@@ -24,9 +24,11 @@ from archsearch.search.ladder_plan import (
     LadderError,
     LadderOptions,
     default_top,
+    enough_batch,
     few_steps_note,
     merged_rungs_note,
     plan_ladder,
+    plan_ladders,
     rung_shape,
     rung_targets,
 )
@@ -314,6 +316,23 @@ def test_a_rung_of_too_few_steps_is_noted_with_the_batch_that_gives_enough(url):
     assert smallest.steps < 100 and few_steps_note(huge).endswith(f"--batch-size {fix} gives it enough")
     assert math.ceil(smallest.settings["tokens"] / (fix * 32)) >= MIN_RUNG_STEPS
     assert few_steps_note(tiny).endswith("even batch 1 gives it 3: give a larger --tokens-per-param")
+
+
+def test_without_a_batch_size_the_rungs_train_at_the_largest_batch_that_gives_them_enough_steps(url):
+    short = LadderOptions("tiny", numbers=(0,), rungs=4, tokens_per_param=0.2)  # 129 steps at batch 4
+    with Storage.open(url) as db:
+        every, plans, note = plan_ladders(db, [short, dataclasses.replace(short, tokens_per_param=20)])
+        batch = enough_batch(plan_ladder(db, short))
+        given, _, none = plan_ladders(db, [dataclasses.replace(short, batch_size=4)])
+        enough, _, nothing = plan_ladders(db, [dataclasses.replace(short, tokens_per_param=20)])
+    # One batch for both ratios, so their rungs are one recipe for the joint law.
+    assert batch is not None and batch < 4 and [o.batch_size for o in every] == [batch, batch]
+    assert all(p.batch_size == batch for plan in plans for p in plan)
+    assert min(p.steps for plan in plans for p in plan) >= MIN_RUNG_STEPS
+    assert note.startswith(f"note: rungs train at batch {batch}, not the proxy's 4, so the smallest (trial 0")
+    assert note.endswith("(--batch-size sets another)") and few_steps_note(plans[0]) is None
+    assert given[0].batch_size == 4 and none is None  # a given batch is the user's recipe
+    assert enough[0].batch_size is None and nothing is None  # enough steps at the proxy's batch
 
 
 def test_a_failed_rung_is_reported_not_stored_and_tried_again(url, tmp_path, ray_session):
