@@ -5,6 +5,9 @@
 - `ladder`: the law fitted over a study's stored size ladders and the loss it predicts at
   another size (the rungs are planned and trained in `search.ladder_plan` and `search.ladder_runs`);
 - `ladder_plot`: the ladders and their law drawn to a PNG.
+- `scale_ranking`: a trial's design at the user's size: the candidate shapes
+  (`space.scale_candidates`) ranked by modelled step time on a catalogued GPU, for
+  `export --scale-to`.
 
 The reading side is growing (fronts, selection, validation and plots still sit in `search/`
 beside the code that runs a search); new reading-side code lives here. This room may import
