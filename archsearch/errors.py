@@ -4,6 +4,9 @@ Every error a user can cause (a bad config, file, flag or name) is an `Archsearc
 turns it into one line on stderr and exit code 2. A failure of the environment (a database that
 went away or stayed locked mid-search, a full disk) is an `EnvironmentFailure`: one line, exit 1.
 Anything else is a bug and keeps its traceback.
+
+The database's errors are these two kinds seen from storage: `archsearch.storage.errors` defines
+them and tells which kind a database driver's failure is.
 """
 
 from __future__ import annotations

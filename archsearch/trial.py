@@ -65,7 +65,7 @@ class TrialOutcome:
         step_time_s / step_time_device: the step-time objective and where it comes from.
         pruned_rung: the fraction of the proxy budget at which it was pruned.
         prefill_time_s / decode_time_s: the serving objectives, modelled under the space's
-            [serve] scenario (`evaluators.serving`); None without one.
+            [serve] scenario (`evaluators.hardware_serving`); None without one.
     """
 
     status: str

@@ -61,8 +61,8 @@ def predict(model: Any, cfg: Any, point: dict[str, Any]) -> dict[str, float | No
     """The model's seconds for one measured point, with the ops its calls dispatched and the bytes
     their memory-bound ops moved: as recorded where the record has them, else counted as CUDA runs
     the calls (`serve_profiler.count_serve_calls`; records before 2026-11-28 have no bytes)."""
+    from archsearch.evaluators.hardware_serving import GRAPH_KERNEL_S, predict_decode, predict_prefill
     from archsearch.evaluators.serve_profiler import count_serve_calls
-    from archsearch.evaluators.serving import GRAPH_KERNEL_S, predict_decode, predict_prefill
 
     b, c, d = point["batch"], point["context"], point["dtype"]
     eager = model.launch_overhead_s if model.launch_overhead_s is not None else model.device.launch_overhead_s

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from archsearch.evaluators import hardware
-from archsearch.evaluators.kernels import step_kernels
+from archsearch.evaluators.step_kernels import step_kernels
 from archsearch.space import ArchConfig, preset
 from archsearch.space.knobs import config_from_knobs
 

@@ -2,7 +2,7 @@
 
 1. A tiny search (`archsearch search --space examples/tiny-hf.toml`), resumed if its study exists.
 2. At least 8 designs: the study's Pareto front, then other complete trials spread over their
-   parameter counts, one trial per design (`space.scale.design_choices`), each kept only when all
+   parameter counts, one trial per design (`space.scale_candidates.design_choices`), each kept only when all
    its rungs and its 4x shape exist (`search.ladder_plan.rung_shape`).
 3. A real run of each design at 2M parameters, its shape built as a rung's would be, at the same
    tokens per parameter, the same settings (`search.ladder_plan.ladder_settings`) and the same run
@@ -105,7 +105,7 @@ def archsearch(*args: str) -> list[str]:
 
 
 def design_key(cfg: Any) -> str:
-    from archsearch.space.scale import design_choices
+    from archsearch.space.scale_candidates import design_choices
 
     return json.dumps({k: str(v) for k, v in design_choices(cfg).items()}, sort_keys=True)
 

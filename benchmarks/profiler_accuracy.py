@@ -27,8 +27,8 @@ from archsearch.evaluators.hardware import (
     local_cpu,
     prediction_errors,
 )
-from archsearch.evaluators.kernels import step_kernels
 from archsearch.evaluators.profiler import time_gemm
+from archsearch.evaluators.step_kernels import step_kernels
 from archsearch.space.knobs import config_from_knobs
 
 FIT_SHAPES = [

@@ -8,7 +8,7 @@ For each tiny shape (vocab 256, widths 64-256, 1-8 layers, MHA / GQA / MQA, head
 plain and gated MLPs) and each context, `serve_profiler.measure_serve` times the proxy's prefill
 of `batch` prompts and one decode step over `batch` caches of that many tokens (fp32, median of
 `torch.utils.benchmark` blocks), and `serve_profiler.local_serve_model` predicts both: the
-serving roofline of `evaluators.serving` on this CPU's model calibrated on a fixed set of GEMMs,
+serving roofline of `evaluators.hardware_serving` on this CPU's model calibrated on a fixed set of GEMMs,
 the memory-bound ops at the measured rate of a gated activation, and each eager op the shape's
 calls dispatch charged the seconds per op of a fixed reference shape (measured again before each
 shape with `--op-time-per-shape`, the default: the host's speed drifts with the load of a shared

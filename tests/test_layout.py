@@ -9,6 +9,10 @@
   crosses packages is public, so it is named as such.
 - No comment or docstring that cites a document or tracker outside the repository: the reason is
   written where it applies, and background lives in `docs/explanations/`.
+- No two modules of one name in different packages unless they are one thing seen from two layers
+  (`cli/report.py` is the command line of `results/report.py`), and then each one's docstring names
+  the other's dotted path: a reader who opens one learns where the other half is, and two different
+  things under one name get a name each instead.
 
 Each rule has one allow-list of today's exceptions, all owned by work in progress elsewhere. They
 only shrink: an entry that no longer applies fails too, so whoever fixes one removes it here.
@@ -175,3 +179,36 @@ def test_no_comment_cites_an_outside_document_or_tracker(path):
     text = path.read_text(encoding="utf-8")
     cited = [f"{n}: {line.strip()}" for n, line in enumerate(text.splitlines(), 1) if CITATION.search(line)]
     assert cited == [], "write the reason itself; background goes in docs/explanations/"
+
+
+def _namesakes(modules: list[str]) -> list[list[str]]:
+    """The groups of modules (not packages) that share a last name across different packages."""
+    by_name: dict[str, list[str]] = {}
+    for module in modules:
+        by_name.setdefault(module.rpartition(".")[2], []).append(module)
+    return [sorted(group) for _, group in sorted(by_name.items()) if len(group) > 1]
+
+
+def _docstring(module: str) -> str:
+    return ast.get_docstring(ast.parse(MODULES[module].read_text(encoding="utf-8"))) or ""
+
+
+def test_the_namesake_finder_groups_modules_by_their_last_name_only():
+    modules = ["a.cli.report", "a.results.report", "a.cli.shape", "a.space.shape_costs", "a.errors"]
+    assert _namesakes(modules) == [["a.cli.report", "a.results.report"]]
+
+
+def test_modules_that_share_a_name_name_each_other():
+    modules = [name for name, path in MODULES.items() if path.name != "__init__.py"]
+    unnamed = [
+        f"{module} does not name {other}"
+        for group in _namesakes(modules)
+        for module in group
+        for other in group
+        if other != module and not re.search(rf"`{re.escape(other)}[`.]", _docstring(module))
+    ]
+    assert unnamed == [], (
+        "modules of one name are one thing seen from two layers, each docstring naming the other's "
+        "dotted path (`archsearch.results.report`); rename the ones that are different things:\n"
+        + "\n".join(unnamed)
+    )

@@ -5,14 +5,17 @@
 - `shape`: cost, presets, width, config new / check;
 - `train`: train (a proxy run on a budget);
 - `profile`: profile (one training step, kernel by kernel);
-- `devices`: align, devices, fit-device (the GPU catalogue and its model);
-- `search`: space check, search;
+- `gpus`: align, devices, fit-device (the GPU catalogue and its model);
+- `space`: space check;
+- `search`: search;
 - `validate`: validate;
 - `ladder`: ladder;
 - `predictions`: the ladder's lines in export --scale-to and pareto --at-size;
 - `results`: pareto, studies, trials;
 - `export`: export;
 - `report`: report, the HTML file that shares a study;
+- `serving_lines`: the serving lines of profile --serve and export --scale-to;
+- `reference`: the reference pages generated from the app and the space-file schema;
 - `progress`: the progress bars, fed by the library's callbacks.
 
 Each command parses its options, calls the library and prints; importing this package loads no
@@ -27,7 +30,7 @@ from collections.abc import Callable
 
 # Importing the command modules registers their commands on `app`, in this order in --help.
 # isort: off
-from archsearch.cli import shape, train, profile, devices, search  # noqa: F401
+from archsearch.cli import shape, train, profile, gpus, space, search  # noqa: F401
 from archsearch.cli import validate, ladder, results, export, report  # noqa: F401
 
 # isort: on

@@ -1,4 +1,8 @@
-"""`archsearch export`: a trial's shape in the files a real trainer reads."""
+"""`archsearch export`: a trial's shape in the files a real trainer reads.
+
+The command line of `archsearch.space.export`, which holds the formats and writes nothing; with
+`--scale-to` the shape is first scaled by `archsearch.results.scale_ranking`.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from archsearch.cli.common import StorageOpt, StudyOpt, app, path_value
-from archsearch.cli.serve import (
+from archsearch.cli.serving_lines import (
     CacheDtypeOpt,
     GenLenOpt,
     MemoryOpt,
@@ -100,7 +104,7 @@ def export(
     the serving flags) also gets the scaled shape's KV cache, weights, largest batch and modelled
     prefill and decode, printed and in the provenance (`scaled.serve`).
     """
-    from archsearch.cli.serve import print_scaled_serve, serve_changes
+    from archsearch.cli.serving_lines import print_scaled_serve, serve_changes
     from archsearch.fileio import write_tree
     from archsearch.search.selection import Choice, export_plan, select
     from archsearch.storage import Storage
@@ -122,7 +126,7 @@ def export(
         selection = select(db, study, choice)
         rungs = db.ladder_rungs(study) if request is not None else []
     if request is not None:
-        from archsearch.search.scale import scaled_export, study_scenario
+        from archsearch.results.scale_ranking import scaled_export, study_scenario
 
         scenario = study_scenario(selection.study, serving, request.device)
         result, plan = scaled_export(selection, choice, request, scenario)
@@ -186,7 +190,7 @@ def _scale_request(
         raise ConfigError(
             "--scale-to scales one trial: give --trial N, --knee or --best-under-flops F, not --front"
         )
-    from archsearch.search.scale import DEFAULT_SEQ_LEN, ScaleRequest
+    from archsearch.results.scale_ranking import DEFAULT_SEQ_LEN, ScaleRequest
     from archsearch.units import parse_count
 
     target = parse_count(scale_to, "--scale-to")

@@ -1,5 +1,8 @@
 """`archsearch ladder`: a design trained at several sizes, and the law fitted across them.
 
+The command line of `archsearch.results.ladder` (the law and what it predicts) and of the runs
+that train the rungs (`search.ladder_runs`).
+
 What the law predicts at your size is printed by `export --scale-to` and `pareto --at-size`
 (`cli.predictions`).
 """

@@ -84,7 +84,7 @@ def profile(
 
     Measured on the CPU, the step runs on the threads `train` would choose for this shape and
     --batch on this machine now (or --threads); --json's "threads" is the count used.
-    --serve: prefill and per-token decode at --context instead (see `archsearch.cli.serve`).
+    --serve: prefill and per-token decode at --context instead (see `archsearch.cli.serving_lines`).
     """
     given = {name for name in ctx.params if ctx.get_parameter_source(name).name != "DEFAULT"}
     if memory is not None and not serve:
@@ -92,8 +92,8 @@ def profile(
     if "context" in given and not serve:  # refused, not ignored: it only applies to --serve
         raise ConfigError("--context only goes with --serve")
     cfg = resolve_config(config, preset_name)
-    if serve:  # archsearch.cli.serve prints it
-        from archsearch.cli.serve import serve_profile
+    if serve:  # archsearch.cli.serving_lines prints it
+        from archsearch.cli.serving_lines import serve_profile
         from archsearch.units import parse_bytes
 
         limit = parse_bytes(memory, "--memory") if memory is not None else None

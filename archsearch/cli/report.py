@@ -1,4 +1,8 @@
-"""`archsearch report`: one HTML file to share what a study found."""
+"""`archsearch report`: one HTML file to share what a study found.
+
+The command line of `archsearch.results.report`, which gathers the page's records (`results.html`
+renders and writes them).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""`archsearch validate`: does the proxy rank shapes as longer training does?"""
+"""`archsearch validate`: does the proxy rank shapes as longer training does?
+
+The command line of `archsearch.search.validate`, which retrains the calibration set and builds
+the report printed here.
+"""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from typing import Any
 from archsearch.errors import UnknownNameError
 from archsearch.evaluators.catalogue import COMPUTE_DTYPES
 from archsearch.evaluators.hardware import DeviceModel, plan_gemm, predict_gemm, predict_step
-from archsearch.evaluators.kernels import Gemm, GemmWidths, step_kernels
+from archsearch.evaluators.step_kernels import Gemm, GemmWidths, step_kernels
 from archsearch.space.config import ArchConfig
 
 # The widths the report examines, in GemmWidths field names (q/kv: the attention projections).

@@ -27,8 +27,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from archsearch.errors import ArchsearchError
-from archsearch.evaluators.kernels import MemoryOp
 from archsearch.evaluators.model import ProxyLM, RMSNorm
+from archsearch.evaluators.step_kernels import MemoryOp
 from archsearch.space.config import ArchConfig
 
 log = logging.getLogger(__name__)
@@ -43,10 +43,10 @@ def _tensor_bytes(x: object) -> int:
 
 
 # ATen ops that run a GEMM or attention kernel: the device models price those from their shapes
-# (`kernels.step_kernels`); every other kernel is memory-bound and priced by the bytes it moves.
+# (`step_kernels.step_kernels`); every other kernel is memory-bound and priced by the bytes it moves.
 _COMPUTE_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm"})  # matmul and linear decompose to these
 # The memory-bound kernels' groups, by ATen op (the rest: "elementwise"): the loss streams rows of
-# the vocabulary's width (`kernels.MemoryOp.row`), the fused optimizer the fp32 parameters.
+# the vocabulary's width (`step_kernels.MemoryOp.row`), the fused optimizer the fp32 parameters.
 _BYTE_GROUPS = {
     "_log_softmax": "cross_entropy", "_log_softmax_backward_data": "cross_entropy",
     "nll_loss_forward": "cross_entropy", "nll_loss_backward": "cross_entropy",
@@ -247,7 +247,7 @@ def eager_host_ops(cfg: ArchConfig) -> int:
     cost 4 us each, and left out of its own fit the H100's host-bound byte-level shape was 58% off;
     per launch and node, 20 us (H200) and 21 us (H100) each, and that shape is 1% off
     (benchmarks/data/gpu_campaign_nvidia-h200_steps.json, docs/accuracy.md). A call without
-    autograd (prefill, decode) is charged its launches alone (`serving`).
+    autograd (prefill, decode) is charged its launches alone (`hardware_serving`).
     """
     return _in_depth(cfg, 0) + _in_depth(cfg, 1)
 
@@ -375,7 +375,7 @@ def eager_memory_ops(cfg: ArchConfig, batch: int, dtype: str = "bf16") -> tuple[
     tensors read and written, on tiny copies of `cfg`'s structure on the CPU, where the bytes
     are sums of products of the sizes (`_width_terms`); fitted once per structure (a second or
     two, cached) and evaluated at `cfg`'s sizes in an instant. For d1024 at batch 32 it counts
-    158 GB, where `kernels.step_kernels` estimates 46; on the H200 (2026-11-27) that step's
+    158 GB, where `step_kernels.step_kernels` estimates 46; on the H200 (2026-11-27) that step's
     elementwise and copy kernels took about 52 ms of its 96 (a trace: benchmarks/gpu_campaign.py
     part 4).
     """

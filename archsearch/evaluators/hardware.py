@@ -35,7 +35,7 @@ import numpy as np
 
 from archsearch.errors import ConfigError
 from archsearch.evaluators.catalogue import ACCELERATORS, COMPUTE_DTYPES, FITTED, Accelerator
-from archsearch.evaluators.kernels import (
+from archsearch.evaluators.step_kernels import (
     AttentionCall,
     KernelRow,
     MemoryOp,
@@ -194,7 +194,7 @@ def modelled_profile(
     (`counting.eager_kernel_count`), charged the device's fitted GPU gap each; `host_ops`: what its
     host does, launches and autograd nodes (`counting.eager_host_ops`; None: the launches alone),
     charged the fitted host time each; `memory_ops`: its memory-bound kernels
-    (`counting.eager_memory_ops`; None: `kernels.step_kernels`'s estimate).
+    (`counting.eager_memory_ops`; None: `step_kernels.step_kernels`'s estimate).
 
     Raises:
         ConfigError: `device` is neither catalogued nor local.
@@ -454,7 +454,7 @@ def predict_step(
 
     Args:
         model: the device model.
-        kernels: the step's inventory, from `kernels.step_kernels`.
+        kernels: the step's inventory, from `step_kernels.step_kernels`.
         compute_dtype: math mode of GEMMs and attention; default the inventory's dtype (pass
             "tf32" for fp32 tensors with TF32 enabled).
         launches: kernels the eager step launches (`counting.eager_kernel_count`); the step is

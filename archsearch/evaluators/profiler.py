@@ -2,7 +2,7 @@
 
 FLOPs alone do not rank shapes by speed: alignment, tile and wave quantization and the roofline
 make the same FLOPs run at very different rates. So the profiler takes the step's kernel
-inventory (`evaluators.kernels.step_kernels`: the GEMMs, the SDPA calls and the memory-bound
+inventory (`evaluators.step_kernels.step_kernels`: the GEMMs, the SDPA calls and the memory-bound
 ops) and measures it here, on CPU or CUDA through the same code path:
 
 - every distinct GEMM `(m x k) @ (k x n)` is timed as `torch.mm` with
@@ -38,7 +38,6 @@ import torch.nn.functional as F
 from torch.utils import benchmark
 
 from archsearch.errors import quoted
-from archsearch.evaluators import kernels
 from archsearch.evaluators.device import (
     DeviceError,
     DeviceInfo,
@@ -46,7 +45,14 @@ from archsearch.evaluators.device import (
     detect_device,
     is_memory_error,
 )
-from archsearch.evaluators.kernels import KernelRow, MemoryRow, ProfileReport
+from archsearch.evaluators.step_kernels import (
+    AttentionCall,
+    Gemm,
+    KernelRow,
+    MemoryRow,
+    ProfileReport,
+    step_kernels,
+)
 from archsearch.fileio import read_json, write_atomic
 from archsearch.registry import Registry
 from archsearch.space.config import ArchConfig
@@ -238,9 +244,7 @@ def _gemm_fn(
     return lambda: torch.mm(a, b, out=c)
 
 
-def _sdpa_fn(
-    call: kernels.AttentionCall, dev: torch.device, dtype: torch.dtype, seed: int
-) -> Callable[[], object]:
+def _sdpa_fn(call: AttentionCall, dev: torch.device, dtype: torch.dtype, seed: int) -> Callable[[], object]:
     g = _generator(dev, seed)
 
     def make(heads: int) -> torch.Tensor:
@@ -525,7 +529,7 @@ class _Job:
         return f"{self.name} ({self.kind} {'x'.join(map(str, self.shape))})"
 
 
-def _gemm_job(g: kernels.Gemm, info: DeviceInfo, dtype: str, torch_dtype: torch.dtype, seed: int) -> _Job:
+def _gemm_job(g: Gemm, info: DeviceInfo, dtype: str, torch_dtype: torch.dtype, seed: int) -> _Job:
     size = DTYPE_BYTES[dtype]
     return _Job(
         name=g.name,
@@ -542,9 +546,7 @@ def _gemm_job(g: kernels.Gemm, info: DeviceInfo, dtype: str, torch_dtype: torch.
     )
 
 
-def _sdpa_job(
-    a: kernels.AttentionCall, info: DeviceInfo, dtype: str, torch_dtype: torch.dtype, seed: int
-) -> _Job:
+def _sdpa_job(a: AttentionCall, info: DeviceInfo, dtype: str, torch_dtype: torch.dtype, seed: int) -> _Job:
     shape = (a.batch, a.n_heads, a.n_kv_heads, a.seq_len, a.head_dim)
     # q, k, v, out (backward adds grad_out, dq, dk, dv), counting k and v at n_heads because GQA
     # kernels may expand them; flash-style kernels never hold the seq_len^2 score matrix.
@@ -605,7 +607,7 @@ def profile_step(
     Raises:
         ProfilerError: bad device or dtype, a kernel above the memory limit or failing to allocate
             (the message names the kernel), a non-positive `min_run_time`.
-        ValueError: `batch` is not positive (from `kernels.step_kernels`).
+        ValueError: `batch` is not positive (from `step_kernels.step_kernels`).
     """
     if not (0 < min_run_time <= MAX_MIN_RUN_TIME):  # NaN fails both
         raise ProfilerError(
@@ -616,7 +618,7 @@ def profile_step(
     cache = cache if cache is not None else InMemoryCache()
     dtype = resolve_precision(info, dtype, cache)
     torch_dtype = _check_dtype(info, dtype)
-    step = kernels.step_kernels(cfg, batch, dtype)
+    step = step_kernels(cfg, batch, dtype)
 
     jobs = [_gemm_job(g, info, dtype, torch_dtype, seed) for g in step.gemms]
     jobs += [_sdpa_job(a, info, dtype, torch_dtype, seed) for a in step.attention]

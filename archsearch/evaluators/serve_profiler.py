@@ -7,7 +7,7 @@ call first, then `torch.utils.benchmark`'s blocked autorange for `min_run_time` 
 (`profiler._median_seconds`); the cache is rewound before each call, so every call does the same
 work on the same memory.
 
-Beside it, the local device model's prediction (`local_serve_model`): `evaluators.serving` on
+Beside it, the local device model's prediction (`local_serve_model`): `evaluators.hardware_serving` on
 this CPU's model calibrated on a fixed set of GEMMs, with each call's weights and cache read at the
 bandwidth measured for a working set of their size, SDPA at its measured prefill and decode rates,
 the memory-bound ops' bytes (counted as the call runs them) at the measured rate of a gated
@@ -30,7 +30,7 @@ from archsearch.evaluators.catalogue import Accelerator
 from archsearch.evaluators.counting import KernelCounter
 from archsearch.evaluators.device import DeviceInfo, detect_device
 from archsearch.evaluators.hardware import DeviceModel, local_cpu
-from archsearch.evaluators.kernels import AttentionCall
+from archsearch.evaluators.hardware_serving import ServeTime, predict_decode, predict_prefill
 from archsearch.evaluators.model import KVCache, ProxyLM
 from archsearch.evaluators.profiler import (
     AUTO,
@@ -40,7 +40,7 @@ from archsearch.evaluators.profiler import (
     _median_seconds,
     resolve_precision,
 )
-from archsearch.evaluators.serving import ServeTime, predict_decode, predict_prefill
+from archsearch.evaluators.step_kernels import AttentionCall
 from archsearch.space.config import ArchConfig
 
 # The reference shape whose decode step prices one eager op: one layer at width 16, where every
@@ -571,7 +571,7 @@ def _attention_efficiencies(
     info: DeviceInfo, torch_dtype: torch.dtype, gemm_rate: float, min_run_time: float
 ) -> tuple[float, float]:
     """(prefill, decode) SDPA FLOP rates over `gemm_rate` (the calibrated GEMMs'), FLOPs counted
-    as `evaluators.serving` counts them: a CPU's flash kernel runs well below its GEMMs, and its
+    as `evaluators.hardware_serving` counts them: a CPU's flash kernel runs well below its GEMMs, and its
     decode kernel (one query a head) below that."""
     b, h, s, d = ATTENTION_CALL
     q, k, v = (torch.randn(b, h, s, d, dtype=torch_dtype, device=info.torch_device) for _ in "qkv")
@@ -580,7 +580,7 @@ def _attention_efficiencies(
     prefill_s = _median_seconds(lambda: sdpa(q, k, v, is_causal=True), info, min_run_time)
     decode_s = _median_seconds(lambda: sdpa(one, k, v), info, min_run_time)
     prefill_flops = AttentionCall("sdpa.fwd", b, h, h, s, d, 1).causal_flops
-    decode_flops = 4 * b * h * s * d  # one query a head, as `serving` counts a decode step's
+    decode_flops = 4 * b * h * s * d  # one query a head, as `hardware_serving` counts a decode step's
     return prefill_flops / prefill_s / gemm_rate, decode_flops / decode_s / gemm_rate
 
 

@@ -42,7 +42,7 @@ from archsearch.evaluators.hardware import (
     predict_gemm,
     predict_step,
 )
-from archsearch.evaluators.kernels import StepKernels, step_kernels
+from archsearch.evaluators.step_kernels import StepKernels, step_kernels
 from archsearch.space.config import ArchConfig
 from archsearch.units import format_si
 

@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 from archsearch.evaluators.counting import eager_host_ops, eager_kernel_count, eager_memory_ops
 from archsearch.evaluators.hardware import check_device, modelled_dtype, modelled_profile
-from archsearch.evaluators.kernels import ProfileReport
 from archsearch.evaluators.profiler import DEFAULT_MIN_RUN_TIME, InMemoryCache, MeasurementCache, profile_step
+from archsearch.evaluators.step_kernels import ProfileReport
 from archsearch.evaluators.trainer import MEASURE_STEPS, measure_step
 from archsearch.space.config import ArchConfig
 

@@ -7,6 +7,9 @@
 - `ladder_plot`: the ladders and their law drawn to a PNG.
 - `regimes`: which measured regime a study's proxy sits in and what was measured there, the one
   wording `validate` and the report use.
+- `scale_ranking`: a trial's design at the user's size: the candidate shapes
+  (`space.scale_candidates`) ranked by modelled step time on a catalogued GPU, for
+  `export --scale-to`.
 
 The reading side is growing (fronts, selection, validation and plots still sit in `search/`
 beside the code that runs a search); new reading-side code lives here. This room may import

@@ -2,7 +2,8 @@
 predicts for a trial's design at another size, and the lines that say how far to trust it.
 
 The rungs are planned in `search.ladder_plan` and trained in `search.ladder_runs`
-(`archsearch ladder`); `export --scale-to` and `pareto --at-size` read them here. A design's shape
+(`archsearch ladder`, whose command line is `archsearch.cli.ladder`); `export --scale-to` and
+`pareto --at-size` read them here. A design's shape
 at another size is built as its rungs were (`ladder_plan.rung_shape`).
 """
 

@@ -1,7 +1,7 @@
 """The scaling law across size ladders: `L(N) = E + A_d * N^-alpha`, fitted jointly, or with rungs
 at several ratios of tokens to parameters `L(N, D) = E + A_d * N^-alpha + B * D^-beta`. Pure numpy + scipy.
 
-A ladder trains one design (`space.scale.design_choices`) at several sizes with tokens in
+A ladder trains one design (`space.scale_candidates.design_choices`) at several sizes with tokens in
 proportion to its parameters; at a fixed ratio of tokens to parameters the Chinchilla law
 `E + A / N^alpha + B / D^beta` (Hoffmann et al. 2022) is a law in N alone
 (docs/explanations/scaling.md).

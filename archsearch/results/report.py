@@ -1,4 +1,5 @@
-"""The study report: everything `archsearch report` shows, read from the database once.
+"""The study report: everything `archsearch report` shows, read from the database once. Its
+command line is `archsearch.cli.report`.
 
 `build_report` returns frozen records of plain data; `results.html.render` turns them into one
 self-contained page, and `results.html.write_report` does both and writes the file (this module
@@ -340,7 +341,7 @@ def validation_view(record: ValidationRecord, earlier: int = 0) -> Validation:
 def step_breakdown(profile: ProfileRecord) -> StepBreakdown:
     """A stored profile as the parts of its step; a profile stored without its report (`{}`) keeps
     its step time and no parts."""
-    from archsearch.evaluators.kernels import ProfileReport
+    from archsearch.evaluators.step_kernels import ProfileReport
 
     head = dict(
         device=profile.device,

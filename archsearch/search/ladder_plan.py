@@ -6,12 +6,12 @@ on its own. A ladder trains one chosen trial's design at several sizes (`ladder_
 law across ladders (`results.ladder`):
 
 1. The designs: `--trial N` (repeatable), the front's `--knee`, or every `--front` member; each a
-   complete trial whose design (`space.scale.design_choices`) is kept.
+   complete trial whose design (`space.scale_candidates.design_choices`) is kept.
 2. The rungs: `rungs` sizes spaced `spacing` x apart (`SPACING`, 2x, by default), the largest
    `top` total parameters (default the trial's own size, raised when the smallest rung cannot be
    built: `default_top`; never past the space's `[budget]`); neighbours that come out as one shape
    are one rung. Each rung's shape is re-chosen the
-   way `export --scale-to` re-chooses one (`space.scale.scaled_candidates`: the design kept,
+   way `export --scale-to` re-chooses one (`space.scale_candidates.scaled_candidates`: the design kept,
    depth from the aspect window published models use at that size) on finer grids than a GPU's
    (d_model a multiple of `D_MODEL_GRID`, d_ff of `D_FF_GRID`, the trial's head_dim): at 20k-2M
    parameters the 128-wide tiles of the GPU grid are coarser than the 2x between rungs. The pick
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from archsearch.errors import ArchsearchError
 from archsearch.space.costs import flop_counts, param_counts
-from archsearch.space.scale import aspect_range, scaled_candidates
+from archsearch.space.scale_candidates import aspect_range, scaled_candidates
 from archsearch.trial import COMPLETE
 from archsearch.units import MAX_WHOLE, SEED_MAX, format_si, ray_resources_problem, short_number, whole
 

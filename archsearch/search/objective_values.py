@@ -34,7 +34,7 @@ def with_serve_times(spec: SearchSpec, cfg: ArchConfig, outcome: TrialOutcome) -
     serve = spec.serve
     if outcome.status != COMPLETE or serve is None or not serve.modelled:
         return outcome
-    from archsearch.evaluators.serving import scenario_report
+    from archsearch.evaluators.hardware_serving import scenario_report
 
     report = scenario_report(cfg, serve)
     return replace(outcome, prefill_time_s=report.prefill.time_s, decode_time_s=report.decode.time_s)

@@ -609,7 +609,7 @@ def _serve(table: dict[str, Any]) -> ServeScenario | None:
                 values[key] = parse_bytes(values[key], key)
             except ArchsearchError as exc:
                 raise SpecError(str(exc), key) from None
-    from archsearch.evaluators.serving import resolve_scenario
+    from archsearch.evaluators.hardware_serving import resolve_scenario
 
     try:
         return resolve_scenario(ServeScenario(**{renamed.get(k, k): v for k, v in values.items()}))

@@ -1,4 +1,5 @@
 """`archsearch validate`: how well a study's proxy loss ranks shapes the way longer training does.
+Its command line is `archsearch.cli.validate`.
 
 The loss axis of a study's front comes from a short proxy run, and short runs favour shapes that
 learn fast early (docs/explanations/proxy-fidelity.md). Validation retrains a calibration set of

@@ -209,7 +209,7 @@ def _run_trial(
     judge: Judge | None,
 ) -> TrialOutcome:
     from archsearch.evaluators.trainer import resolve_device, train
-    from archsearch.storage.kernels import KernelCache
+    from archsearch.storage.measurement_cache import KernelCache
 
     cfg = request.config
     seq_len = settings.seq_len or cfg.seq_len

@@ -1,5 +1,16 @@
 """What archsearch searches: the `ArchConfig` shape, its exact costs, width rules, presets and spaces.
 
+- `config`: `ArchConfig`, one validated, frozen, serialisable shape;
+- `costs`: its exact parameter, FLOP and memory counts;
+- `width`: MLP width analysis (gated parity sizes, ReLU feature-retention risk);
+- `presets`: published architectures with their published parameter counts;
+- `knobs`: from search knobs to a concrete shape;
+- `search_space`: `SearchSpace`, the knobs a search samples, the rules and the budget;
+- `objectives`: the objectives a search minimises, defined once;
+- `serve`: a serving scenario and the exact memory it costs a shape;
+- `scale_candidates`: the shapes near the user's size that keep a trial's design choices;
+- `export`: the export formats (a shape and its provenance in, files out).
+
 Imports neither torch nor Ray, so sampling and costing stay cheap.
 """
 

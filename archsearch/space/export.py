@@ -12,7 +12,8 @@ Each format is an `ExportFormat` in the `EXPORT_FORMATS` registry:
 - `notes(cfg)`: approximations the export states (printed and written beside the files).
 
 Pure: no torch, no I/O, no storage. `provenance` is a plain dict (a trial's comes from
-`search.selection.trial_provenance`); `fileio.write_tree` writes the files, all or nothing.
+`search.selection.trial_provenance`); `fileio.write_tree` writes the files, all or nothing. Its
+command line, `archsearch export`, is `archsearch.cli.export`.
 """
 
 from __future__ import annotations

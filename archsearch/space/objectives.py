@@ -59,7 +59,8 @@ OBJECTIVES.register(
     "prefill_time",
     Objective(
         "prefill_time_s", "s", True,
-        "prefill of the [serve] scenario's prompts, modelled on its catalogued GPU (evaluators.serving)",
+        "prefill of the [serve] scenario's prompts, "
+        "modelled on its catalogued GPU (evaluators.hardware_serving)",
     ),
 )  # fmt: skip
 OBJECTIVES.register(
@@ -67,7 +68,7 @@ OBJECTIVES.register(
     Objective(
         "decode_time_s", "s", True,
         "one decode step of the [serve] scenario (seconds per generated token, mid-generation), "
-        "modelled on its catalogued GPU (evaluators.serving)",
+        "modelled on its catalogued GPU (evaluators.hardware_serving)",
     ),
 )  # fmt: skip
 SERVE_TIME_OBJECTIVES = ("prefill_time", "decode_time")  # need a [serve] scenario on a catalogued GPU

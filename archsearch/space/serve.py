@@ -4,7 +4,7 @@ A `ServeScenario` says how a shape is served: sequences decoded at once, prompt 
 lengths, the dtypes weights and cache are held in, the device and its memory limit. `serve_costs`
 prices a shape under it with the exact counts of `space.costs`: KV-cache bytes per token and at
 the scenario's context, weight bytes, the memory the scenario holds and the largest batch that
-fits the limit. What the scenario costs in time is modelled in `evaluators.serving` (catalogued
+fits the limit. What the scenario costs in time is modelled in `evaluators.hardware_serving` (catalogued
 GPUs) and measured there too (the device at hand). Background: docs/explanations/serving-costs.md.
 """
 
@@ -59,7 +59,7 @@ class ServeScenario:
     weight_dtype: str = "bf16"  # what serving engines hold 16-bit-trained weights in
     cache_dtype: str = "bf16"  # fp8 caches halve it (vLLM's kv_cache_dtype)
     # "local", "cpu", "cuda", "cuda:N" (measured) or a catalogued GPU (modelled): the space room
-    # cannot read the catalogue, `evaluators.serving.resolve_scenario` checks the name.
+    # cannot read the catalogue, `evaluators.hardware_serving.resolve_scenario` checks the name.
     device: str = LOCAL
     # Bytes the server may hold; None: no limit (resolve_scenario gives a GPU its memory).
     memory_bytes: int | None = None
@@ -95,7 +95,7 @@ class ServeScenario:
     @property
     def modelled(self) -> bool:
         """Whether the device is a GPU to model: any other name, which
-        `evaluators.serving.resolve_scenario` checks against the catalogue."""
+        `evaluators.hardware_serving.resolve_scenario` checks against the catalogue."""
         return not self.local
 
     @property

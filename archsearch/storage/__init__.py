@@ -1,5 +1,15 @@
 """The trial database: Optuna's study and archsearch's own tables in one SQLAlchemy URL.
 
+- `db`: `Storage`, one class per kind of record (`studies`, `trials`, `validations`, `ladders`,
+  `devices`) over `core`, which opens the database and holds the one session helper;
+- `schema`: the private ORM; `records`: the frozen records that leave storage; `rows`: rows
+  written and read back, with their damage checks;
+- `engine`: the URL and the engine per backend; `watchdog`: a bound on every PostgreSQL
+  statement; `migrations`: creating and upgrading the tables;
+- `errors`: storage's errors and how a driver's failure is classified;
+- `query`: the trial filter language and trials as rows or a DataFrame;
+- `measurement_cache`: the profiler's measurement cache backed by the database (`KernelCache`).
+
 Imports neither torch nor Ray; Optuna is imported only when its storage is asked for.
 """
 
@@ -16,7 +26,7 @@ from archsearch.storage.errors import (
     database_failure,
     failure_cause,
 )
-from archsearch.storage.kernels import KernelCache, measurement_row
+from archsearch.storage.measurement_cache import KernelCache, measurement_row
 from archsearch.storage.query import QueryError, TrialTable, compile_filter, trials_frame, trials_table
 from archsearch.storage.records import (
     DeviceRecord,

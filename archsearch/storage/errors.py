@@ -1,6 +1,7 @@
 """Storage's errors, and how a database driver's failure is told apart: the input's fault (exit 2),
 the environment's (a server gone, a lock held too long, a full disk, a damaged file: exit 1), or a
-bug's.
+bug's. Every error here is an `ArchsearchError` of `archsearch.errors`, and those the environment
+causes are its `EnvironmentFailure` too.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def test_a_library_that_cannot_be_mapped_under_a_memory_limit_is_the_out_of_memo
     def unmappable(*args, **kwargs):
         raise ImportError("libtorch_cpu.so: failed to map segment from shared object")
 
-    monkeypatch.setattr("archsearch.cli.devices.resolve_config", unmappable)
+    monkeypatch.setattr("archsearch.cli.gpus.resolve_config", unmappable)
     result = CliRunner().invoke(app, ["align", "--preset", "gpt2-small", "--device", "h100-sxm"])
     assert one_line(result, 1) == f"error: {cli_boundary.OUT_OF_MEMORY}"
 
@@ -59,7 +59,7 @@ def test_another_import_error_keeps_its_traceback(monkeypatch):
     def missing(*args, **kwargs):
         raise ImportError("No module named 'nothing_here'")
 
-    monkeypatch.setattr("archsearch.cli.devices.resolve_config", missing)
+    monkeypatch.setattr("archsearch.cli.gpus.resolve_config", missing)
     result = CliRunner().invoke(app, ["align", "--preset", "gpt2-small", "--device", "h100-sxm"])
     assert isinstance(result.exception, ImportError)  # a bug, not the environment: not hidden
 

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from archsearch.cli import app
 from archsearch.cli.common import si
-from archsearch.evaluators.serving import resolve_scenario, scenario_report
+from archsearch.evaluators.hardware_serving import resolve_scenario, scenario_report
 from archsearch.search.pareto import pareto_front
 from archsearch.space import ArchConfig, flop_counts, param_counts
 from archsearch.space.serve import ServeScenario, serve_costs

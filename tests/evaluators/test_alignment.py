@@ -10,7 +10,7 @@ import pytest
 from archsearch.errors import UnknownNameError
 from archsearch.evaluators.alignment import REPORT_DIMENSIONS, alignment_report
 from archsearch.evaluators.hardware import device_model, predict_step
-from archsearch.evaluators.kernels import step_kernels
+from archsearch.evaluators.step_kernels import step_kernels
 from archsearch.space import preset
 
 A100 = device_model("a100-80gb")

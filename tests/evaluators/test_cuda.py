@@ -16,7 +16,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from archsearch.evaluators.data import load_dataset
 from archsearch.evaluators.device import detect_device
-from archsearch.evaluators.kernels import step_kernels
 from archsearch.evaluators.model import ProxyLM
 from archsearch.evaluators.profiler import (
     InMemoryCache,
@@ -24,6 +23,7 @@ from archsearch.evaluators.profiler import (
     profile_step,
     time_gemm,
 )
+from archsearch.evaluators.step_kernels import step_kernels
 from archsearch.evaluators.trainer import TrainSettings, train
 from archsearch.space import ArchConfig, flop_counts
 

@@ -23,7 +23,7 @@ from archsearch.evaluators.hardware import (
     predict_step,
     prediction_errors,
 )
-from archsearch.evaluators.kernels import AttentionCall, MemoryOp, ProfileReport, step_kernels
+from archsearch.evaluators.step_kernels import AttentionCall, MemoryOp, ProfileReport, step_kernels
 from archsearch.space import preset
 
 A100 = device_model("a100-80gb")

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from archsearch.errors import ArchsearchError
-from archsearch.evaluators import kernels, profiler
+from archsearch.evaluators import profiler
 from archsearch.evaluators.device import DeviceError, detect_device
 from archsearch.evaluators.profiler import (
     InMemoryCache,
@@ -28,6 +28,7 @@ from archsearch.evaluators.profiler import (
     profile_step,
     time_gemm,
 )
+from archsearch.evaluators.step_kernels import step_kernels
 from archsearch.space import ArchConfig
 
 TINY = ArchConfig(
@@ -55,7 +56,7 @@ def timed(monkeypatch) -> list[object]:
 
 def distinct_shapes(cfg: ArchConfig, batch: int) -> set[tuple[str, tuple[int, ...]]]:
     """The (kind, shape) pairs of a step, worked out from the inventory, not from the profiler."""
-    step = kernels.step_kernels(cfg, batch)
+    step = step_kernels(cfg, batch)
     gemms = {("gemm", g.shape) for g in step.gemms}
     sdpa = {(a.name, (a.batch, a.n_heads, a.n_kv_heads, a.seq_len, a.head_dim)) for a in step.attention}
     return gemms | sdpa
@@ -158,7 +159,7 @@ def test_kernel_rows_cover_the_step():
     expected = [f"{p}.{s}" for p in PROJECTIONS for s in PASSES] + ["sdpa.fwd", "sdpa.bwd"]
     assert names == expected
 
-    step = kernels.step_kernels(TINY, BATCH)
+    step = step_kernels(TINY, BATCH)
     for row, gemm in zip(report.kernels[: len(step.gemms)], step.gemms, strict=True):
         assert (row.kind, row.m, row.n, row.k, row.count) == ("gemm", gemm.m, gemm.n, gemm.k, gemm.count)
         assert row.flops == 2 * gemm.m * gemm.n * gemm.k

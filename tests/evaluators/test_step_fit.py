@@ -28,9 +28,9 @@ from archsearch.evaluators.counting import (
     eager_memory_ops,
 )
 from archsearch.evaluators.hardware import device_model, misalignment, plan_gemm, predict_step
-from archsearch.evaluators.kernels import step_kernels
 from archsearch.evaluators.model import ProxyLM
 from archsearch.evaluators.step_fit import fitted_fields, held_out_fit, refit
+from archsearch.evaluators.step_kernels import step_kernels
 from archsearch.space import preset
 from archsearch.space.knobs import config_from_knobs
 

@@ -18,7 +18,6 @@ from archsearch.evaluators.counting import eager_host_ops, eager_kernel_count, e
 from archsearch.evaluators.data import load_dataset
 from archsearch.evaluators.device import DeviceError, detect_device
 from archsearch.evaluators.hardware import device_model, predict_step
-from archsearch.evaluators.kernels import step_kernels
 from archsearch.evaluators.profiler import (
     PEAK_KIND,
     InMemoryCache,
@@ -27,10 +26,11 @@ from archsearch.evaluators.profiler import (
     profile_step,
     resolve_precision,
 )
+from archsearch.evaluators.step_kernels import step_kernels
 from archsearch.evaluators.step_time import step_profile
 from archsearch.evaluators.trainer import STEP_WARMUP, TrainSettings, measure_step, train
 from archsearch.space import ArchConfig
-from archsearch.storage.kernels import KernelCache
+from archsearch.storage.measurement_cache import KernelCache
 
 TINY = ArchConfig(
     vocab_size=256, seq_len=32, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64

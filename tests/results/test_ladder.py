@@ -35,7 +35,7 @@ from archsearch.search.ladder_plan import (
 from archsearch.search.ladder_runs import run_ladder
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import param_counts
-from archsearch.space.scale import KEPT_FIELDS
+from archsearch.space.scale_candidates import KEPT_FIELDS
 from archsearch.storage import Storage, shape_key
 from archsearch.trial import TrialOutcome
 from tests.helpers import one_line

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from archsearch.cli import app
 from archsearch.errors import ArchsearchError, UnknownNameError
-from archsearch.evaluators.kernels import ProfileReport
+from archsearch.evaluators.step_kernels import ProfileReport
 from archsearch.results.html import render, write_report
 from archsearch.results.report import (
     TOP_KERNELS,

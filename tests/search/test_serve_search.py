@@ -9,7 +9,7 @@ import optuna
 import pytest
 from ray import cloudpickle
 
-from archsearch.evaluators.serving import scenario_report
+from archsearch.evaluators.hardware_serving import scenario_report
 from archsearch.search.driver import SearchOptions, objective_values, run_search, with_serve_times
 from archsearch.search.spec import SpecError, load_spec
 from archsearch.space.costs import serve_memory_bytes

@@ -51,7 +51,7 @@ def test_the_largest_batch_that_fits_is_free_memory_over_one_sequences_cache():
 
 
 def test_serve_costs_take_a_catalogued_gpus_memory_as_the_limit():
-    from archsearch.evaluators.serving import resolve_scenario  # the catalogue is the evaluators'
+    from archsearch.evaluators.hardware_serving import resolve_scenario  # the catalogue is the evaluators'
 
     def serve_costs_on(cfg, scenario):
         return serve_costs(cfg, resolve_scenario(scenario))
@@ -92,7 +92,7 @@ def test_a_bad_scenario_is_one_line_naming_the_field(changes, message):
 
 
 def test_scenario_devices_and_context():
-    from archsearch.evaluators.serving import resolve_scenario
+    from archsearch.evaluators.hardware_serving import resolve_scenario
 
     assert ServeScenario(device="cuda:1").local and not ServeScenario(device="cuda:1").modelled
     assert ServeScenario(device="h200").modelled and ServeScenario(device="h200").memory_limit is None

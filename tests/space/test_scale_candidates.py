@@ -9,7 +9,7 @@ import pytest
 
 from archsearch.errors import ArchsearchError
 from archsearch.space import ArchConfig, param_counts
-from archsearch.space.scale import (
+from archsearch.space.scale_candidates import (
     KEPT_FIELDS,
     aspect_range,
     d_ff_options,

@@ -6,7 +6,7 @@ import pytest
 
 from archsearch.errors import ArchsearchError
 from archsearch.evaluators.hardware import device_model
-from archsearch.search.scale import ScaleRequest, alignment_gains, scale_config, score
+from archsearch.results.scale_ranking import ScaleRequest, alignment_gains, scale_config, score
 from archsearch.space import ArchConfig, param_counts, preset
 
 LLAMA = ArchConfig(

@@ -17,7 +17,7 @@ from archsearch.cli.common import print_json, si, stdout
 from archsearch.space.config import ArchConfig
 
 if TYPE_CHECKING:
-    from archsearch.search.scale import ScaledServe
+    from archsearch.results.scale_ranking import ScaledServe
 
 PARTS = (  # ServeTime fields shown in the breakdown, in order
     ("weights_read_s", "weights read"),
@@ -50,7 +50,7 @@ def serve_profile(
     """
     from archsearch.errors import ConfigError
     from archsearch.evaluators.hardware import check_device, modelled_dtype
-    from archsearch.evaluators.serving import resolve_scenario
+    from archsearch.evaluators.hardware_serving import resolve_scenario
     from archsearch.space.costs import DTYPE_BYTES
     from archsearch.space.serve import ServeScenario, serve_costs
 
@@ -71,7 +71,7 @@ def serve_profile(
     out["costs"] = costs.to_dict()
     if modelled and costs.max_batch:
         from archsearch.evaluators.hardware import device_model
-        from archsearch.evaluators.serving import predict_decode
+        from archsearch.evaluators.hardware_serving import predict_decode
 
         at_max = predict_decode(
             device_model(device), cfg, costs.max_batch, context, out["dtype"], out["dtype"]
@@ -85,7 +85,7 @@ def serve_profile(
 
 def _modelled(cfg: ArchConfig, device: str, batch: int, context: int, dtype: str) -> dict[str, Any]:
     from archsearch.evaluators.hardware import device_model
-    from archsearch.evaluators.serving import predict_decode, predict_prefill
+    from archsearch.evaluators.hardware_serving import predict_decode, predict_prefill
 
     model = device_model(device)
     prefill = predict_prefill(model, cfg, batch, context, dtype, dtype)
@@ -183,7 +183,7 @@ def _costs_line(costs: dict[str, Any], sequence: tuple[int, int] | None = None) 
 
 
 # --- `export --scale-to`: the scaled shape under a serving scenario ------------------------------
-# The flags change the study's [serve] table field by field (`search.scale.study_scenario`);
+# The flags change the study's [serve] table field by field (`results.scale_ranking.study_scenario`);
 # export's own --batch and --device are the training micro-batch and GPU the shape is scaled for.
 
 
@@ -228,7 +228,7 @@ def serve_changes(scaling: bool, values: dict[str, Any]) -> dict[str, Any]:
         ConfigError: a flag without --scale-to, or a bad value (one line naming the flag).
     """
     from archsearch.errors import ConfigError
-    from archsearch.evaluators.serving import resolve_scenario
+    from archsearch.evaluators.hardware_serving import resolve_scenario
     from archsearch.space.serve import ServeError, ServeScenario
     from archsearch.units import parse_bytes
 

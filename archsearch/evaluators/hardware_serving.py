@@ -31,7 +31,7 @@ from typing import Any
 from archsearch.errors import ConfigError
 from archsearch.evaluators.catalogue import ACCELERATORS, COMPUTE_DTYPES
 from archsearch.evaluators.hardware import DeviceModel, device_model, plan_gemm, predict_attention
-from archsearch.evaluators.kernels import AttentionCall
+from archsearch.evaluators.step_kernels import AttentionCall
 from archsearch.space.config import POSITIONS, ArchConfig
 from archsearch.space.costs import DTYPE_BYTES, kv_cache_bytes
 from archsearch.space.serve import ServeError, ServeScenario, check_count

@@ -5,8 +5,8 @@ import torch
 from hypothesis import given, settings
 from torch.utils.flop_counter import FlopCounterMode
 
-from archsearch.evaluators.kernels import step_kernels
 from archsearch.evaluators.model import ProxyLM
+from archsearch.evaluators.step_kernels import step_kernels
 from archsearch.space import flop_counts, preset
 from tests.strategies import arch_configs
 

@@ -2,7 +2,7 @@
 
 Searches run on small proxies; `scaled_candidates` takes a proxy's shape and lists the shapes
 near a target parameter count that keep every choice the search made, with widths re-chosen for
-the real size. `search.scale` ranks them by modelled step time on a catalogued GPU.
+the real size. `results.scale_ranking` ranks them by modelled step time on a catalogued GPU.
 
 What is kept (`design_choices`): activation, norm, norm placement, positions, parallel blocks,
 bias, tied embeddings, QK-norm; the attention layout (MHA stays MHA, MQA stays MQA, GQA keeps its

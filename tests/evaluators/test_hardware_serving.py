@@ -1,4 +1,4 @@
-"""The modelled serving time: prefill and decode on catalogued GPUs (evaluators.serving)."""
+"""The modelled serving time: prefill and decode on catalogued GPUs (evaluators.hardware_serving)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from archsearch.errors import ConfigError, UnknownNameError
 from archsearch.evaluators.catalogue import ACCELERATORS
 from archsearch.evaluators.hardware import device_model
-from archsearch.evaluators.serving import (
+from archsearch.evaluators.hardware_serving import (
     GRAPH_KERNEL_S,
     modelled_serve,
     predict_decode,

@@ -1,8 +1,8 @@
 """A trial's design at the size the user will train: candidates ranked by modelled step time.
 
-`space.scale.scaled_candidates` lists the shapes near the target size that keep the trial's
+`space.scale_candidates.scaled_candidates` lists the shapes near the target size that keep the trial's
 choices; here each is scored with the roofline model of a catalogued GPU
-(`evaluators.hardware.predict_step` over `evaluators.kernels.step_kernels`) and the pick is:
+(`evaluators.hardware.predict_step` over `evaluators.step_kernels.step_kernels`) and the pick is:
 1. the candidates closest to the target: within `band` of it, or the nearest one's distance when
    none is that close (a smaller model is always faster, so speed only ranks equal sizes);
 2. among those, the most modelled tokens/s.
@@ -16,7 +16,7 @@ steps (`catalogue.FITTED`: the H100, whose eager steps ran 1.4-5.6x their kernel
 With a serving scenario (the study's [serve] table, changed by `export`'s serving flags) the
 scaled shape is priced as a search prices a trial: its exact memory (`space.serve.serve_costs`)
 and its prefill and decode modelled on the scenario's catalogued GPU
-(`evaluators.serving.scenario_report`). A scenario on the device at hand (`local`) is measured,
+(`evaluators.hardware_serving.scenario_report`). A scenario on the device at hand (`local`) is measured,
 and the scaled shape is not built here, so it is modelled on the device the shape was scaled for.
 """
 
@@ -35,11 +35,11 @@ from archsearch.space.costs import (
     param_counts,
     train_activation_bytes_per_token,
 )
-from archsearch.space.scale import naive_d_ff, naive_d_model, pad_vocab, scaled_candidates
+from archsearch.space.scale_candidates import naive_d_ff, naive_d_model, pad_vocab, scaled_candidates
 
 if TYPE_CHECKING:
     from archsearch.evaluators.hardware import DeviceModel
-    from archsearch.evaluators.serving import ServeReport
+    from archsearch.evaluators.hardware_serving import ServeReport
     from archsearch.search.selection import Choice, ExportPlan, Selection
     from archsearch.space.serve import ServeCosts, ServeScenario
     from archsearch.storage import StudyRecord
@@ -185,7 +185,7 @@ def scaled_serve(cfg: ArchConfig, scenario: ServeScenario, device: str) -> Scale
         UnknownNameError: the device has no peak for the weights' dtype.
     """
     from archsearch.evaluators.catalogue import ACCELERATORS
-    from archsearch.evaluators.serving import resolve_scenario, scenario_report
+    from archsearch.evaluators.hardware_serving import resolve_scenario, scenario_report
     from archsearch.space.serve import serve_costs
 
     instead_of = scenario.device if scenario.local else None
@@ -276,7 +276,7 @@ def score(model: DeviceModel, cfg: ArchConfig, batch: int) -> Scored:
     """`cfg`'s modelled training step on `batch` sequences."""
     from archsearch.evaluators.counting import eager_host_ops, eager_kernel_count, eager_memory_ops
     from archsearch.evaluators.hardware import predict_step
-    from archsearch.evaluators.kernels import step_kernels
+    from archsearch.evaluators.step_kernels import step_kernels
 
     inventory = step_kernels(cfg, batch, DTYPE, eager_memory_ops(cfg, batch, DTYPE))
     report = predict_step(model, inventory, DTYPE, eager_kernel_count(cfg), eager_host_ops(cfg))
