@@ -1,9 +1,11 @@
 """Helpers the test modules share, so that no test module imports another's private names: the one
 error line a refused command ends in, space files written for a test, a disk filled up, and an
-exported config loaded in transformers with the proxy's weights."""
+exported config loaded in transformers with the proxy's weights, and the storage-failure tests'
+instant trials, their resume and their one-line message."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -133,3 +135,58 @@ def proxy_weights_as_hf(proxy, cfg: ArchConfig, model_type: str, head_key: str) 
         out["transformer.wpe.weight"] = sd["pos_emb.weight"]
     out[head_key] = sd["head.weight"]
     return out
+
+
+# --- the storage-failure tests' searches -------------------------------------------------------------
+N = 3  # trials of each storage-failure search
+
+
+def instant(request, known=None, board=None):
+    """A trial outcome at once, its loss a function of the shape: a search with no training."""
+    from archsearch.trial import TrialOutcome
+
+    loss = 2.0 + request.config.d_model / 1000 + request.config.n_layers / 100
+    return TrialOutcome(status="complete", train={"val_loss": loss, "tokens": 64, "val_curve": [[64, loss]]})
+
+
+def settled(url: str, complete: int) -> None:
+    """Exactly `complete` complete trials of study "s", nothing running in either table, an intact file."""
+    import optuna
+    from sqlalchemy import text
+
+    from archsearch.storage import Storage
+
+    with Storage.open(url, create=False) as db:
+        counts = db.counts("s")
+        if db.is_sqlite:
+            with db._engine.connect() as conn:
+                assert conn.execute(text("PRAGMA integrity_check")).scalar() == "ok"
+    assert counts.get("complete") == complete and set(counts) <= {"complete", "interrupted", "duplicate"}, (
+        counts
+    )
+    states = {t.state.name for t in optuna.load_study(study_name="s", storage=url).trials}
+    assert "RUNNING" not in states, states
+
+
+def resume_search(url: str, lease_s: float = 120.0) -> None:
+    """`search --resume` of study "s" (the tiny spec, `instant` trials) to `N`, then `settled`."""
+    from archsearch.search.driver import SearchOptions, run_search
+    from archsearch.storage import Storage
+    from tests.specs import tiny_spec
+
+    with Storage.open(url) as db:
+        run_search(
+            tiny_spec(),
+            db,
+            SearchOptions(study="s", trials=N, resume=True, lease_s=lease_s),
+            evaluate_fn=instant,
+        )
+    settled(url, N)
+
+
+def failure_message(url: str, doing: str, cause: str) -> str:
+    """The pattern of the one line a search ends in when its database fails while `doing`."""
+    from sqlalchemy.engine import make_url
+
+    shown = re.escape(make_url(url).render_as_string(hide_password=True))
+    return rf"^the database {shown} failed while {doing}: {cause}; the search stopped"

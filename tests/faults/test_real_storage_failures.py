@@ -27,22 +27,17 @@ from archsearch.cli import app
 from archsearch.search import driver as driver_module
 from archsearch.search.driver import SearchOptions, run_search
 from archsearch.storage import Storage, StorageUnavailableError
-from archsearch.trial import TrialOutcome
-from tests.faults.test_storage_failures import _message, _resume
-from tests.helpers import fill_disk
+from tests import helpers
+from tests.helpers import N, failure_message, fill_disk, instant, resume_search
 from tests.postgres import throwaway_cluster
 from tests.specs import tiny_spec, tiny_toml
 
-cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers need not import tests/
+# Ray workers need not import tests/: this module's functions and the helpers' go by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+cloudpickle.register_pickle_by_value(helpers)
 pytestmark = pytest.mark.usefixtures("ray_session")
 
-N = 3
 LEASE_S = 2  # a trial the failure leaves running is re-queued by a resume this soon
-
-
-def instant(request, known=None, board=None):
-    loss = 2.0 + request.config.d_model / 1000 + request.config.n_layers / 100
-    return TrialOutcome(status="complete", train={"val_loss": loss, "tokens": 64, "val_curve": [[64, loss]]})
 
 
 # --- a full disk --------------------------------------------------------------------------------------
@@ -71,7 +66,9 @@ def test_a_disk_that_fills_mid_search_ends_in_one_line_and_the_hint_finishes_exa
     assert "Traceback" not in result.output
     line = lines[-1]
     doing = r"[A-Za-z0-9'() ]+"  # whichever write comes first: archsearch's or Optuna's
-    assert re.match("^error: " + _message(url, doing, "OperationalError: database or disk is full")[1:], line)
+    assert re.match(
+        "^error: " + failure_message(url, doing, "OperationalError: database or disk is full")[1:], line
+    )
     assert line.count("`") == 2 and "--resume" in line, line
     # Read without writing: a read-write connection closing last would checkpoint onto the full disk.
     conn = sqlite3.connect(f"{(small_disk / 'trials.db').as_uri()}?mode=ro", uri=True)
@@ -106,10 +103,12 @@ def test_a_postgresql_server_stopped_mid_search_ends_in_one_line_and_a_resume_fi
             options = SearchOptions(study="s", trials=N, lease_s=LEASE_S)
             run_search(tiny_spec(), db, options, evaluate_fn=stop_server_then_finish)
         message = str(info.value)
-        assert re.match(_message(cluster.url, r"[A-Za-z0-9'() ]+", "OperationalError: .+"), message), message
+        assert re.match(failure_message(cluster.url, r"[A-Za-z0-9'() ]+", "OperationalError: .+"), message), (
+            message
+        )
         assert "\n" not in message and f"left running until the lease expires ({LEASE_S} s)" in message
         cluster.start()
-        _resume(cluster.url, lease_s=LEASE_S)  # exactly N, nothing running in either table
+        resume_search(cluster.url, lease_s=LEASE_S)  # exactly N, nothing running in either table
 
 
 def test_a_postgresql_server_that_is_there_and_never_answers_is_bounded(monkeypatch):
@@ -180,6 +179,6 @@ def test_a_postgresql_lock_held_by_another_process_past_the_timeout(tmp_path, mo
             release.touch()
         message = str(info.value)
         cause = "LockNotAvailable: canceling statement due to lock timeout"  # psycopg's class for 55P03
-        assert re.match(_message(url, r"[A-Za-z0-9'() ]+", cause), message), message
+        assert re.match(failure_message(url, r"[A-Za-z0-9'() ]+", cause), message), message
         monkeypatch.undo()  # the full timeout: the holder lets go within it
-        _resume(url, lease_s=LEASE_S)
+        resume_search(url, lease_s=LEASE_S)

@@ -18,25 +18,20 @@ from pathlib import Path
 import optuna
 import pytest
 from ray import cloudpickle  # Ray vendors it
-from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 from archsearch.search.driver import SearchError, SearchOptions, run_search
 from archsearch.storage import Storage, StorageUnavailableError
 from archsearch.storage import engine as engine_module
-from archsearch.trial import TrialOutcome
+from tests import helpers
+from tests.helpers import N, failure_message, instant, resume_search, settled
 from tests.specs import tiny_spec
 
-cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers need not import tests/
+# Ray workers need not import tests/: this module's functions and the helpers' go by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+cloudpickle.register_pickle_by_value(helpers)
 pytestmark = pytest.mark.usefixtures("ray_session")
-
-N = 3
-
-
-def instant(request, known=None, board=None):
-    loss = 2.0 + request.config.d_model / 1000 + request.config.n_layers / 100
-    return TrialOutcome(status="complete", train={"val_loss": loss, "tokens": 64, "val_curve": [[64, loss]]})
 
 
 def _disk_full() -> OperationalError:
@@ -44,32 +39,6 @@ def _disk_full() -> OperationalError:
     return OperationalError(
         "UPDATE archsearch_trials ...", {}, sqlite3.OperationalError("database or disk is full")
     )
-
-
-def _settled(url: str, complete: int) -> None:
-    """Exactly `complete` complete trials, nothing running in either table, an intact file."""
-    with Storage.open(url, create=False) as db:
-        counts = db.counts("s")
-        if db.is_sqlite:
-            with db._engine.connect() as conn:
-                assert conn.execute(text("PRAGMA integrity_check")).scalar() == "ok"
-    assert counts.get("complete") == complete and set(counts) <= {"complete", "interrupted", "duplicate"}, (
-        counts
-    )
-    states = {t.state.name for t in optuna.load_study(study_name="s", storage=url).trials}
-    assert "RUNNING" not in states, states
-
-
-def _resume(url: str, lease_s: float = 120.0) -> None:
-    with Storage.open(url) as db:
-        options = SearchOptions(study="s", trials=N, resume=True, lease_s=lease_s)
-        run_search(tiny_spec(), db, options, evaluate_fn=instant)
-    _settled(url, N)
-
-
-def _message(url: str, doing: str, cause: str) -> str:
-    shown = re.escape(make_url(url).render_as_string(hide_password=True))
-    return rf"^the database {shown} failed while {doing}: {cause}; the search stopped"
 
 
 # --- injected errors, on both backends ---------------------------------------------------------------
@@ -88,14 +57,15 @@ def test_archsearch_s_write_of_an_outcome_fails_the_trial_is_re_queued(backend_u
         run_search(tiny_spec(), db, SearchOptions(study="s", trials=N), evaluate_fn=instant)
     message = str(info.value)
     assert re.match(
-        _message(backend_url, r"recording trial \d+", "OperationalError: database or disk is full"), message
+        failure_message(backend_url, r"recording trial \d+", "OperationalError: database or disk is full"),
+        message,
     )
     assert "\n" not in message and "left running" not in message  # the database took the re-queue
     with Storage.open(backend_url) as db:
         lost = [r for r in db.trials("s") if r.id == calls[1]]
         assert lost[0].status == "interrupted" and db.counts("s").get("complete") == 1
     monkeypatch.setattr(Storage, "finish_trial", original)
-    _resume(backend_url)
+    resume_search(backend_url)
     with Storage.open(backend_url) as db:  # the re-queued point ran first
         after = [r for r in db.trials("s") if r.number is not None and r.number > lost[0].number]
         assert after[0].params == lost[0].params and after[0].status == "complete"
@@ -129,13 +99,13 @@ def test_optuna_s_tell_fails_after_the_outcome_landed_the_resume_tells_it(backen
     with Storage.open(backend_url) as db, pytest.raises(StorageUnavailableError) as info:
         run_search(tiny_spec(), db, SearchOptions(study="s", trials=N), evaluate_fn=instant)
     assert re.match(
-        _message(backend_url, r"recording trial \d+", "OperationalError: database or disk is full"),
+        failure_message(backend_url, r"recording trial \d+", "OperationalError: database or disk is full"),
         str(info.value),
     )
     with Storage.open(backend_url) as db:  # the outcome is in the database: nothing to re-run
         assert db.counts("s").get("complete") == 2 and "running" not in db.counts("s")
     monkeypatch.undo()
-    _resume(backend_url)
+    resume_search(backend_url)
     study = optuna.load_study(study_name="s", storage=backend_url)
     assert sorted(t.state.name for t in study.trials if t.state.name != "PRUNED") == ["COMPLETE"] * N
 
@@ -146,13 +116,15 @@ def test_optuna_s_ask_fails_the_claimed_slot_is_closed(backend_url, monkeypatch)
     with Storage.open(backend_url) as db, pytest.raises(StorageUnavailableError) as info:
         run_search(tiny_spec(), db, SearchOptions(study="s", trials=N), evaluate_fn=instant)
     assert re.match(
-        _message(backend_url, "asking Optuna for a trial", "OperationalError: database or disk is full"),
+        failure_message(
+            backend_url, "asking Optuna for a trial", "OperationalError: database or disk is full"
+        ),
         str(info.value),
     )
     with Storage.open(backend_url) as db:
         assert [r.status for r in db.trials("s")] == ["complete", "interrupted"]
     monkeypatch.undo()
-    _resume(backend_url)
+    resume_search(backend_url)
 
 
 # --- real failures --------------------------------------------------------------------------------------
@@ -187,13 +159,13 @@ def test_the_sqlite_write_lock_held_by_another_process_past_the_timeout(tmp_path
         )
     message = str(info.value)
     doing = r"(recording trial \d+|renewing the running trials' leases)"  # whichever writes first
-    assert re.match(_message(url, doing, "OperationalError: database is locked"), message), message
+    assert re.match(failure_message(url, doing, "OperationalError: database is locked"), message), message
     assert re.search(
         r"; trial \d+ left running until the lease expires \(2 s\), then a resume re-queues them$", message
     )
     release.touch()
     _wait_for_write_lock(path)
-    _resume(url, lease_s=2)
+    resume_search(url, lease_s=2)
 
 
 def _wait_for_write_lock(path: Path, timeout: float = 60) -> None:
@@ -240,7 +212,9 @@ def test_a_postgresql_database_that_stops_taking_connections_mid_search(monkeypa
                 run_search(tiny_spec(), db, options, evaluate_fn=close_database_then_finish)
             message = str(info.value)
             assert re.match(
-                _message(url, r"[a-z0-9' ]+", "OperationalError: .*is not currently accepting connections"),
+                failure_message(
+                    url, r"[a-z0-9' ]+", "OperationalError: .*is not currently accepting connections"
+                ),
                 message,
             ), message
             assert "\n" not in message and "left running until the lease expires (2 s)" in message
@@ -250,7 +224,7 @@ def test_a_postgresql_database_that_stops_taking_connections_mid_search(monkeypa
             with psycopg.connect("host=127.0.0.1 user=postgres dbname=postgres", autocommit=True) as admin:
                 admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
             marker.unlink(missing_ok=True)
-        _resume(url, lease_s=2)
+        resume_search(url, lease_s=2)
 
 
 # --- the study's own state ---------------------------------------------------------------------------
@@ -259,14 +233,14 @@ def test_a_failed_study_creation_leaves_no_study_and_a_plain_rerun_runs(backend_
     with Storage.open(backend_url) as db, pytest.raises(StorageUnavailableError) as info:
         run_search(tiny_spec(), db, SearchOptions(study="s", trials=N), evaluate_fn=instant)
     assert re.match(
-        _message(backend_url, "opening the study", "OperationalError: database or disk is full"),
+        failure_message(backend_url, "opening the study", "OperationalError: database or disk is full"),
         str(info.value),
     )
     monkeypatch.undo()
     with Storage.open(backend_url) as db:
         assert db.study_names() == [] and db.optuna_objectives("s") is None
         run_search(tiny_spec(), db, SearchOptions(study="s", trials=N), evaluate_fn=instant)  # no --resume
-    _settled(backend_url, N)
+    settled(backend_url, N)
 
 
 def test_a_foreign_optuna_study_of_the_same_name_is_never_adopted(backend_url):
