@@ -351,7 +351,8 @@ class SearchSpec:
         trial runs, not what it computes (the same losses at 1 and 2 threads in
         `benchmarks/threads.py`; each trial's device fingerprint records its thread count), so a
         study resumes on a machine with other cores, and the files written before the setting
-        existed keep their fingerprint (as do those without `size_beta` or `extrapolate`). The
+        existed keep their fingerprint (as do those without `size_beta`, `extrapolate` or
+        `[proxy].warmup_tokens`). The
         sampler and seeds stay in: they decide which points are tried. `data` is the resolved
         path; the corpus's contents have their own fingerprint, checked when it is loaded.
         """
@@ -359,6 +360,8 @@ class SearchSpec:
         del canonical["name"], canonical["search"]["trials"], canonical["proxy"]["threads"]
         if canonical["size_beta"] is None:
             del canonical["size_beta"]
+        if canonical["proxy"]["warmup_tokens"] is None:
+            del canonical["proxy"]["warmup_tokens"]
         if not canonical["extrapolate"]:
             del canonical["extrapolate"]
         text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
@@ -472,6 +475,10 @@ KEY_DOCS: dict[str, str] = {
     "proxy.base_width": "The width at which lr applies unscaled.",
     "proxy.schedule": "cosine, wsd or constant (warm-up, then flat: what ranks shapes like long runs).",
     "proxy.warmup": "Warm-up as a fraction of the budget.",
+    "proxy.warmup_tokens": (
+        "Warm-up in tokens, overriding warmup: with the constant schedule a run can then resume to a "
+        "longer budget (promotion); needs a tokens or flops budget."
+    ),
     "proxy.min_lr": "Floor of the decay, a fraction of the peak.",
     "proxy.weight_decay": "AdamW weight decay, on hidden matrices only.",
     "proxy.grad_clip": "Gradient-norm clip.",
