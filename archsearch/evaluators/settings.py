@@ -164,9 +164,13 @@ class TrainSettings:
             raise TrainError(f"warmup must be a fraction in [0, 1), got {self.warmup}")
         if self.warmup_tokens is not None:
             if isinstance(self.warmup_tokens, bool) or not isinstance(self.warmup_tokens, int):
-                raise TrainError(f"warmup_tokens must be a whole number of tokens, got {self.warmup_tokens!r}")
+                raise TrainError(
+                    f"warmup_tokens must be a whole number of tokens, got {self.warmup_tokens!r}"
+                )
             if not 0 <= self.warmup_tokens <= MAX_WHOLE:
-                raise TrainError(f"warmup_tokens must be in 0..2**63 - 1, got {short_number(self.warmup_tokens)}")
+                raise TrainError(
+                    f"warmup_tokens must be in 0..2**63 - 1, got {short_number(self.warmup_tokens)}"
+                )
             if self.seconds is not None:  # a clock budget has no token total to place the decay in
                 raise TrainError("warmup_tokens needs a tokens or flops budget, not seconds")
         check_threads(self.threads)
