@@ -133,6 +133,47 @@ class PromotionStore(StorageCore):
                 )
             )
 
+    def ranked_objectives(self, study: str) -> dict[int, tuple[float | None, int | None]]:
+        """Each complete trial's loss objective as a front ranks it, and the tokens it was ranked at:
+        a contender's at the largest budget every contender completed (`ranked_at`), any other
+        trial's at its proxy run (the study's loss rule over its stored loss, curve change and
+        size); (None, tokens) where the loss is missing. By trial number.
+
+        Raises:
+            UnknownNameError: no study of that name.
+        """
+        rule = self.require_study(study).loss_rule  # type: ignore[attr-defined]
+        trial = schema.Trial
+        with self._session(read_only=True) as s:
+            rows = s.execute(
+                select(
+                    trial.number, trial.loss, trial.loss_change, trial.params_total, trial.tokens_trained
+                ).where(trial.study == study, trial.status == COMPLETE, trial.number.is_not(None))
+            ).all()
+        out: dict[int, tuple[float | None, int | None]] = {}
+        for number, loss, change, params, tokens in rows:
+            usable = (
+                loss is not None and math.isfinite(loss) and (rule.size_beta is None or (params or 0) > 0)
+            )
+            out[number] = (rule.value(loss, change, params) if usable else None, tokens)
+        promotions = self.promotions(study, COMPLETE)
+        budget = ranked_at(self.promotions(study), promotions)
+        for p in promotions:
+            if p.budget_tokens == budget and p.trial_number in out:
+                out[p.trial_number] = (p.objective, budget)
+        return out
+
+
+def ranked_at(every: Sequence[PromotionRecord], complete: Sequence[PromotionRecord]) -> int | None:
+    """The largest budget at which every promoted trial (every trial of `every`) has a complete
+    promotion in `complete`; None when there is none."""
+    contenders = {p.trial_number for p in every}
+    done: dict[int, set[int]] = {}
+    for p in complete:
+        done.setdefault(p.budget_tokens, set()).add(p.trial_number)
+    reached = [budget for budget, numbers in done.items() if numbers >= contenders]
+    return max(reached) if contenders and reached else None
+
 
 def _record(row: schema.Promotion) -> PromotionRecord:
     what = f"promotion {row.id} of {row.study!r}"

@@ -112,3 +112,25 @@ def test_a_version_8_database_gains_the_promotions_table(backend_url):
     with engine.connect() as conn:
         assert conn.execute(text("SELECT value FROM archsearch_meta")).scalar_one() == str(SCHEMA_VERSION)
     engine.dispose()
+
+
+def test_trials_are_ranked_at_the_largest_budget_every_contender_completed(storage):
+    first, second, third = _trial(storage, 0), _trial(storage, 1), _trial(storage, 2)
+    for trial, budget, status, objective in [
+        (first, 2000, "complete", 1.7), (second, 2000, "complete", 1.6),
+        (first, 4000, "complete", 1.5), (second, 4000, "failed", None),
+    ]:  # fmt: skip
+        storage.claim_promotion("s", trial, budget, lease_s=60)
+        row = storage.promotion_id(trial, budget)
+        if status == "complete":
+            storage.finish_promotion(row, status=status, val_loss=objective, objective=objective)
+        else:
+            storage.finish_promotion(row, status=status, reason="out of memory")
+    # Trial 1 never completed 4000 tokens: both contenders are ranked at 2000; trial 2 at its proxy's.
+    assert storage.ranked_objectives("s") == {0: (1.7, 2000), 1: (1.6, 2000), 2: (2.0, 1000)}
+    assert third  # not promoted
+
+
+def test_a_study_without_promotions_is_ranked_at_its_proxy(storage):
+    _trial(storage, 0)
+    assert storage.ranked_objectives("s") == {0: (2.0, 1000)}
