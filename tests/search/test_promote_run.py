@@ -94,3 +94,31 @@ def test_a_signal_mid_promotion_loses_nothing_and_a_resume_repeats_nothing(db, m
     )
     kept = next(p for p in after if p.id == done[0].id)
     assert kept == done[0]  # stored once: not trained again
+
+
+def test_the_cli_says_what_was_promoted_and_trials_gives_the_ranked_objectives(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from archsearch.cli import app
+    from tests.specs import tiny_toml
+
+    space = tmp_path / "space.toml"
+    space.write_text(tiny_toml(proxy=FREE, search=SEARCH.format(cap=2, margin=1.0)))
+    url = f"sqlite:///{tmp_path / 'trials.db'}"
+    result = CliRunner().invoke(
+        app, ["search", "--space", str(space), "--study", "s", "--trials", "3", "--storage", url]
+    )
+    assert result.exit_code == 0, result.output
+    assert "promoted trials " in result.stderr and " to 4,096 tokens (" in result.stderr
+    listed = CliRunner().invoke(app, ["trials", "--study", "s", "--storage", url, "--format", "json"])
+    records = {r["number"]: r for r in json.loads(listed.stdout) if r["status"] == "complete"}
+    with Storage.open(url, read_only=True) as db:
+        promoted = {p.trial_number: p for p in db.promotions("s")}
+    assert promoted and set(promoted) <= set(records)
+    for number, record in records.items():
+        if number in promoted:  # every contender reached 4,096 tokens: ranked there
+            assert (record["objective"], record["budget_tokens"]) == (promoted[number].objective, 4096)
+        else:
+            assert (record["objective"], record["budget_tokens"]) == (record["loss"], 2048)
