@@ -190,7 +190,7 @@ class PromotionRecord:
     val_loss: float | None  # held-out nats per token; None unless complete
     objective: float | None  # the study's loss objective at this budget; None unless complete
     val_curve: tuple[tuple[int, float], ...]
-    wall_time_s: float | None
+    wall_time_s: float | None  # of the run to this budget from step 0, a resumed state's time included
     host: str
     claimed_at: float
     lease_expires_at: float | None
