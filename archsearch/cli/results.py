@@ -230,7 +230,7 @@ def trials(
     # A table without --limit fetches one row more than it shows, to know whether more match.
     fetch = TABLE_ROWS + 1 if fmt == "table" and limit is None else limit
     with Storage.open(storage, read_only=True) as db:
-        found = trials_table(db, study, where=where, sort=sort, limit=fetch)
+        found = trials_table(db, study, where=where, sort=sort, limit=fetch, ranked=fmt == "json")
         long = db.long_run_losses(study) if fmt == "table" else {}
     if fmt == "table":
         more = limit is None and len(found) > TABLE_ROWS

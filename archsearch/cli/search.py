@@ -91,14 +91,24 @@ def search(
             # A second signal cut the first one's clean-up short: what ran is kept, and a resume
             # sweeps what was left running. A signal before the first trial left no study to go on.
             raise typer.Exit(interrupted(exc, again if _has_study(db, options.study) else None)) from None
-    front = summary.front
+    front, promotion = summary.front, summary.promotion
     if as_json:
         report = {"study": summary.study, "counts": summary.progress.counts, "interrupted_by": summary.signal}
+        report["promotion"] = dataclasses.asdict(promotion) if promotion else None
         print_json({**report, **(front.to_dict() if front else {"front": []})})
     elif front is not None:
         print_study_front(front)
     else:
         typer.echo(f"no complete trials in study {options.study!r}", err=True)
+    if promotion is not None and not as_json:
+        budgets = ", ".join(f"{b:,}" for b in promotion.budgets) or "none"
+        promoted = ", ".join(map(str, promotion.contenders))
+        typer.echo(
+            f"promoted trials {promoted} to {budgets} tokens ({promotion.stopped});"
+            f" the front above ranks the proxy's tokens, `archsearch trials --format json` each trial's loss "
+            f"objective at {promotion.ranked_at:,} tokens for the contenders",
+            err=True,
+        )
     if summary.signal is not None:
         typer.echo(
             f"interrupted: {summary.progress.finished} of {options.trials} trials finished; continue with "

@@ -93,6 +93,10 @@ class TrainSettings:
     base_width: int = 128  # width at which `lr` applies unscaled
     schedule: str = "cosine"  # "cosine", "wsd" or "constant" (warm-up, then flat: for proxies)
     warmup: float = 0.05  # fraction of the budget; short, so warm-up does not dominate short runs
+    # Warm-up in tokens, overriding `warmup` when set: the rate at a step then depends on the tokens
+    # trained so far, not on the budget, so under the constant schedule a short run is the exact
+    # prefix of a longer one and can be resumed to it (`trainer.Checkpoint(keep=True)`).
+    warmup_tokens: int | None = None
     min_lr: float = 0.1  # floor of the decay, as a fraction of the peak
     weight_decay: float = 0.1  # on hidden matrices only
     grad_clip: float = 1.0
@@ -105,6 +109,16 @@ class TrainSettings:
     # torch intra-op threads of a CPU run; None: `choose_threads` from the shape and the free cores.
     # Not part of what a run computes, only of how fast: a space file's fingerprint leaves it out.
     threads: int | None = None
+
+    @property
+    def budget_free(self) -> bool:
+        """Whether the rate at each step is the same under any token budget: the constant schedule
+        with its warm-up in tokens (or none). Such a run is the prefix of any longer one with the
+        same settings, so it may resume to a longer budget; under cosine or WSD the decay is placed
+        by the budget and no prefix is shared."""
+        has_total = self.seconds is None
+        fixed_warmup = self.warmup_tokens is not None or self.warmup == 0
+        return has_total and self.schedule == "constant" and fixed_warmup
 
     def __post_init__(self) -> None:
         # Every number finite first: NaN passes every `<=` test below, and inf never ends a run.
@@ -148,6 +162,17 @@ class TrainSettings:
             raise TrainError(f"seed must be in 0..{SEED_MAX}, got {short_number(self.seed)}")
         if not 0 <= self.warmup < 1:
             raise TrainError(f"warmup must be a fraction in [0, 1), got {self.warmup}")
+        if self.warmup_tokens is not None:
+            if isinstance(self.warmup_tokens, bool) or not isinstance(self.warmup_tokens, int):
+                raise TrainError(
+                    f"warmup_tokens must be a whole number of tokens, got {self.warmup_tokens!r}"
+                )
+            if not 0 <= self.warmup_tokens <= MAX_WHOLE:
+                raise TrainError(
+                    f"warmup_tokens must be in 0..2**63 - 1, got {short_number(self.warmup_tokens)}"
+                )
+            if self.seconds is not None:  # a clock budget has no token total to place the decay in
+                raise TrainError("warmup_tokens needs a tokens or flops budget, not seconds")
         check_threads(self.threads)
 
 

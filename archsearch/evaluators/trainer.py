@@ -12,7 +12,12 @@ run with `status="failed"` and the reason; they never raise out of `train`.
 
 A long run can keep a `Checkpoint`: every few minutes its whole state (weights, optimizer, step,
 curves, the place in the batch stream) goes to one file, and a run of the same shape, settings and
-data that finds the file goes on from there, to the same losses as a run never stopped.
+data that finds the file goes on from there, to the same losses as a run never stopped. With
+`keep=True` a finished run leaves its final state behind, and a later run of a longer token budget
+goes on from it (promotion): exactly, because under the constant schedule with a warm-up in tokens
+(`TrainSettings.budget_free`) the rate at each step does not depend on the budget. Under cosine or
+WSD the decay is placed by the budget, so a shorter run is no prefix of a longer one: such a run
+resumes only at its own budget and trains afresh at another.
 """
 
 from __future__ import annotations
@@ -252,7 +257,12 @@ def train_memory_bytes(cfg: ArchConfig, batch_size: int, seq_len: int) -> int:
 
 
 CHECKPOINT_EVERY_S = 300.0  # a run stopped loses at most this much training
-_CHECKPOINT_FORMAT = 1
+_CHECKPOINT_FORMAT = 2  # 2: the budget and evaluation count left out of a budget-free identity
+# Bytes on disk of a kept state per model parameter: fp32 weights (4) and AdamW's two fp32 moments
+# (8), plus a few kilobytes of RNG state and curves whatever the size: kept states of two tiny
+# configs measured 12.04 bytes per parameter at 590k parameters and 12.01 at 4.3M (the test
+# `test_a_kept_state_costs_twelve_bytes_per_parameter` holds the bound).
+STATE_BYTES_PER_PARAM = 12
 
 
 @dataclass(frozen=True)
@@ -260,13 +270,22 @@ class Checkpoint:
     """Where a run keeps its state, and how often (seconds of wall time) it writes it.
 
     The file is written atomically at a step boundary, read back by a run of the same config,
-    settings (threads aside) and corpus, and removed once the run ends (complete, pruned or
-    failed); a file of another run, or one that cannot be read, is set aside with a warning and the
-    run starts from step 0.
+    settings (threads aside) and corpus, and removed once the run ends (pruned or failed, or
+    complete unless `keep`); a file of another run, or one that cannot be read, is set aside with a
+    warning and the run starts from step 0.
+
+    `keep=True` leaves a complete run's final state in the file, for a longer run to go on from:
+    where the settings are `budget_free`, the identity leaves out the budget and the evaluation
+    count, so a run of 2x the tokens resumes from a 1x run's final state (or a 1x run from a 2x
+    run's state stopped before 1x) and ends with the losses of one run never stopped. Evaluation
+    points are fractions of the run's own budget: a resumed run evaluates at those of its points
+    not yet passed. A state past the budget asked for is set aside. A kept state costs about
+    `STATE_BYTES_PER_PARAM` (12) bytes per parameter.
     """
 
     path: Path
     every_s: float = CHECKPOINT_EVERY_S
+    keep: bool = False  # leave a complete run's final state for a longer run to resume from
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", Path(self.path))
@@ -280,11 +299,14 @@ def _run_identity(
     cfg: ArchConfig, settings: TrainSettings, data: TokenData, device: torch.device
 ) -> dict[str, Any]:
     """What a checkpoint must match to be resumed: the threads may differ (they change no result
-    beyond float rounding), nothing else may."""
+    beyond float rounding), nothing else may; where the settings are `budget_free`, neither may the
+    budget (tokens or FLOPs) nor the evaluation count, which change where a run stops and what it
+    records on the way, not the steps it takes."""
+    free = ("threads", "tokens", "flops", "evals") if settings.budget_free else ("threads",)
     return dict(
         format=_CHECKPOINT_FORMAT,
         config=cfg.to_dict(),
-        settings={k: v for k, v in asdict(settings).items() if k != "threads"},
+        settings={k: v for k, v in asdict(settings).items() if k not in free},
         corpus=data.fingerprint,
         device=device.type,
     )
@@ -437,6 +459,19 @@ def _train(
         fused=True,  # one kernel per step on CPU and CUDA: about 5x faster than foreach on CPU
     )
     schedule = SCHEDULES[settings.schedule]
+    # A warm-up in tokens ramps by the tokens trained, the same at step s under any budget; the
+    # schedule's later part (a decay) still follows the fraction done.
+    warmup_tokens = settings.warmup_tokens
+    warm_fraction = warmup_tokens / (total_steps * tokens_per_step) if warmup_tokens is not None else 0.0
+
+    def rate_scale(done: float) -> float:
+        """The multiplier of the peak rate for the next step, `done` the fraction trained."""
+        if warmup_tokens is None:
+            return schedule(done, settings.warmup, settings.min_lr)
+        if tokens < warmup_tokens:
+            return (tokens + tokens_per_step) / (warmup_tokens + tokens_per_step)
+        return schedule(done, min(warm_fraction, done), settings.min_lr)
+
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
     val = data.val_batches(settings.batch_size, seq_len, settings.eval_batches, device)
     batches = data.train_batches(settings.batch_size, seq_len, settings.seed, device)
@@ -465,11 +500,20 @@ def _train(
     clock = StepClock(device)
     identity = _run_identity(cfg, settings, data, device) if checkpoint is not None else {}
     saved = _load_checkpoint(checkpoint, identity) if checkpoint is not None else None
+    if saved is not None and saved["steps"] > total_steps:
+        log.warning(
+            "checkpoint %s is %d steps in, past this run's %d; training from step 0",
+            checkpoint.path, saved["steps"], total_steps,  # type: ignore[union-attr]
+        )  # fmt: skip
+        saved = None
     if saved is not None:
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         torch.set_rng_state(saved["torch_rng"])
         steps, tokens, next_eval = saved["steps"], saved["tokens"], saved["next_eval"]
+        if saved["total_steps"] != total_steps:  # another budget: its evaluation points are not ours
+            done = steps / total_steps
+            next_eval = next((i for i, at in enumerate(eval_at) if at > done), len(eval_at) - 1)
         eval_time = saved["eval_s"]
         loss_curve = [tuple(p) for p in saved["loss_curve"]]
         val_curve = [tuple(p) for p in saved["val_curve"]]
@@ -504,6 +548,7 @@ def _train(
         _save_checkpoint(checkpoint, dict(  # type: ignore[arg-type]
             identity=identity, model=model.state_dict(), optimizer=optimizer.state_dict(),
             torch_rng=torch.get_rng_state(), steps=steps, tokens=tokens, next_eval=next_eval,
+            total_steps=total_steps,
             eval_s=eval_time, train_s=train_time(), loss_curve=[list(p) for p in loss_curve],
             val_curve=[list(p) for p in val_curve],
         ))  # fmt: skip
@@ -516,6 +561,8 @@ def _train(
                 while next_eval < len(eval_at) - 1 and done >= eval_at[next_eval + 1]:
                     next_eval += 1  # a slow step crossed several evaluation points
                 flush_loss()  # also waits for the device, so the clock below is fair
+                if val_curve and val_curve[-1][0] == tokens:  # a kept final state, at its own budget
+                    val_curve.pop()
                 t_eval = time.perf_counter()
                 val_loss = evaluate()
                 eval_time += time.perf_counter() - t_eval
@@ -524,12 +571,14 @@ def _train(
                     raise _Stop(FAILED, why)
                 val_curve.append((tokens, val_loss))
                 if next_eval == len(eval_at) - 1:
+                    if checkpoint is not None and checkpoint.keep:
+                        keep_state(optimizer)
                     break
                 if on_eval is not None and on_eval(tokens, val_loss):
                     raise _Stop(PRUNED, f"pruned after {tokens} tokens at val_loss {val_loss:.4f}")
                 next_eval += 1
                 continue
-            lr_scale = schedule(done, settings.warmup, settings.min_lr)
+            lr_scale = rate_scale(done)
             for group in optimizer.param_groups:
                 group["lr"] = group["base_lr"] * lr_scale
             x, y = next(batches)
@@ -560,8 +609,8 @@ def _train(
             torch.cuda.empty_cache()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    if checkpoint is not None:  # the run ended: its result, not its state, is what a caller keeps
-        checkpoint.path.unlink(missing_ok=True)
+    if checkpoint is not None and not (checkpoint.keep and status == COMPLETE):
+        checkpoint.path.unlink(missing_ok=True)  # the run ended: its result is what a caller keeps
     wall = time.perf_counter() - start
     trained_s = wall - eval_time
     achieved = flops.train_causal * tokens / trained_s if trained_s > 0 else 0.0

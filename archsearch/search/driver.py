@@ -20,6 +20,9 @@ Failure handling (a run must end with nothing left RUNNING and every outcome rec
 - Ctrl-C or SIGTERM: no new trials are dispatched, running trials are cancelled and recorded as
   interrupted, and their parameters are re-queued in Optuna so `--resume` runs them first; the
   search returns the signal, and the CLI exits 130 / 143. Nothing is left RUNNING.
+- `[search] promote`: once the trials are finished, the front's contenders are trained on at
+  longer budgets on the same pool (`promote_run`), each promotion stored as it ends; a signal
+  stops it as it stops trials, and `--resume` trains only what is missing.
 - A driver killed outright leaves running rows whose lease then expires; the next driver on the
   study (`--resume`) marks them interrupted and re-queues them, and settles Optuna trials left
   RUNNING between the two writes. A resume that finds such a row before its lease expires waits
@@ -73,6 +76,7 @@ from archsearch.search.pool import (
     Stop,
     handle_signals,
 )
+from archsearch.search.promote_run import PromotionSummary, run_promotions
 from archsearch.search.pruning import DEFAULT_REDUCTION_FACTOR, MultiObjectiveHalving
 from archsearch.search.spec import SearchSpec
 from archsearch.search.worker import TrialRequest, evaluate
@@ -171,6 +175,7 @@ class SearchSummary:
     progress: SearchProgress
     front: StudyFront | None  # the Pareto front of the complete trials (None: no complete trial)
     signal: int | None = None  # the signal that stopped the search early
+    promotion: PromotionSummary | None = None  # what `[search] promote` trained; None: off or not reached
 
 
 @dataclass
@@ -445,6 +450,7 @@ class _Driver:
             rungs=spec.defaults.rungs,
             loss_rule=spec.loss_rule,
             cpus=self.options.cpus_per_trial,  # caps a CPU trial's threads (worker.trial_cores)
+            keep_state=spec.defaults.promote is not None,  # promotion goes on from the final state
         )
 
     def _submit(
@@ -655,6 +661,13 @@ class _Driver:
             wall_times_s=tuple(self._wall_times),
         )
 
+    def pass_finished(self) -> bool:
+        """Whether the study's trials are all in: `trials` finished and none running anywhere."""
+        counts = self.storage.counts(self.options.study)
+        return sum(
+            counts.get(s, 0) for s in (COMPLETE, PRUNED, FAILED)
+        ) >= self.options.trials and not counts.get(RUNNING)
+
     def _notify(self) -> None:
         if self.on_update is not None:
             self.doing = "counting the trials"
@@ -731,6 +744,12 @@ def run_search(
                 driver.discard_new_study()
                 raise
             signum = driver.run(pool)
+            promotion = None
+            if signum is None and spec.defaults.promote is not None and driver.pass_finished():
+                driver.doing = "promoting the front's contenders"
+                with handle_signals(driver.stop):
+                    promotion = run_promotions(spec, storage, options, pool, driver.stop)
+                signum = driver.stop.signum
     except Exception as exc:
         if database_failure(exc):
             raise driver.failure(exc) from None
@@ -741,4 +760,5 @@ def run_search(
         progress=driver.progress(),
         front=study_front(storage, options.study, spec.objectives),
         signal=signum,
+        promotion=promotion,
     )

@@ -306,6 +306,7 @@ class RayPool:
         done: Callable[[int, Any, str | None], None],
         admit: Callable[[int], bool] | None = None,
         tick: Callable[[], None] | None = None,
+        task: Callable[[Any], Any] | None = None,
     ) -> None:
         """Run each `(name, request)` as a task, `options.workers` at a time, in order; `done(index,
         result, reason)` as each finishes (None and the reason when it failed), after up to
@@ -314,6 +315,7 @@ class RayPool:
         `done`, so what finished is kept). `validate` and `ladder` run their long runs so.
         `admit(index)` False just before a request would start leaves it out (another process has
         it); `tick()` runs every turn of the wait (half a second at most), to renew such claims.
+        `task`: the function each request runs, with the pool's resources; None: the pool's own.
 
         Raises:
             RayNodeDiedError: the local node died (checked every turn and before a retry: a task
@@ -321,13 +323,14 @@ class RayPool:
         """
         todo = list(enumerate(requests))
         running: dict[Any, tuple[int, int]] = {}  # ref -> index, attempt
+        submit = self.submit if task is None else self._submitter(task)
         try:
             while stop.signum is None and (todo or running):
                 self.check_node()
                 while todo and len(running) < self.options.workers:
                     index, (_, request) = todo.pop(0)
                     if admit is None or admit(index):
-                        running[self.submit(request)] = (index, 1)
+                        running[submit(request)] = (index, 1)
                 if tick is not None:
                     tick()
                 if not running:
@@ -338,12 +341,26 @@ class RayPool:
                     if result is None and died and attempt <= retries:
                         self.check_node()
                         log.warning("%s: %s; retrying", requests[index][0], reason)
-                        running[self.submit(requests[index][1])] = (index, attempt + 1)
+                        running[submit(requests[index][1])] = (index, attempt + 1)
                         continue
                     done(index, result, reason)
         finally:
             for ref in running:  # Ctrl-C, or the node died: what finished is stored; what runs is dropped
                 self.cancel(ref)
+
+    def _submitter(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """`submit` for another function than the pool's, on the same resources per task."""
+        with self._call():
+            remote = self.ray.remote(fn).options(
+                num_cpus=self.options.cpus_per_trial, num_gpus=self.options.gpus_per_trial,
+                max_retries=0, retry_exceptions=False,
+            )  # fmt: skip
+
+        def submit(request: Any) -> Any:
+            with self._call():
+                return remote.remote(request)
+
+        return submit
 
     def put(self, value: Any) -> Any:
         with self._call():

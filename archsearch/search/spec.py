@@ -61,6 +61,8 @@ Every table and key is optional unless marked; unknown tables or keys are errors
     prune = true
     rungs = [0.25, 0.5]    # fractions of the proxy budget where losses are compared
     prune_min_trials = 4   # trials that must reach a rung before any is pruned there
+    promote = { cap = 4, rule = "pasha", margin = "auto" }   # then train the front's contenders
+                           # on at 2x, 4x the proxy's tokens until their order holds; left out: off
 
 Every error is one line: `space.toml: [model].d_model: ...`. A budget no config can meet is not
 an error here; `spec.space.check_feasible()` finds it at search start.
@@ -83,6 +85,7 @@ from archsearch.errors import HUGE_INTEGER, ArchsearchError, ConfigError, quoted
 from archsearch.evaluators.catalogue import ACCELERATORS
 from archsearch.evaluators.settings import TrainError, TrainSettings
 from archsearch.fileio import names_no_path, read_text
+from archsearch.search.promotion import PromoteError, PromoteSettings
 from archsearch.search.samplers import SAMPLERS
 from archsearch.space.objectives import DEFAULT_OBJECTIVES, SERVE_TIME_OBJECTIVES, LossRule, parse_objectives
 from archsearch.space.search_space import KNOBS, Budget, Domain, SearchSpace, SpaceError, check_export_formats
@@ -156,6 +159,9 @@ class SearchDefaults:
     prune: bool = True  # stop trials that rank poorly at a rung (search.pruning decides how)
     rungs: tuple[float, ...] = (0.25, 0.5)  # fractions of the proxy budget, increasing, in (0, 1)
     prune_min_trials: int = 4  # too few losses at a rung rank nothing reliably
+    # Once the trials are finished, train the front's contenders on at longer budgets until their
+    # ranking holds (search.promotion); None: off.
+    promote: PromoteSettings | None = None
 
     def __post_init__(self) -> None:
         if self.sampler not in SAMPLERS:
@@ -228,6 +234,21 @@ class SearchSpec:
                         f"{self.proxy.evals} evaluates at {shown})",
                         "[search].rungs",
                     )
+        promote = self.defaults.promote
+        if promote is not None and self.proxy.tokens is None:
+            raise SpecError(
+                "promotion multiplies the proxy's token budget: give [proxy].tokens, not flops or seconds",
+                "[search].promote",
+            )
+        if (
+            promote is not None
+            and self.proxy.tokens is not None
+            and self.proxy.tokens * promote.cap > MAX_WHOLE
+        ):
+            raise SpecError(
+                f"cap {promote.cap:g} x [proxy].tokens is past 2**63 - 1, the most the database stores",
+                "[search].promote",
+            )
         vocab = self.space.knob_values()["vocab_size"]
         if self.data is None and vocab != 256:
             raise SpecError(f"the bundled corpus is bytes: must be 256, got {vocab}", "[model].vocab_size")
@@ -347,18 +368,23 @@ class SearchSpec:
         """sha256 of everything that changes which trials run and what they score.
 
         Left out: the name, the source text (comments, layout) and `[search].trials`, so a
-        search can be resumed with more trials; `[proxy].threads`, which decides how fast a CPU
+        search can be resumed with more trials; `[search].promote`, so a finished search can be
+        resumed to promote its contenders; `[proxy].threads`, which decides how fast a CPU
         trial runs, not what it computes (the same losses at 1 and 2 threads in
         `benchmarks/threads.py`; each trial's device fingerprint records its thread count), so a
         study resumes on a machine with other cores, and the files written before the setting
-        existed keep their fingerprint (as do those without `size_beta` or `extrapolate`). The
+        existed keep their fingerprint (as do those without `size_beta`, `extrapolate` or
+        `[proxy].warmup_tokens`). The
         sampler and seeds stay in: they decide which points are tried. `data` is the resolved
         path; the corpus's contents have their own fingerprint, checked when it is loaded.
         """
         canonical = self.to_dict()
         del canonical["name"], canonical["search"]["trials"], canonical["proxy"]["threads"]
+        del canonical["search"]["promote"]  # what happens after the trials, not which run or what they score
         if canonical["size_beta"] is None:
             del canonical["size_beta"]
+        if canonical["proxy"]["warmup_tokens"] is None:
+            del canonical["proxy"]["warmup_tokens"]
         if not canonical["extrapolate"]:
             del canonical["extrapolate"]
         text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
@@ -429,7 +455,9 @@ _SEARCH = {
     "prune": "bool",
     "rungs": "list[float]",
     "prune_min_trials": "int",
+    "promote": "table",
 }
+_PROMOTE = ("cap", "rule", "margin")  # PromoteSettings' keys; it checks their types itself
 # TrainSettings' own fields, typed from their annotations ("int | None" -> int); seq_len is the
 # model's, so it is left out.
 _ANNOTATIONS = {"int": "int", "float": "float", "str": "str", "bool": "bool"}
@@ -472,6 +500,10 @@ KEY_DOCS: dict[str, str] = {
     "proxy.base_width": "The width at which lr applies unscaled.",
     "proxy.schedule": "cosine, wsd or constant (warm-up, then flat: what ranks shapes like long runs).",
     "proxy.warmup": "Warm-up as a fraction of the budget.",
+    "proxy.warmup_tokens": (
+        "Warm-up in tokens, overriding warmup: with the constant schedule a run can then resume to a "
+        "longer budget (promotion); needs a tokens or flops budget."
+    ),
     "proxy.min_lr": "Floor of the decay, a fraction of the peak.",
     "proxy.weight_decay": "AdamW weight decay, on hidden matrices only.",
     "proxy.grad_clip": "Gradient-norm clip.",
@@ -515,6 +547,14 @@ KEY_DOCS: dict[str, str] = {
     "search.prune": "Stop trials that rank poorly at a rung.",
     "search.rungs": "Fractions of the proxy budget where losses are compared, increasing, in (0, 1).",
     "search.prune_min_trials": "Trials that must reach a rung before it prunes any.",
+    "search.promote": (
+        "After the trials, train the front's contenders at 2x, 4x, ... the proxy's tokens until "
+        'their ranking holds: { cap = 4, rule = "pasha", margin = "auto" }. cap: the largest '
+        "multiple, >= 1; rule: pasha (stop once no two contenders swap by more than the margin); "
+        'margin: nats of the loss objective that count as a tie, "auto" = 0.063 (the tiny proxy\'s '
+        'seed noise). Needs [proxy].tokens; resumes exactly with schedule = "constant" and '
+        "warmup_tokens. Left out: off."
+    ),
 }
 
 
@@ -629,6 +669,17 @@ def _budget(table: dict[str, Any]) -> Budget:
     return Budget(**bounds)
 
 
+def _promote(table: dict[str, Any]) -> PromoteSettings:
+    """`[search].promote`'s inline table as settings; errors name `promote.KEY`."""
+    for key in table:
+        if key not in _PROMOTE:
+            raise SpecError(f"unknown key; valid: {', '.join(_PROMOTE)}", f"promote.{key}")
+    try:
+        return PromoteSettings(**table)
+    except PromoteError as exc:
+        raise SpecError(exc.detail, f"promote.{exc.key}") from None
+
+
 def _refuse_huge_integers(value: Any, key: str = "") -> None:
     """No integer past 2**63 - 1 anywhere in the file (the most the database stores): a 400-digit
     `seq_len` or budget went on into float arithmetic and ended in an OverflowError traceback."""
@@ -700,7 +751,10 @@ def _parse(text: str, source: str, base_dir: Path) -> SearchSpec:
     with _in_table("objectives"):
         objectives = _read(tables["objectives"], _OBJECTIVES)
     with _in_table("search"):
-        defaults = SearchDefaults(**_read(tables["search"], _SEARCH))
+        search = _read(tables["search"], _SEARCH)
+        if "promote" in search:
+            search["promote"] = _promote(search["promote"])
+        defaults = SearchDefaults(**search)
     return SearchSpec(
         name=Path(source).stem, space=space, proxy=proxy, data=data, profile=profile,
         objectives=objectives.get("minimize", DEFAULT_OBJECTIVES),

@@ -265,7 +265,8 @@ def long_run(request: dict[str, Any]) -> dict[str, Any]:
             with no `threads` in the settings, they cap the chosen thread count, as in a search),
             "checkpoint" (optional: a file where the run keeps its state every few minutes and
             from which a stopped run goes on, `evaluators.trainer.Checkpoint`; default
-            `checkpoint_path(request)`, in the cache; False: none).
+            `checkpoint_path(request)`, in the cache; False: none), "keep" (optional: leave the
+            complete run's final state in that file, for a longer run to go on from).
 
     Returns:
         status ("complete" or "failed"), reason, val_loss (nats per token), tokens, val_curve,
@@ -285,7 +286,8 @@ def long_run(request: dict[str, Any]) -> dict[str, Any]:
     with intra_op_threads(threads):  # so the device fingerprint counts the threads it trained on
         path = request.get("checkpoint")
         path = checkpoint_path(request) if path is None else path
-        result = train(cfg, data, settings, checkpoint=Checkpoint(path) if path else None)
+        keep = bool(request.get("keep"))
+        result = train(cfg, data, settings, checkpoint=Checkpoint(path, keep=keep) if path else None)
         device = resolve_device(settings.device)
     return dict(
         status=result.status,

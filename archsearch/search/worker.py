@@ -27,9 +27,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from archsearch.search.pruning import rung_at
@@ -58,6 +61,8 @@ class TrialRequest:
         loss_rule: the study's loss objective (`objectives.LossRule`), which the rungs judge:
             the loss at the rung, extrapolated by the curve's change so far and credited for size.
         cpus: the CPUs Ray gave the trial, which cap its threads; None: see `trial_cores`.
+        keep_state: leave a complete run's final state at `kept_state_path`, for promotion to go on
+            from (only where the settings are `budget_free`: another budget could not resume it).
     """
 
     number: int
@@ -69,6 +74,7 @@ class TrialRequest:
     rungs: tuple[float, ...] = ()
     loss_rule: LossRule = dataclasses.field(default_factory=LossRule)
     cpus: float | None = None
+    keep_state: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON-ready): the config as `ArchConfig.to_dict`, settings as their fields."""
@@ -113,6 +119,33 @@ STALL_MARGIN = 0.1
 STALL_MIN_STEPS = 30
 STALL_MIN_TOKENS = 50_000
 STALL_WARMUP = 0.5  # the retry's warm-up fraction (59 of the tiny proxy's 118 steps)
+STALLED = "stalled at the unigram loss"  # how a trial's reason says it was trained again
+
+
+def stall_retry(settings: TrainSettings) -> TrainSettings:
+    """The settings a stalled run is trained again with: a `STALL_WARMUP` fraction of its budget
+    as warm-up (a warm-up in tokens is replaced by it). Promotion trains a stalled trial on with
+    them too."""
+    return dataclasses.replace(settings, warmup=STALL_WARMUP, warmup_tokens=None)
+
+
+def may_stall(settings: TrainSettings) -> bool:
+    """Whether a run of `settings` is checked for the plateau: where `stall_retry` would warm up
+    longer."""
+    return settings.warmup_tokens is not None or settings.warmup < STALL_WARMUP
+
+
+def kept_state_path(config: ArchConfig, settings: TrainSettings, data: str | None) -> Path:
+    """Where a run's final state is kept for promotion: `cache_dir()/checkpoints/kept-KEY.pt`, KEY
+    the sha256 of the config, the settings but for what a budget-free run may change (threads,
+    tokens, FLOPs, evaluation count) and the corpus path, so a run of the same shape and settings at
+    any token budget finds it (`trainer.Checkpoint(keep=True)`)."""
+    from archsearch.evaluators.data import cache_dir
+
+    free = ("threads", "tokens", "flops", "evals")
+    fixed = {k: v for k, v in dataclasses.asdict(settings).items() if k not in free}
+    what = json.dumps([config.to_dict(), fixed, data], sort_keys=True, default=str)
+    return cache_dir() / "checkpoints" / f"kept-{hashlib.sha256(what.encode()).hexdigest()}.pt"
 
 
 def on_plateau(val_loss: float, unigram_loss: float, half_tokens: float, tokens_per_step: int) -> bool:
@@ -208,7 +241,7 @@ def _run_trial(
     known_kernels: dict[str, float] | None,
     judge: Judge | None,
 ) -> TrialOutcome:
-    from archsearch.evaluators.trainer import resolve_device, train
+    from archsearch.evaluators.trainer import Checkpoint, resolve_device, train
     from archsearch.storage.measurement_cache import KernelCache
 
     cfg = request.config
@@ -218,7 +251,7 @@ def _run_trial(
     params = param_counts(cfg).total
     rungs = request.rungs
     # The stall check only where a longer warm-up is left to try.
-    unigram = _unigram_loss(request.data, cfg.vocab_size, seq_len) if settings.warmup < STALL_WARMUP else None
+    unigram = _unigram_loss(request.data, cfg.vocab_size, seq_len) if may_stall(settings) else None
     tokens_per_step = settings.batch_size * seq_len
     judged: dict[str, Any] = {}
 
@@ -250,7 +283,13 @@ def _run_trial(
     def attempt(run_settings: TrainSettings, plateau: float | None) -> Any:
         judged.update(evals=0, curve=[], rung=-1, pruned_rung=None, reason=None, stalled=None)
         judged["unigram"] = plateau
-        result = train(cfg, data, run_settings, on_eval=on_eval, cache=cache)
+        keep = None
+        if request.keep_state and run_settings.budget_free:
+            # From step 0, as every trial: a state left by another study's run of this shape would
+            # hand back its result with no steps timed.
+            keep = Checkpoint(kept_state_path(cfg, run_settings, request.data), keep=True)
+            keep.path.unlink(missing_ok=True)
+        result = train(cfg, data, run_settings, on_eval=on_eval, cache=cache, checkpoint=keep)
         if judged["stalled"] is None and plateau is not None and result.status == COMPLETE:
             if on_plateau(result.val_loss, plateau, result.tokens * 0.5, tokens_per_step):
                 judged["stalled"] = (result.tokens, result.val_loss)  # on the plateau to the end
@@ -261,12 +300,17 @@ def _run_trial(
     note = None
     if judged["stalled"] is not None:
         tokens, loss = judged["stalled"]
+        warmup = (
+            f"{settings.warmup:.0%}"
+            if settings.warmup_tokens is None
+            else f"{settings.warmup_tokens:,}-token"
+        )
         note = (
-            f"stalled at the unigram loss ({loss:.3f} nats after {tokens:,} tokens with a "
-            f"{settings.warmup:.0%} warm-up; token frequencies alone score {unigram:.3f}): "
+            f"{STALLED} ({loss:.3f} nats after {tokens:,} tokens with a "
+            f"{warmup} warm-up; token frequencies alone score {unigram:.3f}): "
             f"trained again with a {STALL_WARMUP:.0%} warm-up"
         )
-        settings = dataclasses.replace(settings, warmup=STALL_WARMUP)
+        settings = stall_retry(settings)
         result = attempt(settings, None)
     reason = judged["reason"] if result.status == PRUNED else result.reason
     if note is not None:

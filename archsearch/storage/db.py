@@ -7,6 +7,7 @@ that opens the database and owns the one session helper (`core`):
 - `trials`: the trial life cycle (claim, assign, lease, finish) and the trials read back;
 - `validations`: long runs and `validate` reports;
 - `ladders`: size-ladder rungs, their claims and fits;
+- `promotions`: contenders trained on at longer budgets, each row its own claim;
 - `devices`: devices and the kernel times measured on them.
 
 How this stack fails was measured, and each rule below answers one failure:
@@ -27,12 +28,13 @@ from __future__ import annotations
 
 from archsearch.storage.devices import DeviceStore
 from archsearch.storage.ladders import LadderStore
+from archsearch.storage.promotions import PromotionStore
 from archsearch.storage.studies import StudyStore
 from archsearch.storage.trials import TrialStore
 from archsearch.storage.validations import ValidationStore
 
 
-class Storage(StudyStore, TrialStore, ValidationStore, LadderStore, DeviceStore):
+class Storage(StudyStore, TrialStore, ValidationStore, LadderStore, PromotionStore, DeviceStore):
     """archsearch's tables (and Optuna's) in one database.
 
     Use `Storage.open(url)`; close with `close()` or a `with` block.

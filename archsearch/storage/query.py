@@ -462,7 +462,7 @@ class TrialTable:
         values = list(zip(*self.rows, strict=True)) if self.rows else [() for _ in self.columns]
         return pd.DataFrame(
             {
-                name: pd.array(list(column), dtype=_dtype(_TABLE.c[name]))
+                name: pd.array(list(column), dtype=_RANKED_DTYPES.get(name) or _dtype(_TABLE.c[name]))
                 for name, column in zip(self.columns, values, strict=True)
             }
         )
@@ -474,6 +474,7 @@ def trials_table(
     where: str | None = None,
     sort: str | None = None,
     limit: int | None = None,
+    ranked: bool = False,
 ) -> TrialTable:
     """A study's trials: one SQL query with the filter, order and limit.
 
@@ -485,11 +486,14 @@ def trials_table(
         sort: a column to sort by, `-column` for descending; missing values last. Ties, and
             the default order, go by trial number.
         limit: at most this many trials (after filtering and sorting).
+        ranked: add `RANKED_COLUMNS`: each complete trial's loss objective as a front ranks it and
+            the tokens it was ranked at (`Storage.ranked_objectives`: a promoted contender's at the
+            largest budget every contender reached); None for the others.
 
     Returns:
         The columns of `FRAME_COLUMNS` in that order: number, status, reason, attempts, the
         shape, its exact costs, proxy-training results, hardware cost, timing, then study, the
-        row ids and the JSON forms.
+        row ids and the JSON forms; then, `ranked`, `RANKED_COLUMNS`.
 
     Raises:
         QueryError: a malformed filter, an unknown sort column or a negative limit.
@@ -504,7 +508,16 @@ def trials_table(
     if limit is not None and limit >= _INT_LIMIT:
         limit = None  # more than any table holds, and more than SQLite's integers can say
     rows = storage.trial_rows(study, FRAME_COLUMNS, where=condition, order_by=order, limit=limit)
-    return TrialTable(FRAME_COLUMNS, rows)
+    if not ranked:
+        return TrialTable(FRAME_COLUMNS, rows)
+    by_number = storage.ranked_objectives(study)
+    return TrialTable(
+        (*FRAME_COLUMNS, *RANKED_COLUMNS), [(*row, *by_number.get(row[0], (None, None))) for row in rows]
+    )
+
+
+RANKED_COLUMNS = ("objective", "budget_tokens")
+_RANKED_DTYPES = {"objective": "float64", "budget_tokens": "Int64"}
 
 
 def trials_frame(
@@ -513,9 +526,10 @@ def trials_frame(
     where: str | None = None,
     sort: str | None = None,
     limit: int | None = None,
+    ranked: bool = False,
 ) -> pd.DataFrame:
     """`trials_table` as a DataFrame (`TrialTable.frame`): same arguments, same errors."""
-    return trials_table(storage, study, where, sort, limit).frame()
+    return trials_table(storage, study, where, sort, limit, ranked).frame()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -174,3 +174,24 @@ class DeviceRecord:
     name: str
     type: str
     info: dict[str, Any]  # everything recorded about it, the fingerprint included
+
+
+@dataclass(frozen=True)
+class PromotionRecord:
+    """One contender trained on at a longer budget (`budget_tokens`) than the study's proxy."""
+
+    id: int
+    study: str
+    trial_id: int
+    trial_number: int
+    budget_tokens: int
+    status: str  # running, complete or failed
+    reason: str | None
+    val_loss: float | None  # held-out nats per token; None unless complete
+    objective: float | None  # the study's loss objective at this budget; None unless complete
+    val_curve: tuple[tuple[int, float], ...]
+    wall_time_s: float | None  # of the run to this budget from step 0, a resumed state's time included
+    host: str
+    claimed_at: float
+    lease_expires_at: float | None
+    finished_at: float | None

@@ -36,8 +36,9 @@ from sqlalchemy.types import TypeDecorator
 # archsearch_ladder_fits; 5: archsearch_trials.prefill_time_s and decode_time_s; 6:
 # archsearch_trials.loss_change (older rows filled from their stored held-out curves on opening); 7:
 # archsearch_ladder_rungs.batch_size, part of a rung's key (the table is rebuilt on opening, each row's
-# batch read from its stored settings), archsearch_ladder_fits.batch_size; 8: archsearch_ladder_claims
-SCHEMA_VERSION = 8
+# batch read from its stored settings), archsearch_ladder_fits.batch_size; 8: archsearch_ladder_claims;
+# 9: archsearch_promotions
+SCHEMA_VERSION = 9
 ADDITIVE_SINCE = 1  # versions 1 .. SCHEMA_VERSION - 1 differ from this one only by missing tables
 # ... and by these nullable columns, added to existing tables on opening: (table, column).
 ADDED_COLUMNS = (
@@ -327,3 +328,31 @@ class LadderFitRow(Base):
     batch_size: Mapped[int | None] = mapped_column(Integer)  # None: a fit stored before version 7
     fit_json: Mapped[str] = mapped_column(Text)
     created_at: Mapped[float] = mapped_column(Real)
+
+
+class Promotion(Base):
+    """One contender of a study's front trained on at a longer budget than the proxy's.
+
+    The row is the claim: it is inserted `running` by the driver that trains it, under a lease it
+    renews, and finished in place; the unique (trial, budget) means two drivers never train the same
+    promotion, and a lapsed lease (a killed driver) lets another take it over.
+    """
+
+    __tablename__ = "archsearch_promotions"
+    __table_args__ = (UniqueConstraint("trial_id", "budget_tokens"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    study: Mapped[str] = mapped_column(ForeignKey("archsearch_studies.name", ondelete="CASCADE"), index=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("archsearch_trials.id", ondelete="CASCADE"), index=True)
+    trial_number: Mapped[int] = mapped_column(Integer)
+    budget_tokens: Mapped[int] = mapped_column(BigInteger)  # the budget asked for
+    status: Mapped[str] = mapped_column(String(16))  # running, then complete or failed
+    reason: Mapped[str | None] = mapped_column(Text)  # why it failed
+    val_loss: Mapped[float | None] = mapped_column(Real)  # held-out nats per token at the end
+    objective: Mapped[float | None] = mapped_column(Real)  # the study's loss objective of that run
+    val_curve_json: Mapped[str | None] = mapped_column(Text)  # [[tokens, loss], ...]
+    wall_time_s: Mapped[float | None] = mapped_column(Real)
+    host: Mapped[str] = mapped_column(String(256))  # host:pid of the driver that holds or held it
+    claimed_at: Mapped[float] = mapped_column(Real)
+    lease_expires_at: Mapped[float | None] = mapped_column(Real)  # while running; renewed
+    finished_at: Mapped[float | None] = mapped_column(Real)

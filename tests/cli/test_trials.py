@@ -171,7 +171,7 @@ def test_each_format_round_trips_through_pandas(db, tmp_path, fmt):
     assert result.exit_code == 0, result.output
     assert result.stdout == "" and result.stderr == f"wrote 6 trials to {out}\n"
     with Storage.open(f"sqlite:///{db}", create=False) as storage:
-        expected = trials_frame(storage, "s", WHERE, sort="-loss")
+        expected = trials_frame(storage, "s", WHERE, sort="-loss", ranked=fmt == "json")
     got = _read(fmt, out)
     assert list(got["number"]) == [3, 1, 2, 4, 5, 6]
     pd.testing.assert_frame_equal(
@@ -199,6 +199,9 @@ def test_json_is_a_list_of_records_with_exact_values(db):
         None,
     )
     assert record["step_time_s"] == 3e-3 and record["bias"] is False
+    # The loss objective a front ranks (this study's is the plain loss), at the proxy's tokens: no
+    # trial was promoted.
+    assert (record["objective"], record["budget_tokens"]) == (1.5, record["tokens_trained"])
 
 
 def test_the_table_shows_a_readable_subset(db):

@@ -86,3 +86,66 @@ def test_a_failed_run_leaves_no_checkpoint(corpus, tmp_path):
 def test_a_bad_interval_is_refused(tmp_path, every):
     with pytest.raises(TrainError, match="checkpoint interval"):
         Checkpoint(tmp_path / "run.pt", every_s=every)
+
+
+# The constant schedule with a warm-up in tokens: the rate at each step is the same at any budget.
+FREE = dataclasses.replace(SETTINGS, schedule="constant", warmup_tokens=10 * 128)
+
+
+def test_a_kept_run_resumed_to_twice_the_budget_ends_as_one_long_run(corpus, tmp_path):
+    longer = dataclasses.replace(FREE, tokens=2 * FREE.tokens)
+    straight = train(TINY, corpus, longer)
+    keep = Checkpoint(tmp_path / "run.pt", keep=True)
+    short = train(TINY, corpus, FREE, checkpoint=keep)
+    assert short.status == "complete" and keep.path.exists()  # the final state stays
+    resumed = train(TINY, corpus, longer, checkpoint=keep)
+    assert (resumed.steps, resumed.tokens) == (straight.steps, straight.tokens)
+    assert resumed.val_loss == pytest.approx(straight.val_loss, rel=1e-6, abs=0)
+    assert resumed.val_loss != short.val_loss
+    # The short run's evaluations stay on the curve; the long run's points after them follow.
+    assert resumed.val_curve[: len(short.val_curve)] == short.val_curve
+    assert resumed.val_curve[-1] == pytest.approx(straight.val_curve[-1], rel=1e-6)
+    assert [t for t, _ in resumed.val_curve] == sorted({t for t, _ in resumed.val_curve})
+
+
+def test_a_kept_final_state_rerun_at_its_budget_gives_its_result(corpus, tmp_path):
+    keep = Checkpoint(tmp_path / "run.pt", keep=True)
+    first = train(TINY, corpus, FREE, checkpoint=keep)
+    again = train(TINY, corpus, FREE, checkpoint=keep)
+    assert again.val_curve == first.val_curve and again.steps == first.steps
+
+
+def test_a_state_past_the_budget_is_set_aside(corpus, tmp_path, caplog):
+    keep = Checkpoint(tmp_path / "run.pt", keep=True)
+    train(TINY, corpus, dataclasses.replace(FREE, tokens=2 * FREE.tokens), checkpoint=keep)
+    with caplog.at_level(logging.WARNING):
+        result = train(TINY, corpus, FREE, checkpoint=keep)
+    assert "past this run's" in caplog.text
+    assert result.val_curve == train(TINY, corpus, FREE).val_curve
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "wsd"])
+def test_a_decaying_run_is_not_resumed_to_another_budget(corpus, tmp_path, caplog, schedule):
+    settings = dataclasses.replace(FREE, schedule=schedule)
+    assert not settings.budget_free
+    keep = Checkpoint(tmp_path / "run.pt", keep=True)
+    train(TINY, corpus, settings, checkpoint=keep)
+    longer = dataclasses.replace(settings, tokens=2 * settings.tokens)
+    with caplog.at_level(logging.WARNING):
+        resumed = train(TINY, corpus, longer, checkpoint=keep)
+    assert "belongs to another run" in caplog.text  # trained afresh
+    assert resumed.val_curve == train(TINY, corpus, longer).val_curve
+
+
+def test_a_fractional_warmup_is_not_budget_free():
+    assert not dataclasses.replace(SETTINGS, schedule="constant").budget_free
+    assert dataclasses.replace(SETTINGS, schedule="constant", warmup=0.0).budget_free
+    assert FREE.budget_free
+
+
+def test_a_kept_state_costs_twelve_bytes_per_parameter(corpus, tmp_path):
+    wide = dataclasses.replace(TINY, d_model=128, n_heads=8, n_kv_heads=8, d_ff=512)
+    keep = Checkpoint(tmp_path / "run.pt", keep=True)
+    result = train(wide, corpus, dataclasses.replace(FREE, tokens=10 * 128, evals=1), checkpoint=keep)
+    per_param = keep.path.stat().st_size / result.params
+    assert 12 <= per_param < 12.5  # weights and two AdamW moments in fp32, plus a little bookkeeping

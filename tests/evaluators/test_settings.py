@@ -121,3 +121,26 @@ def test_a_budget_that_never_ends_is_refused(budget, message):
     """`train --seconds 1e300` and `--tokens 1e23` trained until killed."""
     with pytest.raises(TrainError, match=f"^{re.escape(message)}"):
         TrainSettings(**budget)
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(tokens=1000, warmup_tokens=-1), "warmup_tokens must be in 0..2**63 - 1, got -1"),
+        (dict(tokens=1000, warmup_tokens=1.5), "warmup_tokens must be a whole number of tokens, got 1.5"),
+        (dict(tokens=1000, warmup_tokens=True), "warmup_tokens must be a whole number of tokens, got True"),
+        (dict(seconds=10.0, warmup_tokens=100), "warmup_tokens needs a tokens or flops budget, not seconds"),
+    ],
+    ids=["negative", "fraction", "bool", "seconds-budget"],
+)
+def test_a_bad_warmup_in_tokens_is_refused(settings, message):
+    with pytest.raises(TrainError, match=f"^{re.escape(message)}$"):
+        TrainSettings(**settings)
+
+
+def test_only_the_constant_schedule_with_a_fixed_warmup_is_budget_free():
+    assert TrainSettings(tokens=1000, schedule="constant", warmup_tokens=100).budget_free
+    assert TrainSettings(tokens=1000, schedule="constant", warmup=0.0).budget_free
+    assert not TrainSettings(tokens=1000, schedule="constant").budget_free  # warm-up a fraction
+    assert not TrainSettings(tokens=1000, schedule="cosine", warmup_tokens=100).budget_free
+    assert not TrainSettings(seconds=10.0, schedule="constant", warmup=0.0).budget_free

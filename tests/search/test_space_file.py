@@ -105,3 +105,42 @@ def test_a_cache_folder_that_cannot_exist_is_refused_before_any_trial(tmp_path, 
             "ARCHSEARCH_CACHE to a writable folder\n"
         )
     assert not db.exists() and blocker.read_text() == "not a folder"
+
+
+@pytest.mark.parametrize("command", ["check", "search"])
+@pytest.mark.parametrize(
+    ("promote", "message"),
+    [
+        (
+            "{ cap = 0.5 }",
+            "[search].promote.cap: must be a number from 1 to 1024 (x the proxy's tokens), got 0.5",
+        ),
+        (
+            '{ cap = "4" }',
+            "[search].promote.cap: must be a number from 1 to 1024 (x the proxy's tokens), got '4'",
+        ),
+        (
+            "{ cap = nan }",
+            "[search].promote.cap: must be a number from 1 to 1024 (x the proxy's tokens), got nan",
+        ),
+        ('{ rule = "hyperband" }', "[search].promote.rule: unknown rule 'hyperband'; valid: pasha"),
+        ("{ margin = -0.1 }", '[search].promote.margin: must be "auto" or a number of nats >= 0, got -0.1'),
+        ("{ caps = 4 }", "[search].promote.caps: unknown key; valid: cap, rule, margin"),
+    ],
+    ids=["cap-below-1", "cap-text", "cap-nan", "unknown-rule", "negative-margin", "unknown-key"],
+)
+def test_a_bad_promotion_setting_is_refused_in_one_line(tmp_path, monkeypatch, command, promote, message):
+    monkeypatch.chdir(tmp_path)
+    space = space_file(tmp_path, search=f"trials = 2\npromote = {promote}")
+    args = ["space", "check", str(space)] if command == "check" else ["search", "--space", str(space)]
+    result = CliRunner().invoke(app, args)
+    assert one_line(result, 2) == f"error: {space}: {message}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["space.toml"]
+
+
+def test_promotion_needs_a_token_budget(tmp_path):
+    space = space_file(tmp_path, proxy="seconds = 5\nbatch_size = 4\ndevice = 'cpu'", search="promote = {}")
+    result = CliRunner().invoke(app, ["space", "check", str(space)])
+    one_line(
+        result, 2, "[search].promote: promotion multiplies the proxy's token budget: give [proxy].tokens"
+    )

@@ -1,0 +1,139 @@
+"""Promotion: which shapes of a finished search contend for its front, the budgets they go on to,
+and when their ranking holds (pure functions; `promote_run` trains them).
+
+A search ranks every trial at one proxy budget; where that budget is short, the order among the
+best shapes is noise, and longer training reorders them. Promotion spends more only on those few:
+the front, the shapes within a noise margin of it on the loss objective, and the knee's nearest
+neighbours, trained on at 2x, 4x, ... the proxy's tokens, a rung at a time, until their order holds
+between two budgets (PASHA's rule, Bohdal et al. 2023: grow the budget only while the ranking of
+the top still changes) or the cap is reached.
+
+The margin is the loss objective's seed noise: two losses closer than it are ties. "auto" is
+`AUTO_MARGIN`, the tiny proxy's pooled within-shape standard deviation over seeds 0-2 on the
+14-shape calibration set (docs/accuracy.md, "The proxy: chosen by measured fidelity"); a proxy of
+another regime should set its own (public runs of 48M-2B shapes show about 0.02 nats).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from archsearch.errors import ArchsearchError
+from archsearch.registry import Registry
+from archsearch.search.pareto import knee_index, pareto_mask, scaled
+
+AUTO = "auto"
+AUTO_MARGIN = 0.063  # nats: the tiny proxy's seed noise (module docstring)
+KNEE_NEIGHBOURS = 2  # shapes off the front nearest the knee that contend too
+MAX_CAP = 1024.0  # 2**10 x the proxy: past any use, and far from overflowing a token count
+
+
+class PromoteError(ArchsearchError):
+    """Promotion settings that cannot be used (a cap below 1, an unknown rule)."""
+
+    def __init__(self, detail: str, key: str) -> None:
+        super().__init__(f"{key}: {detail}")
+        self.detail, self.key = detail, key
+
+
+def order_holds(previous: Mapping[int, float], current: Mapping[int, float], epsilon: float) -> bool:
+    """PASHA's stopping test on the contenders both budgets ranked: True when no pair of them is
+    ordered one way at the previous budget and the other way at the current one, each by more than
+    `epsilon` (pairs closer than that at either budget are ties: PASHA's soft ranking). Lower is
+    better. Fewer than two contenders in common: True (nothing left to reorder)."""
+    common = sorted(set(previous) & set(current))
+    for i, a in enumerate(common):
+        for b in common[i + 1 :]:
+            before, after = previous[a] - previous[b], current[a] - current[b]
+            if abs(before) > epsilon and abs(after) > epsilon and (before > 0) != (after > 0):
+                return False
+    return True
+
+
+# name -> test(previous, current, epsilon): True once the ranking holds and promotion may stop.
+RULES: Registry[Callable[[Mapping[int, float], Mapping[int, float], float], bool]] = Registry(
+    "promotion rule"
+)
+RULES.register("pasha", order_holds)
+
+
+@dataclass(frozen=True)
+class PromoteSettings:
+    """A space file's `[search] promote = { cap, rule, margin }`.
+
+    Raises:
+        PromoteError: a cap that is not a number in [1, MAX_CAP], an unknown rule, a margin that
+            is neither "auto" nor a finite number >= 0.
+    """
+
+    cap: float = 4.0  # the largest budget, a multiple of the proxy's tokens
+    rule: str = "pasha"  # a name in RULES
+    margin: float | str = AUTO  # nats of the loss objective; "auto": AUTO_MARGIN
+
+    def __post_init__(self) -> None:
+        cap = self.cap
+        if isinstance(cap, bool) or not isinstance(cap, int | float) or not (1 <= cap <= MAX_CAP):
+            raise PromoteError(
+                f"must be a number from 1 to {MAX_CAP:g} (x the proxy's tokens), got {cap!r}", "cap"
+            )
+        if not isinstance(self.rule, str) or self.rule not in RULES:
+            raise PromoteError(f"unknown rule {self.rule!r}; valid: {', '.join(RULES)}", "rule")
+        margin = self.margin
+        number = isinstance(margin, int | float) and not isinstance(margin, bool)
+        if margin != AUTO and not (number and math.isfinite(margin) and margin >= 0):
+            raise PromoteError(f'must be "auto" or a number of nats >= 0, got {margin!r}', "margin")
+        object.__setattr__(self, "cap", float(cap))
+        if number:
+            object.__setattr__(self, "margin", float(margin))
+
+    @property
+    def margin_nats(self) -> float:
+        return AUTO_MARGIN if self.margin == AUTO else float(self.margin)
+
+    @property
+    def multiples(self) -> tuple[float, ...]:
+        """The rungs, as multiples of the proxy's tokens: 2, 4, 8, ... below the cap, then the cap
+        (none for a cap of 1)."""
+        out, m = [], 2.0
+        while m < self.cap:
+            out.append(m)
+            m *= 2
+        return (*out, self.cap) if self.cap > 1 else ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cap": self.cap, "rule": self.rule, "margin": self.margin}
+
+
+def contenders(
+    numbers: Sequence[int], values: np.ndarray, objectives: Sequence[str], margin: float
+) -> tuple[int, ...]:
+    """The trials promotion trains on: the front of `values` (n x m, minimised, the loss objective
+    first); every trial that the front would no longer dominate were its loss `margin` lower (a
+    tie within the noise); and the `KNEE_NEIGHBOURS` trials nearest the knee off the front (in the
+    objectives scaled to [0, 1] over all trials, log10 for FLOPs and times), which the knee, the
+    default pick, must beat at the longer budget too. In `numbers` order.
+    """
+    values = np.asarray(values, dtype=float).reshape(len(numbers), len(objectives))
+    if not len(numbers):
+        return ()
+    on_front = pareto_mask(values)
+    front = values[on_front]
+    chosen = set(np.flatnonzero(on_front).tolist())
+    for i in np.flatnonzero(~on_front):
+        row = values[i].copy()
+        row[0] -= margin
+        if not np.isnan(row).any() and not any(np.all(f <= row) and np.any(f < row) for f in front):
+            chosen.add(int(i))
+    knee = int(np.flatnonzero(on_front)[knee_index(front, objectives)])
+    v = scaled(values, objectives)
+    low, high = np.nanmin(v, axis=0), np.nanmax(v, axis=0)
+    unit = (v - low) / np.where(high > low, high - low, 1.0)
+    distance = np.sqrt(((unit - unit[knee]) ** 2).sum(axis=1))
+    off = [i for i in np.argsort(distance, kind="stable") if not on_front[i] and not np.isnan(distance[i])]
+    chosen.update(int(i) for i in off[:KNEE_NEIGHBOURS])
+    return tuple(numbers[i] for i in sorted(chosen))

@@ -1,0 +1,124 @@
+"""Promotion in a real search: contenders trained on at longer budgets on the search's Ray pool,
+each exactly as one longer run, stored once, and neither lost nor repeated across a Ctrl-C."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+
+import pytest
+
+from archsearch.evaluators.trainer import train
+from archsearch.search import promote_run
+from archsearch.search.driver import SearchOptions, run_search
+from archsearch.search.worker import kept_state_path, worker_dataset
+from archsearch.storage import Storage
+from tests.specs import tiny_spec
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+# The constant schedule with a warm-up in tokens: a promotion resumes its trial's final state.
+PROXY = "tokens = 2048\nbatch_size = 4\nevals = 2\neval_batches = 1\ndevice = 'cpu'\nprecision = 'fp32'\n"
+FREE = PROXY + "schedule = 'constant'\nwarmup_tokens = 512\nthreads = 1"
+SEARCH = "trials = 4\nprune = false\nseed = 3\npromote = {{ cap = {cap}, margin = {margin} }}"
+
+
+@pytest.fixture
+def db(tmp_path):
+    with Storage.open(f"sqlite:///{tmp_path / 'trials.db'}") as storage:
+        yield storage
+
+
+def test_contenders_resume_to_the_loss_of_one_longer_run_and_are_stored_once(db, monkeypatch):
+    spec = tiny_spec(proxy=FREE, search=SEARCH.format(cap=4, margin=0.5))
+    kept_before: dict[int, bool] = {}  # each contender's first-pass state, there when promotion starts
+    promote = promote_run._Promoter._train
+
+    def seeing_kept_states(self, todo, budget):
+        for n in todo:
+            kept_before.setdefault(n, kept_state_path(self.records[n].config, spec.proxy, None).exists())
+        return promote(self, todo, budget)
+
+    monkeypatch.setattr(promote_run._Promoter, "_train", seeing_kept_states)
+    summary = run_search(spec, db, SearchOptions(study="s", trials=4, workers=2))
+    promotion = summary.promotion
+    assert summary.signal is None and promotion is not None and promotion.contenders
+    assert promotion.budgets[0] == 4096 and promotion.stopped in ("held", "cap")
+    stored = db.promotions("s")
+    assert {p.status for p in stored} == {"complete"}
+    assert kept_before == dict.fromkeys(promotion.contenders, True)  # resumed, not trained afresh
+    assert {(p.trial_number, p.budget_tokens) for p in stored} == {
+        (n, b) for n in promotion.contenders for b in promotion.budgets
+    }
+    first = next(p for p in stored if p.budget_tokens == 4096)
+    cfg = db.trials_by_number("s", [first.trial_number])[0].config
+    # One uninterrupted run at twice the proxy's tokens, as the worker trains it.
+    data = worker_dataset(None, cfg.vocab_size, cfg.seq_len)
+    straight = train(cfg, data, dataclasses.replace(spec.proxy, tokens=4096))
+    assert first.val_loss == pytest.approx(straight.val_loss, rel=1e-6, abs=0)
+    assert first.val_curve[-1][0] == 4096 and first.objective == first.val_loss  # the plain loss objective
+    # Promotion ended: the kept states on this machine are gone.
+    assert not any(kept_state_path(r.config, spec.proxy, None).exists() for r in db.trials("s", "complete"))
+    # A resume trains nothing again.
+    again = run_search(spec, db, SearchOptions(study="s", trials=4, resume=True))
+    assert again.promotion is not None and again.promotion.contenders == promotion.contenders
+    assert db.promotions("s") == stored
+
+
+def test_a_signal_mid_promotion_loses_nothing_and_a_resume_repeats_nothing(db, monkeypatch):
+    spec = tiny_spec(proxy=FREE, search=SEARCH.format(cap=2, margin=1.0))
+    store = promote_run._Promoter._store
+
+    def store_then_interrupt(self, *args):
+        store(self, *args)
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C once the first promotion is stored
+
+    monkeypatch.setattr(promote_run._Promoter, "_store", store_then_interrupt)
+    stopped = run_search(spec, db, SearchOptions(study="s", trials=4, workers=1))
+    assert stopped.signal == signal.SIGINT and stopped.promotion.stopped == "interrupted"
+    done = [p for p in db.promotions("s") if p.status == "complete"]
+    assert len(done) == 1
+    # The promotions stopped here were released: a resume takes them at once, not after the lease.
+    assert all(p.lease_expires_at <= time.time() for p in db.promotions("s") if p.status == "running")
+    monkeypatch.setattr(promote_run._Promoter, "_store", store)
+    resumed = run_search(spec, db, SearchOptions(study="s", trials=4, resume=True))
+    assert resumed.signal is None and resumed.promotion.stopped in ("held", "cap")
+    after = db.promotions("s")
+    assert {p.status for p in after} == {"complete"}
+    assert (
+        {p.trial_number for p in after}
+        == set(resumed.promotion.contenders)
+        == set(stopped.promotion.contenders)
+    )
+    kept = next(p for p in after if p.id == done[0].id)
+    assert kept == done[0]  # stored once: not trained again
+
+
+def test_the_cli_says_what_was_promoted_and_trials_gives_the_ranked_objectives(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from archsearch.cli import app
+    from tests.specs import tiny_toml
+
+    space = tmp_path / "space.toml"
+    space.write_text(tiny_toml(proxy=FREE, search=SEARCH.format(cap=2, margin=1.0)))
+    url = f"sqlite:///{tmp_path / 'trials.db'}"
+    result = CliRunner().invoke(
+        app, ["search", "--space", str(space), "--study", "s", "--trials", "3", "--storage", url]
+    )
+    assert result.exit_code == 0, result.output
+    assert "promoted trials " in result.stderr and " to 4,096 tokens (" in result.stderr
+    listed = CliRunner().invoke(app, ["trials", "--study", "s", "--storage", url, "--format", "json"])
+    records = {r["number"]: r for r in json.loads(listed.stdout) if r["status"] == "complete"}
+    with Storage.open(url, read_only=True) as db:
+        promoted = {p.trial_number: p for p in db.promotions("s")}
+    assert promoted and set(promoted) <= set(records)
+    for number, record in records.items():
+        if number in promoted:  # every contender reached 4,096 tokens: ranked there
+            assert (record["objective"], record["budget_tokens"]) == (promoted[number].objective, 4096)
+        else:
+            assert (record["objective"], record["budget_tokens"]) == (record["loss"], 2048)

@@ -1,0 +1,79 @@
+"""Promotion's pure parts: the contenders, the rungs and PASHA's stopping rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from archsearch.search.promotion import (
+    AUTO_MARGIN,
+    KNEE_NEIGHBOURS,
+    RULES,
+    PromoteError,
+    PromoteSettings,
+    contenders,
+    order_holds,
+)
+
+OBJECTIVES = ("loss", "flops")
+
+
+def test_the_front_and_the_shapes_within_the_margin_contend():
+    # Trials 0-2 form the front; 3 is 0.05 behind trial 1 (a tie at 0.063), 4 far behind.
+    numbers = [10, 11, 12, 13, 14]
+    values = np.array([[3.0, 1e6], [2.8, 2e6], [2.6, 4e6], [2.85, 2e6], [3.5, 3e6]])
+    assert contenders(numbers, values, OBJECTIVES, margin=AUTO_MARGIN)[:4] == (10, 11, 12, 13)
+    # With no margin, 13 contends only as one of the knee's nearest shapes off the front.
+    chosen = contenders(numbers, values, OBJECTIVES, margin=0.0)
+    assert {10, 11, 12} <= set(chosen) and len(chosen) == 3 + min(KNEE_NEIGHBOURS, 2)
+
+
+def test_the_knees_nearest_neighbours_contend_even_outside_the_margin():
+    numbers = list(range(6))
+    values = np.array([[3.0, 1e6], [2.5, 4e6], [2.0, 16e6], [2.7, 5e6], [3.4, 20e6], [3.6, 30e6]])
+    chosen = contenders(numbers, values, OBJECTIVES, margin=0.0)
+    assert set(chosen) == {0, 1, 2} | {3, 4}  # the knee is 1; 3 and 4 are nearest it off the front
+
+
+def test_no_trials_no_contenders():
+    assert contenders([], np.zeros((0, 2)), OBJECTIVES, 0.1) == ()
+
+
+def test_an_order_holds_unless_two_contenders_swap_by_more_than_the_noise():
+    before = {1: 2.0, 2: 2.1, 3: 2.5}
+    assert order_holds(before, {1: 1.8, 2: 1.9, 3: 2.3}, epsilon=0.05)
+    assert not order_holds(before, {1: 1.95, 2: 1.8, 3: 2.3}, epsilon=0.05)  # 1 and 2 swapped by 0.15
+    assert order_holds(before, {1: 1.85, 2: 1.82, 3: 2.3}, epsilon=0.05)  # swapped inside the noise: a tie
+    assert order_holds(before, {1: 1.8}, epsilon=0.0)  # one in common: nothing to reorder
+    assert RULES["pasha"] is order_holds
+
+
+@pytest.mark.parametrize(
+    ("cap", "multiples"),
+    [(1, ()), (2, (2.0,)), (4, (2.0, 4.0)), (6, (2.0, 4.0, 6.0)), (8.0, (2.0, 4.0, 8.0))],
+)
+def test_rungs_double_up_to_the_cap(cap, multiples):
+    assert PromoteSettings(cap=cap).multiples == multiples
+
+
+def test_auto_margin_is_the_documented_seed_noise():
+    assert PromoteSettings().margin_nats == AUTO_MARGIN == 0.063
+    assert PromoteSettings(margin=0.02).margin_nats == 0.02
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        (dict(cap=0.99), "cap: must be a number from 1"),
+        (dict(cap=True), "cap: must be a number from 1"),
+        (dict(cap=float("inf")), "cap: must be a number from 1"),
+        (dict(cap=2048), "cap: must be a number from 1 to 1024"),
+        (dict(rule="sha"), "rule: unknown rule 'sha'; valid: pasha"),
+        (dict(rule=["pasha"]), r"rule: unknown rule \['pasha'\]"),
+        (dict(margin="noise"), 'margin: must be "auto" or a number'),
+        (dict(margin=float("nan")), 'margin: must be "auto" or a number'),
+    ],
+)
+def test_bad_settings_are_refused(settings, match):
+    with pytest.raises(PromoteError, match=match):
+        PromoteSettings(**settings)
