@@ -3,6 +3,7 @@ without searching by `archsearch space check`, in `cli.space`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Any
 
