@@ -17,8 +17,8 @@ from archsearch.cli.common import (
     path_value,
     print_json,
 )
+from archsearch.cli.front_table import print_study_front
 from archsearch.cli.progress import search_display
-from archsearch.cli.results import print_study_front
 
 
 @app.command()
