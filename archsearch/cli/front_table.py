@@ -53,7 +53,8 @@ def print_study_front(f: Any, long: dict[int, tuple[float, float, int]] | None =
         if long:
             row.append(long_cell(long.get(r.number)))
         if f.ranking is not None:
-            row.append(si(f.ranked_tokens(r.number)) if f.ranked_tokens(r.number) else "-")
+            tokens = f.ranked_tokens(r.number)
+            row.append(f"{tokens:,}" if tokens else "-")
         table.add_row(*row)
     console.print(table)
     ref = ", ".join(f"{x:.4g}" for x in f.front.reference)

@@ -244,7 +244,7 @@ class StudyFront:
         "loss" is the measured loss at the budget the member is ranked at (its first pass unless
         promoted); a front of the adjusted loss adds "adjusted_loss" to each member and states its
         rule ("size_beta", "extrapolate"). A study with promotions adds each member's
-        "budget_tokens" and a "promotion" entry (`ranking_dict`).
+        "budget_tokens" and a "ranking" entry (`ranking_dict`).
         """
         rows = []
         for r, values in zip(self.records, self.front.values, strict=True):
@@ -287,14 +287,14 @@ class StudyFront:
         }
 
     def ranking_dict(self) -> dict[str, Any]:
-        """JSON-ready, for a study with promotions: {"promotion": the contenders, the budget they
+        """JSON-ready, for a study with promotions: {"ranking": the contenders, the budget they
         are ranked at (None: the proxy's) and the proxy's tokens, at which every other trial is
         ranked}; else nothing, so a study without promotions reads as it always did."""
         r = self.ranking
         if r is None:
             return {}
         said = {"contenders": list(r.contenders), "ranked_at": r.budget, "proxy_tokens": r.proxy_tokens}
-        return {"promotion": said}
+        return {"ranking": said}
 
 
 def loss_measure(storage: Storage, study: str, loss: str | None) -> tuple[str, LossRule | None]:

@@ -162,3 +162,21 @@ def ranking_line(ranking: PromotionRanking) -> str:
         f"ranked at {ranking.budget:,} tokens{multiple} for {promoted}; the other trials by their "
         f"first-pass value at {at_proxy}"
     )
+
+
+TENFOLD = 10  # the longer budget promotion's cost is set against: every trial trained at 10x
+
+
+def promotion_tokens(
+    proxy_tokens: int, budgets: Mapping[int, Sequence[int]], resumed: Mapping[int, bool]
+) -> int:
+    """The tokens promotion trained: each trial's promoted budgets (trial number -> budgets
+    completed, tokens) cost the tokens past its previous budget (the proxy's before the first)
+    where the trial resumed from its kept state (`resumed`), else the whole budget."""
+    total = 0
+    for number, trained in budgets.items():
+        previous = proxy_tokens
+        for budget in sorted(trained):
+            total += budget - previous if resumed.get(number, False) else budget
+            previous = budget
+    return total

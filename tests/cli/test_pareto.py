@@ -152,7 +152,7 @@ def test_the_front_ranks_promoted_contenders_at_their_largest_common_budget(prom
     assert list(rows) == [4, 3, 1, 0]
     assert {n: r["loss"] for n, r in rows.items()} == {**PROMOTED, 0: SHAPES[0][2]}
     assert {n: r["budget_tokens"] for n, r in rows.items()} == {4: 4096, 3: 4096, 1: 4096, 0: 2048}
-    assert front["promotion"] == {"contenders": [1, 3, 4], "ranked_at": 4096, "proxy_tokens": 2048}
+    assert front["ranking"] == {"contenders": [1, 3, 4], "ranked_at": 4096, "proxy_tokens": 2048}
     expected = pareto_front(
         list(range(5)),
         [[PROMOTED.get(n, SHAPES[n][2]), r["flops_forward_per_token"]] for n, r in enumerate(_all_rows(url))],
@@ -196,7 +196,7 @@ def test_a_study_without_promotions_prints_what_it_printed_before(promoted_url):
     url = promoted_url
     table = _run("--study", "a", "--storage", url).stdout
     [front] = json.loads(_run("--study", "a", "--storage", url, "--json").stdout)
-    assert "ranked at" not in table and "promotion" not in front
+    assert "ranked at" not in table and "ranking" not in front
     assert set(front["front"][0]) == {
         "number", "knee", "loss", "flops", "params_total", "tokens_per_second", "throughput_device",
         "throughput_modelled", "config",

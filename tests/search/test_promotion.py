@@ -14,6 +14,7 @@ from archsearch.search.promotion import (
     PromoteSettings,
     contenders,
     order_holds,
+    promotion_tokens,
     ranking_line,
 )
 from archsearch.storage import PromotionRanking
@@ -95,3 +96,11 @@ def test_the_ranking_line_says_the_budget_and_how_the_rest_are_placed():
     )
     unknown = PromotionRanking(contenders=(1, 2), budget=4000, proxy_tokens=None, ranked={})
     assert ranking_line(unknown).startswith("ranked at 4,000 tokens for the 2 promoted contenders")
+
+
+def test_promotion_tokens_count_what_each_run_trained():
+    budgets = {1: [4096, 8192], 2: [4096]}  # trial 1 to 4x, trial 2 to 2x, of a 2,048-token proxy
+    # Resumed: each rung trains only past the last one; afresh: every rung from step 0.
+    assert promotion_tokens(2048, budgets, {1: True, 2: True}) == 2048 + 4096 + 2048
+    assert promotion_tokens(2048, budgets, {1: False, 2: False}) == 4096 + 8192 + 4096
+    assert promotion_tokens(2048, {}, {}) == 0
