@@ -225,8 +225,10 @@ class StudyFront:
 
     def ranked_tokens(self, number: int) -> int | None:
         """The tokens trial `number`'s loss is ranked at: its promotion's budget, else its first pass's."""
-        p = self.ranking.ranked.get(number) if self.ranking else None
-        return p.budget_tokens if p is not None else self.ranking.proxy_tokens if self.ranking else None
+        if self.ranking is None:
+            return None
+        p = self.ranking.ranked.get(number)
+        return p.budget_tokens if p is not None else self.ranking.proxy_tokens
 
     def ranked_loss(self, record: Any) -> float:
         """A front member's loss at the budget it is ranked at (before any size credit)."""
