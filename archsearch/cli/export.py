@@ -125,6 +125,10 @@ def export(
     with Storage.open(storage, read_only=True) as db:
         selection = select(db, study, choice)
         rungs = db.ladder_rungs(study) if request is not None else []
+    if selection.ranking is not None:  # chosen among promoted contenders: say at which budget
+        from archsearch.search.promotion import ranking_line
+
+        typer.echo(f"note: {ranking_line(selection.ranking)}", err=True)
     if request is not None:
         from archsearch.results.scale_ranking import scaled_export, study_scenario
 

@@ -29,6 +29,9 @@ def search_text(p: Any) -> str:
     """A search's state in one line: trials by state, the best loss, the front's size."""
     from archsearch.trial import DUPLICATE, FINISHED, REJECTED, RUNNING
 
+    promoting = getattr(p, "promotion_line", None)  # a `PromotionProgress`: over the search's last
+    if promoting is not None:
+        return f"{search_text(p.search)}; {promoting}"
     best = "-" if p.best_loss is None else f"{p.best_loss:.4f}"
     ended = ", ".join(f"{p.counts.get(s, 0)} {s}" for s in (*FINISHED, REJECTED, DUPLICATE))
     return (
@@ -41,10 +44,12 @@ def search_display(
     target: int, *, console: Console | None = None, clock: Callable[[], float] = time.monotonic
 ) -> contextlib.AbstractContextManager[Callable[[Any], None]]:
     """A search's progress (`SearchProgress` snapshots), counted in finished trials, with the ETA
-    the finished trials' wall times give (`SearchProgress.eta_s`, `driver.search_eta`)."""
+    the finished trials' wall times give (`SearchProgress.eta_s`, `driver.search_eta`); then its
+    promotion's (`promote_run.PromotionProgress`), counted in trials and promotions together, with
+    the ETA to the promotion cap."""
     return live_display(
-        "search", search_text, lambda p: (p.finished, target), eta=lambda p: p.eta_s, console=console,
-        clock=clock,
+        "search", search_text, lambda p: (p.finished, getattr(p, "target", target)), eta=lambda p: p.eta_s,
+        console=console, clock=clock,
     )  # fmt: skip
 
 

@@ -19,7 +19,6 @@ from archsearch.cli.common import (
     StudyOpt,
     app,
     floats,
-    fmt_value,
     long_cell,
     path_value,
     print_json,
@@ -96,63 +95,12 @@ def pareto(
     if as_json:
         print_json([f.to_dict(long[f.study]) for f in fronts])
     else:
+        from archsearch.cli.front_table import print_study_front
+
         for f in fronts:
             print_study_front(f, long[f.study])
     if plot is not None:
         typer.echo(f"wrote {plot}", err=True)
-
-
-_EXTRA_COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
-    "step_time": ("step time", lambda r: si(r["step_time_s"], "s")),
-    "kv_bytes": ("KV B/token", lambda r: si(r["kv_cache_bytes_per_token"], "B")),
-    "prefill_time": ("prefill", lambda r: si(r["prefill_time_s"], "s")),
-    "decode_time": ("decode/token", lambda r: si(r["decode_time_s"], "s")),
-}
-
-
-def print_study_front(f: Any, long: dict[int, tuple[float, float, int]] | None = None) -> None:
-    """The front as a table; with `long` (`Storage.long_run_losses`), a long-run loss column."""
-    console = stdout()
-    objectives = f.front.objectives
-    title = f"Pareto front of {f.study!r}: {len(f.front.numbers)} of {len(f.trial_numbers)} complete trials"
-    table = Table(title=title)
-    adjusted = f.loss_rule is not None  # the front ranks the adjusted loss: show it beside the loss
-    columns = ("", "trial", "shape", "params", "FLOPs/token", "loss", *(("adjusted",) if adjusted else ()))
-    for column in (*columns, "bits/byte", "throughput"):
-        table.add_column(column, justify="left" if column in ("", "shape") else "right")
-    # Cost objectives beyond FLOPs, in the study's order: (objective, header, cell of a record).
-    extra = [(o, *_EXTRA_COLUMNS[o]) for o in objectives if o in _EXTRA_COLUMNS]
-    for _, header, _ in extra:
-        table.add_column(header, justify="right")
-    if long:
-        table.add_column("long loss", justify="right")
-    for r, values in zip(f.records, f.front.values, strict=True):
-        tps = f.throughput.get(r.number)
-        speed = f"{si(tps[0])} tok/s {tps[1]}{' (model)' if tps[2] else ''}" if tps else "-"
-        row = [
-            "knee" if r.number == f.front.knee else "", str(r.number), escape(r.config.describe()),
-            si(r["params_total"]), si(r["flops_forward_per_token"]), f"{r['loss']:.4f}",
-            *((f"{values[0]:.4f}",) if adjusted else ()), fmt_value(r["bits_per_byte"], ".3f"), speed,
-        ]  # fmt: skip
-        row += [render(r) for _, _, render in extra]
-        if long:
-            row.append(long_cell(long.get(r.number)))
-        table.add_row(*row)
-    console.print(table)
-    ref = ", ".join(f"{x:.4g}" for x in f.front.reference)
-    scale = " (log10 for " + ", ".join(o for o in objectives if o != "loss") + ")"
-    axes = ", ".join(("adjusted loss" if adjusted and o == "loss" else o) for o in objectives)
-    console.print(f"hypervolume {f.front.hypervolume:.4g} against reference ({ref}) in ({axes}){scale}")
-    # A reference no trial beats (`--reference 0,0`) gives 0, which reads as an empty front: say why.
-    if f.front.hypervolume == 0 and len(f.front.values):
-        typer.echo(
-            "note: no trial of the front is better than the reference point in every objective, so the "
-            "hypervolume is 0: give a --reference past the front (default: from the trials)",
-            err=True,
-        )
-    if adjusted:
-        rule = escape(f.beta_rule or "")
-        console.print(f"adjusted loss = {f.loss_rule.formula()}, beta: {rule}")
 
 
 @app.command()
@@ -183,9 +131,6 @@ def studies(storage: StorageOpt = None, as_json: JsonFlag = False) -> None:
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.created_at))
         table.add_row(s.name, ",".join(s.objectives), created, *(str(s.counts.get(k, 0)) for k in STATES))
     stdout().print(table if records else "no studies")
-
-
-# ------------------------------------------------------------------------------------------------
 
 
 # ------------------------------------------------------------------------------------------------

@@ -17,8 +17,8 @@ from archsearch.cli.common import (
     path_value,
     print_json,
 )
+from archsearch.cli.front_table import print_study_front
 from archsearch.cli.progress import search_display
-from archsearch.cli.results import print_study_front
 
 
 @app.command()
@@ -104,12 +104,8 @@ def search(
     if promotion is not None and not as_json:
         budgets = ", ".join(f"{b:,}" for b in promotion.budgets) or "none"
         promoted = ", ".join(map(str, promotion.contenders))
-        typer.echo(
-            f"promoted trials {promoted} to {budgets} tokens ({promotion.stopped});"
-            f" the front above ranks the proxy's tokens, `archsearch trials --format json` each trial's loss "
-            f"objective at {promotion.ranked_at:,} tokens for the contenders",
-            err=True,
-        )
+        typer.echo(f"promoted trials {promoted} to {budgets} tokens ({promotion.stopped})", err=True)
+        typer.echo(cost_line(promotion), err=True)
     if summary.signal is not None:
         typer.echo(
             f"interrupted: {summary.progress.finished} of {options.trials} trials finished; continue with "
@@ -117,6 +113,21 @@ def search(
             err=True,
         )
         raise typer.Exit(128 + summary.signal)
+
+
+def cost_line(promotion: Any) -> str:
+    """What promotion cost (`PromotionSummary`), in tokens trained, against the same search without
+    it and against training every trial of the first pass at `TENFOLD` x."""
+    from archsearch.search.promotion import TENFOLD
+
+    first, more, tenfold = promotion.first_pass_tokens, promotion.promotion_tokens, promotion.tenfold_tokens
+    total = first + more
+    against = f"{total / first:.2f}x" if first else "-"
+    share = f"{100 * total / tenfold:.0f}%" if tenfold else "-"
+    return (
+        f"tokens trained: {first:,} first pass + {more:,} promotion = {total:,}; without promotion {first:,} "
+        f"({against} that), every trial at {TENFOLD}x {tenfold:,} ({share} of that)"
+    )
 
 
 def _has_study(db: Any, name: str) -> bool:

@@ -105,6 +105,8 @@ def _print_validation(study: str, report: dict[str, Any]) -> None:
             f"{r['proxy_loss']:.4f}", fmt_value(r["long_loss"], ".4f"), marks,
         )  # fmt: skip
     console.print(table)
+    if "promotion" in report:  # the set was chosen from a front that ranks promoted contenders
+        console.print(escape(f"chosen from the study's front, {report['promotion']['said']}"))
     ranks = Table(title="Ranking the long-run loss (seed mean)")
     for column in ("predictor", "Spearman", "Kendall", "iso-params pairs"):
         ranks.add_column(column, justify="left" if column == "predictor" else "right")

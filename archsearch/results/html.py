@@ -26,6 +26,7 @@ from archsearch.results.report import (
     Validation,
     build_report,
 )
+from archsearch.search.promotion import ranking_line
 from archsearch.units import format_si
 
 if TYPE_CHECKING:
@@ -233,6 +234,7 @@ def _front(report: Report) -> str:
                 else ""
             )
             + "</p>"
+            + (f'<p class="ranked-at">{esc(ranking_line(f.ranking))}</p>' if f.ranking is not None else "")
         )
         out.append(_front_members(i, s))
     out.append("</section>")
@@ -255,7 +257,7 @@ def _front_members(i: int, s: StudySection) -> str:
             (esc(s.shapes.get(r.number, "")), None),
             (_si(r["params_total"]), r["params_total"]),
             (_si(r["flops_forward_per_token"]), r["flops_forward_per_token"]),
-            (_fmt(r["loss"], ".4f"), r["loss"]),
+            (_fmt(f.ranked_loss(r), ".4f"), f.ranked_loss(r)),
             *(((f"{values[0]:.4f}", float(values[0])),) if adjusted else ()),
             (_si(r["step_time_s"], "s"), r["step_time_s"]),
             (f"{format_si(tps[0])} tok/s {esc(tps[1])}{' (model)' if tps[2] else ''}" if tps else "-",

@@ -748,7 +748,9 @@ def run_search(
             if signum is None and spec.defaults.promote is not None and driver.pass_finished():
                 driver.doing = "promoting the front's contenders"
                 with handle_signals(driver.stop):
-                    promotion = run_promotions(spec, storage, options, pool, driver.stop)
+                    promotion = run_promotions(
+                        spec, storage, options, pool, driver.stop, driver.progress, on_update
+                    )
                 signum = driver.stop.signum
     except Exception as exc:
         if database_failure(exc):

@@ -33,10 +33,16 @@ import numpy as np
 
 from archsearch.errors import ArchsearchError
 from archsearch.search.fidelity import loss_objectives
-from archsearch.space.objectives import LOG_OBJECTIVES, OBJECTIVE_COLUMNS, LossRule, parse_objectives
+from archsearch.space.objectives import (
+    LOG_OBJECTIVES,
+    OBJECTIVE_COLUMNS,
+    LossRule,
+    curve_change,
+    parse_objectives,
+)
 
 if TYPE_CHECKING:
-    from archsearch.storage import Storage
+    from archsearch.storage import PromotionRanking, Storage
 
 # The loss a study's front ranks: the proxy loss as stored, or the study's loss objective.
 LOSS_MEASURES = ("proxy", "adjusted")
@@ -213,6 +219,21 @@ class StudyFront:
     # its beta the one used) and where the beta came from; None when it is the proxy loss as stored.
     loss_rule: LossRule | None = None
     beta_rule: str | None = None
+    # Set for a study with promotions: the loss of its contenders in the values is their loss at
+    # `ranking.budget`, the other trials' their first pass (`promotion.ranking_line` says so).
+    ranking: PromotionRanking | None = None
+
+    def ranked_tokens(self, number: int) -> int | None:
+        """The tokens trial `number`'s loss is ranked at: its promotion's budget, else its first pass's."""
+        if self.ranking is None:
+            return None
+        p = self.ranking.ranked.get(number)
+        return p.budget_tokens if p is not None else self.ranking.proxy_tokens
+
+    def ranked_loss(self, record: Any) -> float:
+        """A front member's loss at the budget it is ranked at (before any size credit)."""
+        p = self.ranking.ranked.get(record.number) if self.ranking else None
+        return float(p.val_loss) if p is not None and p.val_loss is not None else float(record["loss"])
 
     @property
     def size_beta(self) -> float | None:
@@ -222,8 +243,10 @@ class StudyFront:
     def to_dict(self, long: dict[int, tuple[float, float, int]] | None = None) -> dict[str, Any]:
         """JSON-ready; `long` (`Storage.long_run_losses`) adds each member's long-run loss.
 
-        "loss" is always the proxy loss as stored; a front of the adjusted loss adds
-        "adjusted_loss" to each member and states its rule ("size_beta", "extrapolate").
+        "loss" is the measured loss at the budget the member is ranked at (its first pass unless
+        promoted); a front of the adjusted loss adds "adjusted_loss" to each member and states its
+        rule ("size_beta", "extrapolate"). A study with promotions adds each member's
+        "budget_tokens" and a "ranking" entry (`ranking_dict`).
         """
         rows = []
         for r, values in zip(self.records, self.front.values, strict=True):
@@ -233,8 +256,11 @@ class StudyFront:
                 multiplier, loss, seeds = long.get(r.number, (None, None, 0))
                 extra = {"long_loss": loss, "long_multiplier": multiplier, "long_seeds": seeds}
             objectives = dict(zip(self.front.objectives, map(float, values), strict=True))
-            if self.size_beta is not None:  # the values hold the adjusted loss; "loss" stays the proxy's
-                objectives = {"loss": float(r["loss"]), "adjusted_loss": objectives.pop("loss"), **objectives}
+            if self.size_beta is not None:  # the values hold the adjusted loss; "loss" stays as measured
+                adjusted = objectives.pop("loss")
+                objectives = {"loss": self.ranked_loss(r), "adjusted_loss": adjusted, **objectives}
+            if self.ranking is not None:
+                objectives["budget_tokens"] = self.ranked_tokens(r.number)
             rows.append(
                 {
                     "number": r.number,
@@ -259,7 +285,18 @@ class StudyFront:
             "reference": list(self.front.reference),
             "knee": self.front.knee,
             "front": rows,
+            **self.ranking_dict(),
         }
+
+    def ranking_dict(self) -> dict[str, Any]:
+        """JSON-ready, for a study with promotions: {"ranking": the contenders, the budget they
+        are ranked at (None: the proxy's) and the proxy's tokens, at which every other trial is
+        ranked}; else nothing, so a study without promotions reads as it always did."""
+        r = self.ranking
+        if r is None:
+            return {}
+        said = {"contenders": list(r.contenders), "ranked_at": r.budget, "proxy_tokens": r.proxy_tokens}
+        return {"ranking": said}
 
 
 def loss_measure(storage: Storage, study: str, loss: str | None) -> tuple[str, LossRule | None]:
@@ -300,6 +337,30 @@ def _ranked(
     return names, kept, values[keep], params[keep], changes[keep]
 
 
+def promoted(
+    storage: Storage,
+    study: str,
+    objectives: Sequence[str],
+    numbers: Sequence[int],
+    values: np.ndarray,
+    changes: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, PromotionRanking | None]:
+    """`values` and `changes` (rows of `numbers`) with each promoted contender's proxy loss and
+    curve change replaced by its promotion's at the budget the study ranks it at
+    (`Storage.promotion_ranking`), so every loss measure ranks it there; and that ranking, None
+    for a study without promotions (its values returned as they are)."""
+    ranking = storage.promotion_ranking(study)
+    if ranking is None or not ranking.ranked or "loss" not in objectives:
+        return values, changes, ranking
+    values, changes = values.copy(), changes.copy()
+    column = list(objectives).index("loss")
+    for i, number in enumerate(numbers):
+        p = ranking.ranked.get(number)
+        if p is not None and p.val_loss is not None:
+            values[i, column], changes[i] = p.val_loss, curve_change(p.val_curve)
+    return values, changes, ranking
+
+
 def study_front(
     storage: Storage,
     study: str,
@@ -338,6 +399,7 @@ def study_front(
     elif size_beta is None:
         beta_rule = "sd(loss) / sd(ln params) over the complete trials"
     objectives, numbers, values, params, changes = _ranked(storage, study, objectives, loss)
+    values, changes, ranking = promoted(storage, study, objectives, numbers, values, changes)
     if reference is not None and len(reference) != len(objectives):
         raise ArchsearchError(f"the reference point needs {len(objectives)} values, one per objective")
     rule = None
@@ -359,7 +421,7 @@ def study_front(
                 throughput[r.number] = (p.tokens_per_second, name, p.modelled)
                 break
     why = beta_rule if rule is not None else None
-    return StudyFront(study, front, records, tuple(numbers), values, throughput, rule, why)
+    return StudyFront(study, front, records, tuple(numbers), values, throughput, rule, why, ranking)
 
 
 def study_fronts(
@@ -394,7 +456,8 @@ def study_fronts(
     if loss == "adjusted" and beta is None and len(studies) > 1 and asked is not None:
         carried, sizes = [], []  # each study's losses extrapolated by its own rule; one beta over all
         for s in studies:
-            _, _, values, params, changes = _ranked(storage, s, objectives, loss)
+            names, numbers, values, params, changes = _ranked(storage, s, objectives, loss)
+            values, changes, _ = promoted(storage, s, names, numbers, values, changes)
             extrapolate = storage.require_study(s).loss_rule.extrapolate
             carried.append(loss_objectives(values[:, 0], changes, params, 0.0, extrapolate)[0])
             sizes.append(params)

@@ -14,6 +14,10 @@ A contender resumes from the final state its first-pass trial kept (`worker.kept
 promotion keeps its own for the next rung) where the proxy is budget-free (`TrainSettings
 .budget_free`: the constant schedule with a warm-up in tokens); else it is trained afresh at the
 longer budget. Kept states on this machine are deleted once promotion ends.
+
+Optuna's view stays the first pass: the values its trials were told are never changed, and as
+Optuna refuses attributes on a finished trial, each rung is recorded on the Optuna study instead,
+as the user attribute `promoted_loss_<tokens>` (`OPTUNA_ATTR`): {trial number: loss objective}.
 """
 
 from __future__ import annotations
@@ -21,17 +25,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from archsearch.search.pareto import study_front
 from archsearch.search.pool import RayPool, Stop
-from archsearch.search.promotion import RULES, contenders
+from archsearch.search.promotion import RULES, TENFOLD, contenders, promotion_tokens
 from archsearch.search.validate import long_run
 from archsearch.search.worker import STALLED, kept_state_path, stall_retry
 from archsearch.space.costs import param_counts
 from archsearch.space.objectives import curve_change
-from archsearch.trial import COMPLETE, FAILED, RUNNING
+from archsearch.trial import COMPLETE, FAILED, PRUNED, RUNNING
 from archsearch.units import whole
 
 if TYPE_CHECKING:
@@ -44,6 +49,7 @@ log = logging.getLogger(__name__)
 
 WAIT_S = 0.5  # how often a driver looks again at promotions another driver is training
 HELD, CAPPED, INTERRUPTED = "held", "cap", "interrupted"  # how promotion ended
+OPTUNA_ATTR = "promoted_loss_{tokens}"  # the Optuna study's user attribute of one rung
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,43 @@ class PromotionSummary:
     budgets: tuple[int, ...]
     ranked_at: int
     stopped: str  # HELD, CAPPED or INTERRUPTED
+    # What it cost, in tokens trained: the first pass (the search without promotion), promotion
+    # (`promotion.promotion_tokens`), and every trial of the first pass trained at `TENFOLD` x.
+    first_pass_tokens: int = 0
+    promotion_tokens: int = 0
+    tenfold_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class PromotionProgress:
+    """A snapshot for progress displays while promotion runs: the search's last (`search`) with the
+    promotions done, running and planned (every contender at every rung to the cap: PASHA's rule
+    may stop sooner), the rung's budget, and the seconds left to the cap (`eta_s`; None until a
+    time per token is known). `finished` and `target` count trials and promotions together, so a
+    display counting work moves as promotions end."""
+
+    search: Any  # the driver's `SearchProgress` (the driver imports this module)
+    done: int
+    running: int
+    planned: int
+    budget: int
+    eta_s: float | None
+
+    @property
+    def finished(self) -> int:
+        return self.search.finished + self.done
+
+    @property
+    def target(self) -> int:
+        return self.search.target + self.planned
+
+    @property
+    def elapsed_s(self) -> float:
+        return self.search.elapsed_s
+
+    @property
+    def promotion_line(self) -> str:
+        return f"promotions {self.done}/{self.planned} done, {self.running} running at {self.budget:,} tokens"
 
 
 def trial_settings(spec: SearchSpec, record: TrialRecord) -> TrainSettings:
@@ -65,11 +108,45 @@ def trial_settings(spec: SearchSpec, record: TrialRecord) -> TrainSettings:
 
 class _Promoter:
     def __init__(
-        self, spec: SearchSpec, storage: Storage, options: SearchOptions, pool: RayPool, stop: Stop
-    ) -> None:
+        self, spec: SearchSpec, storage: Storage, options: SearchOptions, pool: RayPool, stop: Stop,
+        progress: Callable[[], Any] | None = None,
+        on_update: Callable[[PromotionProgress], None] | None = None,
+    ) -> None:  # fmt: skip
         self.spec, self.storage, self.options, self.pool, self.stop = spec, storage, options, pool, stop
         self.study = options.study
         self.renewed = time.monotonic()
+        self.progress, self.on_update = progress, on_update
+        self.running, self.budget = 0, 0
+
+    def _update(self, chosen: Sequence[int]) -> None:
+        """Tell the display where promotion stands (`PromotionProgress`)."""
+        if self.on_update is None or self.progress is None:
+            return
+        settings, proxy = self.spec.defaults.promote, self.spec.proxy.tokens
+        assert settings is not None and proxy is not None  # checked by the spec
+        rungs = [whole(proxy * m) for m in settings.multiples]
+        stored = self.storage.promotions(self.study)
+        ended = {(p.trial_number, p.budget_tokens) for p in stored if p.status != RUNNING}
+        chosen_set = set(chosen)
+        done = sum(1 for n, b in ended if n in chosen_set and b in rungs)
+        # Seconds per token: the promotions' own (each ran from step 0 to its budget), else the
+        # first pass's mean wall time over the proxy's tokens.
+        own = [p.wall_time_s / p.budget_tokens for p in stored if p.status == COMPLETE and p.wall_time_s]
+        search = self.progress()
+        first = search.wall_times_s
+        per_token = (sum(own) / len(own)) if own else (sum(first) / len(first) / proxy) if first else None
+        left = 0
+        for n in chosen:
+            resumed = n in self.records and trial_settings(self.spec, self.records[n]).budget_free
+            previous = proxy
+            for budget in rungs:
+                if (n, budget) not in ended:
+                    left += budget - previous if resumed else budget
+                previous = budget
+        eta = None if per_token is None else per_token * left / max(1, self.options.workers)
+        self.on_update(
+            PromotionProgress(search, done, self.running, len(chosen) * len(rungs), self.budget, eta)
+        )
 
     def run(self) -> PromotionSummary | None:
         settings = self.spec.defaults.promote
@@ -86,9 +163,12 @@ class _Promoter:
         ranked_at, budgets, stopped = self.spec.proxy.tokens, [], CAPPED
         for multiple in settings.multiples:
             budget = whole(self.spec.proxy.tokens * multiple)
+            self.budget = budget
+            self._update(chosen)
             current = self._rung(chosen, budget)
+            tell_optuna(self.storage, self.study, budget, current)
             if self.stop.signum is not None:
-                return PromotionSummary(tuple(chosen), tuple(budgets), ranked_at, INTERRUPTED)
+                return PromotionSummary(tuple(chosen), tuple(budgets), ranked_at, INTERRUPTED, *self._cost())
             budgets.append(budget)
             if set(current) == set(chosen):
                 ranked_at = budget
@@ -97,7 +177,21 @@ class _Promoter:
                 break
             previous = current
         self._forget(self.records.values())
-        return PromotionSummary(tuple(chosen), tuple(budgets), ranked_at, stopped)
+        return PromotionSummary(tuple(chosen), tuple(budgets), ranked_at, stopped, *self._cost())
+
+    def _cost(self) -> tuple[int, int, int]:
+        """(first-pass tokens, promotion tokens, every first-pass trial at `TENFOLD` x) of the study:
+        the promotions complete so far, each resumed where its trial's settings keep a state."""
+        proxy = self.spec.proxy.tokens or 0
+        trained = [r for r in self.storage.trials(self.study) if r["tokens_trained"]]
+        first = sum(int(r["tokens_trained"]) for r in trained)
+        shapes = sum(1 for r in trained if r.status in (COMPLETE, PRUNED))
+        budgets: dict[int, list[int]] = {}
+        for p in self.storage.promotions(self.study, COMPLETE):
+            budgets.setdefault(p.trial_number, []).append(p.budget_tokens)
+        by_number = {r.number: r for r in trained}
+        resumed = {n: n in by_number and trial_settings(self.spec, by_number[n]).budget_free for n in budgets}
+        return first, promotion_tokens(proxy, budgets, resumed), TENFOLD * proxy * shapes
 
     def _rung(self, chosen: list[int] | tuple[int, ...], budget: int) -> dict[int, float]:
         """Train every contender at `budget` that no driver has (here, or waiting for another
@@ -135,10 +229,14 @@ class _Promoter:
             if self.storage.claim_promotion(self.study, record.id, budget, self.options.lease_s) is not None:
                 return False  # finished or taken by another driver since it was listed
             rows[index] = self.storage.promotion_id(record.id, budget)  # type: ignore[assignment]
+            self.running += 1
+            self._update(list(self.records))
             return True
 
         def done(index: int, result: dict[str, Any] | None, reason: str | None) -> None:
             self._store(rows[index], self.records[todo[index]], result, reason)
+            self.running -= 1
+            self._update(list(self.records))
 
         def tick() -> None:
             if time.monotonic() - self.renewed >= self.options.lease_s / 4:
@@ -191,10 +289,26 @@ class _Promoter:
                 kept_state_path(record.config, settings, self.spec.data).unlink(missing_ok=True)
 
 
+def tell_optuna(storage: Storage, study: str, budget: int, objectives: dict[int, float]) -> None:
+    """Record the loss objectives of the contenders complete at `budget` (trial number -> value) on
+    `study`'s Optuna study as its user attribute `promoted_loss_<budget>`; nothing when none is."""
+    if not objectives:
+        return
+    import optuna
+
+    optuna_study = optuna.load_study(study_name=study, storage=storage.optuna_storage())
+    said = {str(number): float(value) for number, value in sorted(objectives.items())}  # JSON keys
+    optuna_study.set_user_attr(OPTUNA_ATTR.format(tokens=budget), said)
+
+
 def run_promotions(
-    spec: SearchSpec, storage: Storage, options: SearchOptions, pool: RayPool, stop: Stop
-) -> PromotionSummary | None:
-    """Promote the contenders of `options.study`'s finished trials (module docstring), on `pool`.
+    spec: SearchSpec, storage: Storage, options: SearchOptions, pool: RayPool, stop: Stop,
+    progress: Callable[[], Any] | None = None,  # the driver's `SearchProgress` now
+    on_update: Callable[[Any], None] | None = None,  # the search's display: PromotionProgress too
+) -> PromotionSummary | None:  # fmt: skip
+    """Promote the contenders of `options.study`'s finished trials (module docstring), on `pool`;
+    `on_update` gets a `PromotionProgress` (over `progress()`, the search's) as promotions start
+    and end.
 
     Returns:
         What promotion did; None when the study has no complete trial. `stopped` is
@@ -204,4 +318,4 @@ def run_promotions(
         RayNodeDiedError: the local Ray node died (the promotions stored so far are kept).
         StorageUnavailableError: the database failed.
     """
-    return _Promoter(spec, storage, options, pool, stop).run()
+    return _Promoter(spec, storage, options, pool, stop, progress, on_update).run()

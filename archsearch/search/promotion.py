@@ -1,5 +1,6 @@
 """Promotion: which shapes of a finished search contend for its front, the budgets they go on to,
-and when their ranking holds (pure functions; `promote_run` trains them).
+when their ranking holds, and how a front ranked after it reads (pure functions; `promote_run`
+trains them).
 
 A search ranks every trial at one proxy budget; where that budget is short, the order among the
 best shapes is noise, and longer training reorders them. Promotion spends more only on those few:
@@ -19,13 +20,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from archsearch.errors import ArchsearchError
 from archsearch.registry import Registry
 from archsearch.search.pareto import knee_index, pareto_mask, scaled
+
+if TYPE_CHECKING:
+    from archsearch.storage import PromotionRanking
 
 AUTO = "auto"
 AUTO_MARGIN = 0.063  # nats: the tiny proxy's seed noise (module docstring)
@@ -137,3 +141,42 @@ def contenders(
     off = [i for i in np.argsort(distance, kind="stable") if not on_front[i] and not np.isnan(distance[i])]
     chosen.update(int(i) for i in off[:KNEE_NEIGHBOURS])
     return tuple(numbers[i] for i in sorted(chosen))
+
+
+def ranking_line(ranking: PromotionRanking) -> str:
+    """What a front of a study with promotions ranks, for the reader: the budget its contenders
+    are ranked at and how the shapes not promoted are placed (by their first pass: a shape left
+    out was not close enough to the front to contend, and is compared by its proxy value)."""
+    proxy = ranking.proxy_tokens
+    at_proxy = f"the proxy's {proxy:,} tokens" if proxy else "the proxy's budget"
+    numbers = ", ".join(map(str, ranking.contenders))
+    n = len(ranking.contenders)
+    promoted = f"the {n} promoted contender{'s' if n != 1 else ''} (trial{'s' if n != 1 else ''} {numbers})"
+    if ranking.budget is None:
+        return (
+            f"ranked at {at_proxy} for every trial: no budget past the proxy's was completed by all of "
+            f"{promoted}"
+        )
+    multiple = f" ({ranking.budget / proxy:g}x the proxy)" if proxy else ""
+    return (
+        f"ranked at {ranking.budget:,} tokens{multiple} for {promoted}; the other trials by their "
+        f"first-pass value at {at_proxy}"
+    )
+
+
+TENFOLD = 10  # the longer budget promotion's cost is set against: every trial trained at 10x
+
+
+def promotion_tokens(
+    proxy_tokens: int, budgets: Mapping[int, Sequence[int]], resumed: Mapping[int, bool]
+) -> int:
+    """The tokens promotion trained: each trial's promoted budgets (trial number -> budgets
+    completed, tokens) cost the tokens past its previous budget (the proxy's before the first)
+    where the trial resumed from its kept state (`resumed`), else the whole budget."""
+    total = 0
+    for number, trained in budgets.items():
+        previous = proxy_tokens
+        for budget in sorted(trained):
+            total += budget - previous if resumed.get(number, False) else budget
+            previous = budget
+    return total

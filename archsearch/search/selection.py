@@ -5,7 +5,9 @@ module chooses trials the way `pareto` ranks them and lays out what `export` wri
 
 - a selector picks the trials: one by number, the knee of the Pareto front, the lowest loss under
   a FLOPs limit, or the whole front; "loss" is the study's loss objective (credited for size
-  when the study has a size beta), as Optuna was told it and `pareto` ranks it;
+  when the study has a size beta), as `pareto` ranks it: a promoted contender's at the budget the
+  study ranks its contenders at (`Storage.promotion_ranking`), any other trial's as Optuna was
+  told it at the proxy's;
 - `exportable=True` first drops the trials the format cannot represent, so "the knee" means the
   knee of the front of the trials that export, the best a user can actually train;
 - `export_plan` turns the chosen trials into files (one folder per member for a front, with an
@@ -29,7 +31,7 @@ from archsearch.trial import COMPLETE
 
 if TYPE_CHECKING:
     from archsearch.space.config import ArchConfig
-    from archsearch.storage import Storage, StudyRecord, TrialRecord
+    from archsearch.storage import PromotionRanking, Storage, StudyRecord, TrialRecord
 
 # The trial columns that are its measured (or exactly counted) results, copied into provenance.
 RESULT_COLUMNS = (
@@ -103,6 +105,8 @@ class Selection:
     members: tuple[TrialRecord, ...]  # in front order for a front
     knee: int | None  # the knee's number when a front was ranked
     devices: dict[Any, dict[str, Any]]  # device fingerprint -> device row
+    # Where a study with promotions ranked its trials (None: without promotions, or one --trial N).
+    ranking: PromotionRanking | None = None
 
 
 def select(db: Storage, study: str, choice: Choice) -> Selection:
@@ -113,21 +117,23 @@ def select(db: Storage, study: str, choice: Choice) -> Selection:
             the FLOPs limit, no trial with every objective, none the format represents.
     """
     record = db.require_study(study)
-    knee = None
+    knee, ranking = None, None
     if choice.trial is not None:
         members = [_numbered(db.trials(study), study, choice.trial)]
     else:
         complete = db.trials(study, status=COMPLETE)
         if choice.exportable:
             complete = _exportable(complete, study, choice.fmt)
+        ranking = db.promotion_ranking(study)
+        ranked = {n: p.objective for n, p in ranking.ranked.items()} if ranking else {}
         if choice.flops_limit is not None:
-            members = [_best_under(complete, record, choice.flops_limit)]
+            members = [_best_under(complete, record, choice.flops_limit, ranked)]
         else:
-            members, knee = _front(complete, record)
+            members, knee = _front(complete, record, ranked)
             if choice.knee:
                 members = [m for m in members if m.number == knee]
     devices = {d.fingerprint: d.info for d in db.devices()}
-    return Selection(record, tuple(members), knee, devices)
+    return Selection(record, tuple(members), knee, devices, ranking)
 
 
 def _exportable(complete: list[Any], study: str, fmt: str) -> list[Any]:
@@ -163,9 +169,13 @@ def _numbered(trials: list[Any], study: str, number: int, use: str = "export") -
     return t
 
 
-def _objective(t: Any, column: str, rule: LossRule) -> float:
+def _objective(t: Any, column: str, rule: LossRule, ranked: Mapping[int, float | None]) -> float:
     """A trial's value of an objective column; the loss as the study's loss objective (`rule`,
-    `objectives.loss_objective`). NaN when missing."""
+    `objectives.loss_objective`), a promoted contender's at the budget it is ranked at (`ranked`,
+    by trial number). NaN when missing."""
+    if column == "loss" and t.number in ranked:
+        promoted = ranked[t.number]
+        return float("nan") if promoted is None else float(promoted)
     value = t[column]
     if value is None:
         return float("nan")
@@ -174,7 +184,7 @@ def _objective(t: Any, column: str, rule: LossRule) -> float:
     return float(value)
 
 
-def _best_under(complete: list[Any], record: Any, limit: float) -> Any:
+def _best_under(complete: list[Any], record: Any, limit: float, ranked: Mapping[int, float | None]) -> Any:
     """The complete trial with the lowest loss objective within the FLOPs limit; ties go to the
     lower trial number."""
     study, rule = record.name, record.loss_rule
@@ -184,18 +194,18 @@ def _best_under(complete: list[Any], record: Any, limit: float) -> Any:
         cheapest = min((t["flops_forward_per_token"] for t in costed), default=None)
         hint = f"; the cheapest has {cheapest:.4g}" if cheapest is not None else ""
         raise ArchsearchError(f"no complete trial of {study!r} has forward FLOPs/token <= {limit:.4g}{hint}")
-    return min(within, key=lambda t: (_objective(t, "loss", rule), t.number))
+    return min(within, key=lambda t: (_objective(t, "loss", rule, ranked), t.number))
 
 
-def _front(complete: Sequence[Any], record: Any) -> tuple[list[Any], int]:
-    """The Pareto front of `complete` over the study's objectives (its loss objective as Optuna
-    was told it), in front order, and its knee."""
+def _front(complete: Sequence[Any], record: Any, ranked: Mapping[int, float | None]) -> tuple[list[Any], int]:
+    """The Pareto front of `complete` over the study's objectives (its loss objective as `pareto`
+    ranks it: `ranked` for the promoted contenders), in front order, and its knee."""
     unknown = [o for o in record.objectives if o not in OBJECTIVE_COLUMNS]
     if unknown or not record.objectives:
         raise ArchsearchError(f"study {record.name!r} has objectives {record.objectives!r}: no front to rank")
     columns = [OBJECTIVE_COLUMNS[o] for o in record.objectives]
     values = np.array(
-        [[_objective(t, c, record.loss_rule) for c in columns] for t in complete], dtype=float
+        [[_objective(t, c, record.loss_rule, ranked) for c in columns] for t in complete], dtype=float
     ).reshape(len(complete), len(columns))
     result = pareto_front([t.number for t in complete], values, record.objectives)
     if result is None:

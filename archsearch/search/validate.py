@@ -57,6 +57,7 @@ from archsearch.search.fidelity import (
     spearman,
 )
 from archsearch.search.pareto import hypervolume, pareto_mask, reference_point, scaled, study_front
+from archsearch.search.promotion import ranking_line
 from archsearch.trial import COMPLETE
 from archsearch.units import SEED_MAX, ray_resources_problem, short_number
 
@@ -569,7 +570,16 @@ def _report(storage: Storage, options: ValidateOptions, chosen: list[TrialRecord
     if beta is None and not own.plain:
         beta = 0.0  # the study's objective extrapolates and credits no size: so does its predictor
     objective = "proxy" if own.plain else "adjusted"
-    return fidelity_report(rows, options.multiplier, options.seeds, beta, objective, own.extrapolate)
+    report = fidelity_report(rows, options.multiplier, options.seeds, beta, objective, own.extrapolate)
+    # The set is chosen from the front as the study ranks it: a study with promotions ranks its
+    # contenders at a longer budget than the proxy losses compared here, and the report says so.
+    ranking = storage.promotion_ranking(options.study)
+    if ranking is not None:
+        report["promotion"] = {
+            "contenders": list(ranking.contenders), "ranked_at": ranking.budget,
+            "proxy_tokens": ranking.proxy_tokens, "said": ranking_line(ranking),
+        }  # fmt: skip
+    return report
 
 
 def adjusted_label(report: dict[str, Any]) -> str:

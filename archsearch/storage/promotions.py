@@ -13,7 +13,7 @@ from sqlalchemy import select, update
 from archsearch.storage import schema
 from archsearch.storage.core import StorageCore
 from archsearch.storage.errors import StorageError
-from archsearch.storage.records import PromotionRecord
+from archsearch.storage.records import PromotionRanking, PromotionRecord
 from archsearch.storage.rows import DamagedValue, checked, json_of
 from archsearch.trial import COMPLETE, FAILED, RUNNING, check_state
 
@@ -156,12 +156,33 @@ class PromotionStore(StorageCore):
                 loss is not None and math.isfinite(loss) and (rule.size_beta is None or (params or 0) > 0)
             )
             out[number] = (rule.value(loss, change, params) if usable else None, tokens)
-        promotions = self.promotions(study, COMPLETE)
-        budget = ranked_at(self.promotions(study), promotions)
-        for p in promotions:
-            if p.budget_tokens == budget and p.trial_number in out:
-                out[p.trial_number] = (p.objective, budget)
+        ranking = self.promotion_ranking(study)
+        for number, p in (ranking.ranked if ranking else {}).items():
+            if number in out:
+                out[number] = (p.objective, p.budget_tokens)
         return out
+
+    def promotion_ranking(self, study: str) -> PromotionRanking | None:
+        """Where `study`'s front ranks its promoted contenders (`PromotionRanking`): the one answer
+        that the front, `export`, `report`, `validate` and `trials` share. None when the study has
+        no promotion (every trial is ranked at its first pass).
+
+        Raises:
+            UnknownNameError: no study of that name.
+        """
+        record = self.require_study(study)  # type: ignore[attr-defined]
+        every = self.promotions(study)
+        if not every:
+            return None
+        complete = [p for p in every if p.status == COMPLETE]
+        budget = ranked_at(every, complete)
+        tokens = (record.spec.get("proxy") or {}).get("tokens")
+        return PromotionRanking(
+            contenders=tuple(sorted({p.trial_number for p in every})),
+            budget=budget,
+            proxy_tokens=int(tokens) if isinstance(tokens, int | float) else None,
+            ranked={p.trial_number: p for p in complete if p.budget_tokens == budget},
+        )
 
 
 def ranked_at(every: Sequence[PromotionRecord], complete: Sequence[PromotionRecord]) -> int | None:

@@ -195,3 +195,16 @@ class PromotionRecord:
     claimed_at: float
     lease_expires_at: float | None
     finished_at: float | None
+
+
+@dataclass(frozen=True)
+class PromotionRanking:
+    """Where a study with promotions ranks its trials (`Storage.promotion_ranking`): its contenders
+    at `budget`, the largest budget every one of them completed, each by its promotion there
+    (`ranked`); every other trial, and every contender when `budget` is None, by its first pass at
+    the proxy's tokens."""
+
+    contenders: tuple[int, ...]  # the promoted trial numbers
+    budget: int | None  # tokens; None: no longer budget was completed by every contender
+    proxy_tokens: int | None  # the proxy's budget as the study's spec states it; None: not in tokens
+    ranked: dict[int, PromotionRecord]  # contender number -> its complete promotion at `budget`

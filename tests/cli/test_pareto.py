@@ -11,17 +11,23 @@ import pytest
 from typer.testing import CliRunner
 
 from archsearch.cli import app
+from archsearch.search.pareto import pareto_front
 from archsearch.space.knobs import config_from_knobs
 from archsearch.storage import Storage
 from archsearch.trial import TrialOutcome
+from tests.helpers import store_promotions
 
 SHAPES = [  # (d_model, n_layers, loss): losses fall with size, one shape is dominated
     (64, 1, 2.6), (128, 2, 2.4), (192, 3, 2.45), (256, 4, 2.2), (256, 8, 2.25),
 ]  # fmt: skip
 
 
-def _study(db: Storage, name: str, shift: float = 0.0, size_beta: float | None = None) -> None:
+def _study(
+    db: Storage, name: str, shift: float = 0.0, size_beta: float | None = None, tokens: int | None = None
+) -> None:
     spec = {} if size_beta is None else {"size_beta": size_beta}  # [objectives].size_beta
+    if tokens is not None:
+        spec["proxy"] = {"tokens": tokens}  # [proxy].tokens, which promotion multiplies
     db.create_study(name, spec_fingerprint="f", spec_source="", spec=spec, objectives=("loss", "flops"))
     for number, (d_model, layers, loss) in enumerate(SHAPES):
         cfg = config_from_knobs(d_model=d_model, n_layers=layers, head_dim=32, vocab_size=256, seq_len=64)
@@ -120,6 +126,82 @@ def test_export_selectors_rank_the_study_s_loss_objective(url):
         [best] = select(db, "c", Choice("json", best_under_flops="1e12")).members
         [plain] = select(db, "a", Choice("json", best_under_flops="1e12")).members
         assert (best.number, plain.number) == (4, 3)
+
+
+# Trials 1, 3 and 4 promoted to 2x the proxy's 2,048 tokens, where the deeper 4 overtakes 3: the
+# first pass's front is 3, 1, 0; the promoted one 4, 3, 1, 0 (2, not promoted, stays behind 1).
+PROMOTED = {1: 2.35, 3: 2.15, 4: 2.0}
+LINE = (
+    "ranked at 4,096 tokens (2x the proxy) for the 3 promoted contenders (trials 1, 3, 4); the other "
+    "trials by their first-pass value at the proxy's 2,048 tokens"
+)
+
+
+@pytest.fixture
+def promoted_url(url):
+    with Storage.open(url) as db:
+        _study(db, "p", tokens=2048)
+        store_promotions(db, "p", 4096, PROMOTED)
+    return url
+
+
+def test_the_front_ranks_promoted_contenders_at_their_largest_common_budget(promoted_url):
+    url = promoted_url
+    [front] = json.loads(_run("--study", "p", "--storage", url, "--json").stdout)
+    rows = {r["number"]: r for r in front["front"]}
+    assert list(rows) == [4, 3, 1, 0]
+    assert {n: r["loss"] for n, r in rows.items()} == {**PROMOTED, 0: SHAPES[0][2]}
+    assert {n: r["budget_tokens"] for n, r in rows.items()} == {4: 4096, 3: 4096, 1: 4096, 0: 2048}
+    assert front["ranking"] == {"contenders": [1, 3, 4], "ranked_at": 4096, "proxy_tokens": 2048}
+    expected = pareto_front(
+        list(range(5)),
+        [[PROMOTED.get(n, SHAPES[n][2]), r["flops_forward_per_token"]] for n, r in enumerate(_all_rows(url))],
+        ("loss", "flops"),
+    )
+    assert front["knee"] == expected.knee
+    table = " ".join(_run("--study", "p", "--storage", url).stdout.split())  # rich wraps the line
+    assert LINE in table and "ranked at" in table
+    # --loss proxy ranks the measured loss: still each contender's at the budget it reached.
+    [proxy] = json.loads(_run("--study", "p", "--storage", url, "--loss", "proxy", "--json").stdout)
+    assert [r["number"] for r in proxy["front"]] == [4, 3, 1, 0]
+
+
+def _all_rows(url: str) -> list[dict]:
+    listed = CliRunner().invoke(app, ["trials", "--study", "p", "--storage", url, "--format", "json"])
+    return sorted(
+        (r for r in json.loads(listed.stdout) if r["status"] == "complete"), key=lambda r: r["number"]
+    )
+
+
+def test_export_picks_by_the_promoted_order_and_says_at_which_budget(promoted_url, tmp_path):
+    url = promoted_url
+    [front] = json.loads(_run("--study", "p", "--storage", url, "--json").stdout)
+    limit = str(_all_rows(url)[4]["flops_forward_per_token"])
+    for args, expected in [(["--knee"], front["knee"]), (["--best-under-flops", limit], 4)]:
+        out = tmp_path / "-".join(args)
+        result = CliRunner().invoke(
+            app, ["export", "--study", "p", *args, "--format", "json", "-o", str(out), "--storage", url]
+        )
+        assert result.exit_code == 0, result.output
+        assert f"trial {expected} as" in result.stdout and f"note: {LINE}" in result.stderr
+    # The same study without its promotions picks shape 3, the first pass's best: the flip is real.
+    result = CliRunner().invoke(
+        app, ["export", "--study", "a", "--best-under-flops", limit, "--format", "json", "-o",
+              str(tmp_path / "a"), "--storage", url],
+    )  # fmt: skip
+    assert "trial 3 as" in result.stdout and "ranked at" not in result.output
+
+
+def test_a_study_without_promotions_prints_what_it_printed_before(promoted_url):
+    url = promoted_url
+    table = _run("--study", "a", "--storage", url).stdout
+    [front] = json.loads(_run("--study", "a", "--storage", url, "--json").stdout)
+    assert "ranked at" not in table and "ranking" not in front
+    assert set(front["front"][0]) == {
+        "number", "knee", "loss", "flops", "params_total", "tokens_per_second", "throughput_device",
+        "throughput_modelled", "config",
+    }  # fmt: skip
+    assert [r["loss"] for r in front["front"]] == [SHAPES[n][2] for n in (3, 1, 0)]
 
 
 def test_studies_overlaid_share_one_beta(url, tmp_path):

@@ -25,6 +25,7 @@ from archsearch.search.selection import Choice, select
 from archsearch.space.export import EXPORT_FORMATS
 from archsearch.storage import Storage
 from archsearch.trial import TrialOutcome
+from tests.helpers import store_promotions
 from tests.results.studies import FRONT, KNEE, SHAPES, ladder_study, small_study
 
 
@@ -65,6 +66,24 @@ def test_the_knee_section_says_when_the_plot_ranks_another_loss(url):
     other = next(r for r in s.front.records if r.number != s.front.front.knee)
     page = render(dataclasses.replace(report, sections=(dataclasses.replace(s, knee=other),)))
     assert f"The plot's knee, trial {s.front.front.knee}, is that of the loss the fronts rank" in page
+
+
+def test_a_study_with_promotions_is_ranked_and_said_to_be_ranked_at_their_budget(url):
+    with Storage.open(url) as db:
+        small_study(db, "p")  # b's trials; 4 overtakes 3 and 1 at twice the proxy's 2,048 tokens
+        store_promotions(db, "p", 4096, {1: 2.35, 3: 2.15, 4: 2.0})
+    report = _report(url, "p")
+    [s] = report.sections
+    assert s.front.front.numbers == (4, 3, 1, 0) and s.front.ranking.budget == 4096
+    with Storage.open(url, create=False) as db:
+        assert s.knee.number == select(db, "p", Choice("json", knee=True)).knee  # as export --knee
+    page = render(report)
+    line = (
+        "ranked at 4,096 tokens (2x the proxy) for the 3 promoted contenders (trials 1, 3, 4); the other "
+        "trials by their first-pass value at the proxy&#x27;s 2,048 tokens"
+    )
+    assert f'<p class="ranked-at">{line}</p>' in page
+    assert 'class="ranked-at"' not in render(_report(url, "b"))  # a study without promotions: as before
 
 
 def test_the_table_is_cut_to_max_rows_but_keeps_the_front(url):

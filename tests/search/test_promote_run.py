@@ -8,6 +8,7 @@ import os
 import signal
 import time
 
+import optuna
 import pytest
 
 from archsearch.evaluators.trainer import train
@@ -96,7 +97,7 @@ def test_a_signal_mid_promotion_loses_nothing_and_a_resume_repeats_nothing(db, m
     assert kept == done[0]  # stored once: not trained again
 
 
-def test_the_cli_says_what_was_promoted_and_trials_gives_the_ranked_objectives(tmp_path):
+def test_the_cli_says_what_was_promoted_and_what_it_cost_and_trials_gives_the_ranked_objectives(tmp_path):
     import json
 
     from typer.testing import CliRunner
@@ -112,10 +113,30 @@ def test_the_cli_says_what_was_promoted_and_trials_gives_the_ranked_objectives(t
     )
     assert result.exit_code == 0, result.output
     assert "promoted trials " in result.stderr and " to 4,096 tokens (" in result.stderr
-    listed = CliRunner().invoke(app, ["trials", "--study", "s", "--storage", url, "--format", "json"])
-    records = {r["number"]: r for r in json.loads(listed.stdout) if r["status"] == "complete"}
     with Storage.open(url, read_only=True) as db:
         promoted = {p.trial_number: p for p in db.promotions("s")}
+        first_pass = [r for r in db.trials("s") if r.status in ("complete", "pruned")]
+        optuna_study = optuna.load_study(study_name="s", storage=db.optuna_storage())
+        # Optuna's values stay the first pass; each rung is recorded on its study.
+        assert {t.number: t.values[0] for t in optuna_study.trials if t.values} == {
+            r.number: r["loss"] for r in first_pass
+        }
+        assert optuna_study.user_attrs == {
+            "promoted_loss_4096": {str(n): p.objective for n, p in sorted(promoted.items())}
+        }
+    # 3 trials of 2,048 tokens; each contender resumed from its kept state, so 2,048 more each.
+    n = len(promoted)
+    assert (
+        f"tokens trained: 6,144 first pass + {n * 2048:,} promotion = {6144 + n * 2048:,}; without promotion "
+        f"6,144 ({(6144 + n * 2048) / 6144:.2f}x that), every trial at 10x 61,440 "
+        f"({100 * (6144 + n * 2048) / 61440:.0f}% of that)"
+    ) in " ".join(result.stderr.split())
+    assert "ranked at 4,096 tokens (2x the proxy) for the" in " ".join(result.stdout.split())
+    # The live line (piped: one per finished trial or promotion) counts the promotions with an ETA.
+    live = [line for line in result.stderr.splitlines() if "; promotions " in line]
+    assert live and live[-1].endswith("ETA 0:00:00") and f"promotions {n}/{n} done, 0 running" in live[-1]
+    listed = CliRunner().invoke(app, ["trials", "--study", "s", "--storage", url, "--format", "json"])
+    records = {r["number"]: r for r in json.loads(listed.stdout) if r["status"] == "complete"}
     assert promoted and set(promoted) <= set(records)
     for number, record in records.items():
         if number in promoted:  # every contender reached 4,096 tokens: ranked there

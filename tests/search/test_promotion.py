@@ -1,4 +1,5 @@
-"""Promotion's pure parts: the contenders, the rungs and PASHA's stopping rule."""
+"""Promotion's pure parts: the contenders, the rungs, PASHA's stopping rule and the line that says
+where a front ranked them."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from archsearch.search.promotion import (
     PromoteSettings,
     contenders,
     order_holds,
+    promotion_tokens,
+    ranking_line,
 )
+from archsearch.storage import PromotionRanking
 
 OBJECTIVES = ("loss", "flops")
 
@@ -77,3 +81,26 @@ def test_auto_margin_is_the_documented_seed_noise():
 def test_bad_settings_are_refused(settings, match):
     with pytest.raises(PromoteError, match=match):
         PromoteSettings(**settings)
+
+
+def test_the_ranking_line_says_the_budget_and_how_the_rest_are_placed():
+    ranked = PromotionRanking(contenders=(2, 5), budget=8192, proxy_tokens=2048, ranked={})
+    assert ranking_line(ranked) == (
+        "ranked at 8,192 tokens (4x the proxy) for the 2 promoted contenders (trials 2, 5); the other "
+        "trials by their first-pass value at the proxy's 2,048 tokens"
+    )
+    unfinished = PromotionRanking(contenders=(7,), budget=None, proxy_tokens=2048, ranked={})
+    assert ranking_line(unfinished) == (
+        "ranked at the proxy's 2,048 tokens for every trial: no budget past the proxy's was completed by "
+        "all of the 1 promoted contender (trial 7)"
+    )
+    unknown = PromotionRanking(contenders=(1, 2), budget=4000, proxy_tokens=None, ranked={})
+    assert ranking_line(unknown).startswith("ranked at 4,000 tokens for the 2 promoted contenders")
+
+
+def test_promotion_tokens_count_what_each_run_trained():
+    budgets = {1: [4096, 8192], 2: [4096]}  # trial 1 to 4x, trial 2 to 2x, of a 2,048-token proxy
+    # Resumed: each rung trains only past the last one; afresh: every rung from step 0.
+    assert promotion_tokens(2048, budgets, {1: True, 2: True}) == 2048 + 4096 + 2048
+    assert promotion_tokens(2048, budgets, {1: False, 2: False}) == 4096 + 8192 + 4096
+    assert promotion_tokens(2048, {}, {}) == 0

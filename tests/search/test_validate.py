@@ -29,6 +29,7 @@ from archsearch.search.validate import (
 from archsearch.space.knobs import config_from_knobs
 from archsearch.storage import Storage
 from archsearch.trial import TrialOutcome
+from tests.helpers import store_promotions
 from tests.specs import tiny_spec
 
 # (d_model, n_layers, proxy loss): the study's front in (loss, FLOPs) is trials 0, 1 and 3.
@@ -438,6 +439,23 @@ def test_a_failed_long_run_is_reported_not_stored_and_retried_by_a_rerun(url, ra
         assert summary.report["noise_floor"] == pytest.approx(math.sqrt(0.00005))  # seeds 0.01 apart
         again = run_validate(db, options, run_fn=_fake_run)
         assert (again.trained, again.skipped, len(again.failed)) == (0, 6, 2)
+
+
+def test_a_study_with_promotions_is_validated_on_the_front_it_ranks_and_says_so(url, ray_session, capsys):
+    with Storage.open(url) as db:
+        # At twice the proxy's 2,048 tokens the deep shape 4 overtakes 3: the front is 0, 1, 3, 4.
+        store_promotions(db, "tiny", 4096, {1: 2.78, 3: 2.65, 4: 2.6})
+        assert [r.number for r in calibration_set(db, "tiny", 4)] == [0, 1, 3, 4]
+        summary = run_validate(db, ValidateOptions("tiny", trials=4, multiplier=2), run_fn=_fake_run)
+    promotion = summary.report["promotion"]
+    assert (promotion["contenders"], promotion["ranked_at"], promotion["proxy_tokens"]) == (
+        [1, 3, 4],
+        4096,
+        2048,
+    )
+    _print_validation("tiny", summary.report)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "chosen from the study's front, ranked at 4,096 tokens (2x the proxy) for the 3 promoted" in out
 
 
 def test_a_shape_trained_twice_enters_the_calibration_set_once(tmp_path):

@@ -129,8 +129,12 @@ def test_trials_are_ranked_at_the_largest_budget_every_contender_completed(stora
     # Trial 1 never completed 4000 tokens: both contenders are ranked at 2000; trial 2 at its proxy's.
     assert storage.ranked_objectives("s") == {0: (1.7, 2000), 1: (1.6, 2000), 2: (2.0, 1000)}
     assert third  # not promoted
+    ranking = storage.promotion_ranking("s")  # what the front, export and report rank by
+    assert (ranking.contenders, ranking.budget, ranking.proxy_tokens) == ((0, 1), 2000, None)
+    assert {n: p.objective for n, p in ranking.ranked.items()} == {0: 1.7, 1: 1.6}
 
 
 def test_a_study_without_promotions_is_ranked_at_its_proxy(storage):
     _trial(storage, 0)
     assert storage.ranked_objectives("s") == {0: (2.0, 1000)}
+    assert storage.promotion_ranking("s") is None
