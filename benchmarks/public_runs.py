@@ -1,13 +1,16 @@
 """Evidence at the users' scale: archsearch's ranking, pruning and ladder law on public GPU runs.
 
 Every other fidelity figure of archsearch was measured on CPU proxies of 0.1-2M parameters. These
-runs are the users' regime, 48M-3B parameters on real tokens, recorded by others and committed here
+runs are the users' regime, 5M-3B parameters on real tokens, recorded by others and committed here
 as compact CSVs (`benchmarks/data/public_runs/`, each source, commit and license in its README):
 - Gemstones (McLeish et al. 2025): 22 shapes of 48M-2B (widths 256-3072 x depths 3-80) on Dolma at a
   constant learning rate to 350B tokens, the validation loss every 2B tokens.
 - The OLMo-2 ladder (OLMo Team 2024; Bhagia et al. 2024): 190M, 370M, 760M, 1.28B and 3.17B
   parameters at 0.5x-10x Chinchilla (10-200 tokens per parameter), each a cosine run to its end;
   the C4-en (Paloma) validation loss at each run's end.
+- The iso-FLOP runs of Porian et al. 2024: 5M-902M parameters on RefinedWeb and OpenWebText2 at 12
+  compute budgets of 1.25e16-2.56e19 FLOPs (tokens = FLOPs / 6N), each run's loss at its budget,
+  under the paper's five settings of warmup, learning-rate decay and tuning.
 
 It prints, calling the product's own functions:
 1. Ranking from a short run (Gemstones): each shape's loss objective as the examples ship it
@@ -36,8 +39,12 @@ It prints, calling the product's own functions:
    iso-size pairs, and the paired difference against the shipped constants, with the rule that
    would replace them (stated in `SWEEP_BETAS`' comment before the sweep was run).
    `benchmarks/calibration.py --report --sweep` scores the same grid on the tiny CPU set.
+6. The joint law on Porian et al.'s iso-FLOP runs: fitted on every run of the budgets up to 1.6e18
+   FLOPs, predicting every run of the budgets 2x-16x larger, and the best run at each (for the
+   runs whose cosine ends at their budget, also from 4e17 to 64x); median and worst |error| and
+   interval coverage, per dataset and setting.
 
-    python benchmarks/public_runs.py           # about a minute on 2 CPU cores
+    python benchmarks/public_runs.py           # about 30 s on 2 CPU cores
     python benchmarks/public_runs.py --sweep   # about 30 s of CPU
     python benchmarks/public_runs.py --smoke   # seconds: one budget, few orders and resamples, a 2x2 sweep
 """
@@ -409,6 +416,11 @@ def pruning(shapes: list[Shape], intervals: int, orders: int) -> None:
 # 3 and 4. Ladder laws -------------------------------------------------------------------------
 
 
+def times(ratio: float) -> str:
+    """A ratio as "1.7x"; two significant digits under 0.1, which one decimal would print as 0.0x."""
+    return f"{ratio:.1f}x" if ratio >= 0.1 else f"{ratio:.2g}x"
+
+
 def score(label: str, fit, targets: list[tuple[object, float, float | None, float]]) -> None:
     """Print the fit's predictions at `targets` (design, n, tokens, measured): median and worst
     |error| and the measured losses inside the 95% intervals."""
@@ -421,12 +433,11 @@ def score(label: str, fit, targets: list[tuple[object, float, float | None, floa
     if fit.joint:
         ratio = [p.ratio_distance for p in preds]
         law = f"L(N, D), beta {fit.beta:.3f}"
-        where = f", {min(ratio):.1f}x-{max(ratio):.1f}x the largest tokens per parameter"
+        where = f", {times(min(ratio))}-{times(max(ratio))} the largest tokens per parameter"
     print(f"    {label}: {law}, E {fit.e:.3f}, alpha {fit.alpha:.3f}")
     print(
-        f"      {len(preds)} predictions at {min(dist):.1f}x-{max(dist):.1f}x the largest rung's size{where}:"
-        " "
-        f"median |error| {np.median(err):.2%}, worst {np.max(err):.2%}, inside the 95% interval "
+        f"      {len(preds)} predictions at {times(min(dist))}-{times(max(dist))} the largest rung's "
+        f"size{where}: median |error| {np.median(err):.2%}, worst {np.max(err):.2%}, inside the 95% interval "
         f"{inside}/{len(preds)}"
     )
 
@@ -503,6 +514,74 @@ def gemstone_laws(shapes: list[Shape], resamples: int, smoke: bool) -> None:
               [("g", size[s.name], float(s.tokens[-1]), float(s.loss[-1])) for s in large])  # fmt: skip
 
 
+# 6. Porian et al.'s iso-FLOP runs -------------------------------------------------------------
+
+# The paper's settings as its summary files key them (decay, hparams, warmup, param_count, loss_of).
+# Only the "chinchilla" decay ends each run's cosine at its budget, as Chinchilla's iso-FLOP runs
+# (and a ladder's rungs) do; the others read a run's loss where its FLOPs pass a budget, mid-schedule.
+PORIAN_SETTINGS = {
+    ("kaplan", "base", "long", "kaplan", "train"): "Kaplan's setup: long warmup, one long cosine read "
+    "mid-run; non-embedding parameters, smoothed train loss",
+    ("kaplan", "base", "long", "standard", "val"): "long warmup, one long cosine read mid-run",
+    ("kaplan", "base", "short", "standard", "val"): "short warmup, one long cosine read mid-run",
+    ("chinchilla", "base", "short", "standard", "val"): "short warmup, a cosine ending at each budget",
+    ("const", "tuned", "short", "standard", "val"): "tuned AdamW, constant rate read mid-run",
+}
+PORIAN_CHINCHILLA = ("chinchilla", "base", "short", "standard", "val")
+PORIAN_DATASETS = {"rw": "RefinedWeb", "owt2": "OpenWebText2"}
+# Fit on the budgets up to 1.6e18 FLOPs (8 of 12), predict 3.2e18-2.56e19 (2x-16x the compute);
+# for the cosine runs also from 4e17 (6 budgets), 2x-64x.
+PORIAN_CUTS = (1.6e18, 4e17)
+
+Run = tuple[float, float, float, float]  # (FLOPs, parameters, tokens, loss) of one iso-FLOP run
+
+
+def load_porian() -> dict[tuple[str, tuple[str, ...]], list[Run]]:
+    """(dataset, setting) -> its iso-FLOP runs, every budget's."""
+    runs: dict[tuple[str, tuple[str, ...]], list[Run]] = defaultdict(list)
+    with open(DATA / "porian_isoflop.csv") as f:
+        for r in csv.DictReader(f):
+            key = tuple(r[k] for k in ("decay", "hparams", "warmup", "param_count", "loss_of"))
+            run = (float(r["flops"]), float(r["params"]), float(r["tokens"]), float(r["loss"]))
+            runs[r["dataset"], key].append(run)
+    return dict(runs)
+
+
+def porian_laws(resamples: int, smoke: bool) -> None:
+    runs = load_porian()
+    everything = [r for rs in runs.values() for r in rs]
+    budgets = sorted({r[0] for r in everything})
+    print(
+        f"6. Porian et al. 2024, iso-FLOP runs on {' and '.join(PORIAN_DATASETS.values())}: "
+        f"{min(r[1] for r in everything) / 1e6:.1f}M-{max(r[1] for r in everything) / 1e6:.0f}M "
+        f"parameters, {len(budgets)} budgets of {budgets[0]:.3g}-{budgets[-1]:.3g} FLOPs; the joint law "
+        "fitted on the smaller budgets' runs predicting every run of the larger, and the best run at each:"
+    )
+    for (dataset, setting), mine in runs.items():
+        if setting not in PORIAN_SETTINGS or (smoke and (dataset, setting) != ("rw", PORIAN_CHINCHILLA)):
+            continue
+        print(f"  {PORIAN_DATASETS[dataset]}, {PORIAN_SETTINGS[setting]}:")
+        for cut in PORIAN_CUTS if setting == PORIAN_CHINCHILLA else PORIAN_CUTS[:1]:
+            fitted = [r for r in mine if r[0] <= cut]
+            held = [r for r in mine if r[0] > cut]
+            fit = fit_ladders([RungPoint("p", n, loss, t) for _, n, t, loss in fitted], resamples=resamples)
+            later = sorted({r[0] for r in held})
+            label = (
+                f"{len(fitted)} runs at {min(r[0] for r in fitted):.3g}-{cut:.3g} -> {len(held)} at "
+                f"{later[0]:.3g}-{later[-1]:.3g} (up to {later[-1] / cut:.0f}x the compute)"
+            )
+            score(label, fit, [("p", n, t, loss) for _, n, t, loss in held])
+            # The lowest loss at each later budget: the compute-optimal run a user would train there.
+            best = [min((r for r in held if r[0] == c), key=lambda r: r[3]) for c in later]
+            preds = [fit.predict("p", n, t) for _, n, t, _ in best]
+            err = relative_errors([p.loss for p in preds], [r[3] for r in best])
+            inside = sum(p.low <= r[3] <= p.high for p, r in zip(preds, best, strict=True))
+            print(
+                f"      the best run at each of the {len(best)} budgets: median |error| "
+                f"{np.median(err):.2%}, worst {np.max(err):.2%}, inside the 95% interval {inside}/{len(best)}"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="one budget, 10 orders, 5 resamples")
@@ -523,6 +602,7 @@ def main() -> None:
     pruning(shapes, 4, 10 if args.smoke else 1000)
     olmo_laws(olmo, resamples, args.smoke)
     gemstone_laws(shapes, resamples, args.smoke)
+    porian_laws(resamples, args.smoke)
     if args.smoke:
         sweep(shapes, SWEEP_BUDGETS[2:3], (0.0, 0.15), (0.0, 2.0))
     print(f"{time.perf_counter() - start:.1f} s, {time.process_time() - cpu:.1f} s of CPU")

@@ -119,6 +119,11 @@ SMOKES = {
         "proxy compute saved: mean",
         "190M-760M at 0.5x-10x -> 1.28B, 3.17B at each: L(N, D)",
         "all parameters, at 350B tokens: L(N)",
+        # Porian et al.'s iso-FLOP runs: the joint law from the smaller budgets to the larger.
+        "6. Porian et al. 2024, iso-FLOP runs on RefinedWeb and OpenWebText2",
+        "RefinedWeb, short warmup, a cosine ending at each budget:",
+        "(up to 16x the compute): L(N, D)",
+        "the best run at each of the 4 budgets: median |error|",
         "5. the loss objective's constants: size_beta [0.0, 0.15] x extrapolate [0.0, 2.0]",
         "by the rule: ",
     ],
