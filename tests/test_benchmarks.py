@@ -144,6 +144,27 @@ def test_every_benchmark_runs_in_smoke_mode(name):
         assert line in done.stdout, done.stdout[-3000:]
 
 
+def test_promotion_replay_smoke_costs_between_no_promotion_and_all_at_the_cap():
+    done = _smoke("promotion_replay.py", timeout=120)
+    out = done.stdout
+    assert out.startswith("promotion replayed on 22 Gemstones shapes"), out
+    # plan -> (tokens in billions, x over no promotion, Spearman, its interval, iso right, counted)
+    row = re.compile(
+        r"^    (?P<plan>\(a\).*|\(b\).*|\(c\).*|promoted.*?)\s+(?P<tokens>[\d,]+)B\s+(?P<x>[\d.]+)x\s+"
+        r"(?P<rho>[\d.]+) \[(?P<low>[\d.]+), (?P<high>[\d.]+)\]\s+(?P<iso>\d+)/37\s+\d+/\d+\s+[\d.]+$",
+        re.M,
+    )
+    rows = {m["plan"].split(",")[0].split()[0]: m for m in row.finditer(out)}
+    assert set(rows) == {"(a)", "(b)", "(c)", "promoted"}, out
+    tokens = {k: float(m["tokens"].replace(",", "")) for k, m in rows.items()}
+    assert tokens["(a)"] == 176  # 22 shapes x 8B, the smoke's first pass
+    assert tokens["(a)"] < tokens["promoted"] <= tokens["(b)"] == 8 * tokens["(a)"], out
+    assert float(rows["(a)"]["x"]) == 1.0 and float(rows["(b)"]["x"]) == 8.0, out
+    for m in rows.values():
+        assert float(m["low"]) <= float(m["rho"]) <= float(m["high"]) <= 1, out
+    assert re.search(r"\n      \d+ contenders \(shapes [\d, ]+\); rungs [\d,]+B, (held|capped)", out), out
+
+
 def test_trainer_throughput_smoke_trains_in_the_precision_auto_resolves_to(cpu_bf16):
     # "auto" is fp32 on a CPU without native bf16 and bf16 with it: the benchmark names the one it
     # trained and took the GEMM peak in, on any host, under either setting of the switch.
@@ -159,6 +180,7 @@ def test_every_benchmark_has_a_smoke_test():
     tested |= {"search_quality", "trainer_throughput", "calibration", "gpu_campaign", "ladder_accuracy"}
     tested |= {"gpu_campaign_serve"}  # gpu_campaign's part 3, run by its smoke test
     tested |= {"gpu_campaign_fidelity", "gpu_campaign_plan", "gpu_corpus"}  # part 5, its --dry-run, corpus
+    tested |= {"promotion_replay"}
     assert scripts == tested
 
 
