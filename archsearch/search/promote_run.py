@@ -36,7 +36,7 @@ from archsearch.search.validate import long_run
 from archsearch.search.worker import STALLED, kept_state_path, stall_retry
 from archsearch.space.costs import param_counts
 from archsearch.space.objectives import curve_change
-from archsearch.trial import COMPLETE, FAILED, PRUNED, RUNNING
+from archsearch.trial import COMPLETE, FAILED, INTERRUPTED, PRUNED, RUNNING
 from archsearch.units import whole
 
 if TYPE_CHECKING:
@@ -48,7 +48,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WAIT_S = 0.5  # how often a driver looks again at promotions another driver is training
-HELD, CAPPED, INTERRUPTED = "held", "cap", "interrupted"  # how promotion ended
+# How promotion ended: its order held, it reached the cap, or a signal stopped it (INTERRUPTED,
+# the trial state of the same name).
+HELD, CAPPED = "held", "cap"
 OPTUNA_ATTR = "promoted_loss_{tokens}"  # the Optuna study's user attribute of one rung
 
 
