@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from archsearch.search import fidelity_stats as fs
-from archsearch.search.promotion import AUTO, RULES, PromoteSettings, contenders, promotion_tokens
+from archsearch.search.promotion import AUTO, HELD, PromoteSettings, climb, contenders, promotion_tokens
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from public_runs import NOISE, SHIPPED, iso_pairs, load_gemstones, objective_values
@@ -106,22 +106,21 @@ class Gemstones:
         numbers = list(range(len(self.shapes)))
         values = self.objective(first)
         chosen = contenders(numbers, np.column_stack([values, self.flops]), OBJECTIVES, settings.margin_nats)
-        previous = {n: float(values[n]) for n in chosen}
-        budgets, ranked_at, held = [], first, False
-        for multiple in settings.multiples:
+
+        def budget_of(multiple: float) -> int:
             budget = round(first * multiple)
             if budget > self.intervals:
                 raise SystemExit(f"a {multiple:g}x rung of {first} intervals is past the 350B curves")
-            current = {n: float(self.objective(budget)[n]) for n in chosen}
-            budgets.append(budget)
-            ranked_at = budget
-            if RULES[settings.rule](previous, current, settings.margin_nats):
-                held = True
-                break
-            previous = current
+            return budget
+
+        def read(budget: int) -> dict[int, float]:
+            return {n: float(self.objective(budget)[n]) for n in chosen}
+
+        done = climb(settings, {n: float(values[n]) for n in chosen}, budget_of, read)
+        ranked_at = first if done.ranked_at is None else done.ranked_at
         ranked = values.copy()
         ranked[list(chosen)] = self.objective(ranked_at)[list(chosen)]
-        return Replay(tuple(chosen), tuple(budgets), ranked_at, held, ranked)
+        return Replay(tuple(chosen), done.budgets, ranked_at, done.stopped == HELD, ranked)
 
     def promoted_tokens(self, first: int, replay: Replay, resumed: bool) -> int:
         """First pass plus promotion (`promotion.promotion_tokens`)."""

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from archsearch.search.pareto import study_front
 from archsearch.search.pool import RayPool, Stop
-from archsearch.search.promotion import RULES, TENFOLD, contenders, promotion_tokens
+from archsearch.search.promotion import TENFOLD, climb, contenders, promotion_tokens
 from archsearch.search.validate import long_run
 from archsearch.search.worker import STALLED, kept_state_path, stall_retry
 from archsearch.space.costs import param_counts
@@ -48,9 +48,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WAIT_S = 0.5  # how often a driver looks again at promotions another driver is training
-# How promotion ended: its order held, it reached the cap, or a signal stopped it (INTERRUPTED,
-# the trial state of the same name).
-HELD, CAPPED = "held", "cap"
 OPTUNA_ATTR = "promoted_loss_{tokens}"  # the Optuna study's user attribute of one rung
 
 
@@ -62,7 +59,7 @@ class PromotionSummary:
     contenders: tuple[int, ...]
     budgets: tuple[int, ...]
     ranked_at: int
-    stopped: str  # HELD, CAPPED or INTERRUPTED
+    stopped: str  # promotion.HELD, promotion.CAPPED or INTERRUPTED
     # What it cost, in tokens trained: the first pass (the search without promotion), promotion
     # (`promotion.promotion_tokens`), and every trial of the first pass trained at `TENFOLD` x.
     first_pass_tokens: int = 0
@@ -161,25 +158,21 @@ class _Promoter:
         self.records = {r.number: r for r in self.storage.trials_by_number(self.study, chosen)}
         self._forget(r for r in self.storage.trials(self.study, COMPLETE) if r.number not in self.records)
         log.info("promoting %d contenders: trials %s", len(chosen), ", ".join(map(str, chosen)))
-        previous = {n: float(front.trial_values[numbers.index(n), 0]) for n in chosen}
-        ranked_at, budgets, stopped = self.spec.proxy.tokens, [], CAPPED
-        for multiple in settings.multiples:
-            budget = whole(self.spec.proxy.tokens * multiple)
+        first = {n: float(front.trial_values[numbers.index(n), 0]) for n in chosen}
+        proxy = self.spec.proxy.tokens
+
+        def train(budget: int) -> dict[int, float] | None:
             self.budget = budget
             self._update(chosen)
             current = self._rung(chosen, budget)
             tell_optuna(self.storage, self.study, budget, current)
-            if self.stop.signum is not None:
-                return PromotionSummary(tuple(chosen), tuple(budgets), ranked_at, INTERRUPTED, *self._cost())
-            budgets.append(budget)
-            if set(current) == set(chosen):
-                ranked_at = budget
-            if RULES[settings.rule](previous, current, settings.margin_nats):
-                stopped = HELD
-                break
-            previous = current
-        self._forget(self.records.values())
-        return PromotionSummary(tuple(chosen), tuple(budgets), ranked_at, stopped, *self._cost())
+            return None if self.stop.signum is not None else current
+
+        done = climb(settings, first, lambda multiple: whole(proxy * multiple), train)
+        ranked_at = proxy if done.ranked_at is None else done.ranked_at
+        if done.stopped != INTERRUPTED:
+            self._forget(self.records.values())
+        return PromotionSummary(tuple(chosen), done.budgets, ranked_at, done.stopped, *self._cost())
 
     def _cost(self) -> tuple[int, int, int]:
         """(first-pass tokens, promotion tokens, every first-pass trial at `TENFOLD` x) of the study:

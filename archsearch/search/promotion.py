@@ -27,6 +27,7 @@ import numpy as np
 from archsearch.errors import ArchsearchError
 from archsearch.registry import Registry
 from archsearch.search.pareto import knee_index, pareto_mask, scaled
+from archsearch.trial import INTERRUPTED
 
 if TYPE_CHECKING:
     from archsearch.storage import PromotionRanking
@@ -35,6 +36,9 @@ AUTO = "auto"
 AUTO_MARGIN = 0.063  # nats: the tiny proxy's seed noise (module docstring)
 KNEE_NEIGHBOURS = 2  # shapes off the front nearest the knee that contend too
 MAX_CAP = 1024.0  # 2**10 x the proxy: past any use, and far from overflowing a token count
+# How promotion ended: its order held, it reached the cap, or it was stopped (INTERRUPTED, the
+# trial state of the same name).
+HELD, CAPPED = "held", "cap"
 
 
 class PromoteError(ArchsearchError):
@@ -111,6 +115,42 @@ class PromoteSettings:
 
     def to_dict(self) -> dict[str, Any]:
         return {"cap": self.cap, "rule": self.rule, "margin": self.margin}
+
+
+@dataclass(frozen=True)
+class Climb:
+    """The rungs one promotion trained: their budgets in order, the largest one every contender
+    completed (None: none did), and why it stopped (HELD, CAPPED or INTERRUPTED)."""
+
+    budgets: tuple[int, ...]
+    ranked_at: int | None
+    stopped: str
+
+
+def climb(
+    settings: PromoteSettings,
+    first: Mapping[int, float],
+    budget_of: Callable[[float], int],
+    train: Callable[[int], Mapping[int, float] | None],
+) -> Climb:
+    """Promote the contenders of `first` (trial number -> loss objective at the first pass) a rung
+    at a time: `train(budget)` gives the loss objectives of those that completed the budget
+    `budget_of(multiple)` (None: stopped), and the settings' rule, comparing each rung with the one
+    before, says when the order holds. The search (`promote_run`) and its replay on recorded curves
+    (benchmarks/promotion_replay.py) both run this loop."""
+    previous, budgets, ranked_at = dict(first), [], None
+    for multiple in settings.multiples:
+        budget = budget_of(multiple)
+        current = train(budget)
+        if current is None:
+            return Climb(tuple(budgets), ranked_at, INTERRUPTED)
+        budgets.append(budget)
+        if set(current) == set(first):
+            ranked_at = budget
+        if RULES[settings.rule](previous, current, settings.margin_nats):
+            return Climb(tuple(budgets), ranked_at, HELD)
+        previous = dict(current)
+    return Climb(tuple(budgets), ranked_at, CAPPED)
 
 
 def contenders(

@@ -104,3 +104,24 @@ def test_promotion_tokens_count_what_each_run_trained():
     assert promotion_tokens(2048, budgets, {1: True, 2: True}) == 2048 + 4096 + 2048
     assert promotion_tokens(2048, budgets, {1: False, 2: False}) == 4096 + 8192 + 4096
     assert promotion_tokens(2048, {}, {}) == 0
+
+
+def test_climb_stops_when_the_order_holds_at_the_cap_or_when_training_is_stopped():
+    from archsearch.search.promotion import CAPPED, HELD, Climb, climb
+    from archsearch.trial import INTERRUPTED
+
+    settings = PromoteSettings(cap=8, margin=0.01)  # rungs 2x, 4x, 8x
+    first = {0: 1.0, 1: 1.1}
+    swapped = {0: 1.2, 1: 1.1}
+
+    def budget(multiple: float) -> int:
+        return int(100 * multiple)
+
+    held = climb(settings, first, budget, lambda b: dict(first))
+    assert held == Climb((200,), 200, HELD)
+    flips = iter([swapped, first, swapped])  # the order flips at every rung: the cap ends it
+    assert climb(settings, first, budget, lambda b: next(flips)) == Climb((200, 400, 800), 800, CAPPED)
+    # A stop keeps the rungs done; a rung one contender did not complete ranks nothing.
+    stopped = iter([swapped, None])
+    assert climb(settings, first, budget, lambda b: next(stopped)) == Climb((200,), 200, INTERRUPTED)
+    assert climb(settings, first, budget, lambda b: {0: 1.2}) == Climb((200,), None, HELD)
