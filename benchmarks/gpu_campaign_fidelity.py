@@ -13,7 +13,10 @@ model: its host's launches take 70-85% of each step).
 Order, so that a cut budget leaves a score: every shape's proxy and long run at seed 0 (longest
 first, which ends the set soonest), then the noise: the proxy at seed 1 (the proxy's own seed
 noise) and a second long seed of `LONG_SEED1_SHAPES` shapes spread over the sizes (the reference's
-noise: pairs closer than it are ties). A run is started only when the H200 model (times the
+noise: pairs closer than it are ties). A plan may grow between sittings (runs added, none changed):
+the second sitting added the proxy at `PROMOTED` times its tokens (seed 0, the proxy's constant
+rate: what a search's promotion to a longer rung trains) and a second long seed of every shape.
+A run is started only when the H200 model (times the
 measured over modelled ratio of the runs finished so far) says it ends inside the budget; each is
 recorded as it finishes, to `gpu_campaign_<device>_fidelity.jsonl`: a plan line, then one line per
 run. Rerun with the same records, nothing recorded is trained again.
@@ -45,6 +48,10 @@ PROXY_TOKENS = 800_000
 MULTIPLIER = 10
 PROXY_SEEDS = (0, 1)
 LONG_SEED1_SHAPES = 6
+# Added in the second sitting, after the first's score: the proxy at 2x and 4x its tokens (does a
+# longer proxy, as promotion gives the contenders, rank better?), and every shape's second long seed.
+PROMOTED = (2, 4)
+LONG_SEED1_ADDED = True
 CONCURRENCY = 5  # runs sharing the GPU, a fifth of it each in Ray's accounting
 PARAMS = {"min": 5e6, "max": 5e7}
 MODEL = {
@@ -64,7 +71,7 @@ class Run:
     """One training run of the set."""
 
     label: str  # the shape's
-    kind: str  # "proxy" or "long"
+    kind: str  # "proxy", "proxy2x" / "proxy4x" (`PROMOTED`) or "long"
     seed: int
     config: dict[str, Any]
     settings: dict[str, Any]  # TrainSettings fields
@@ -115,7 +122,11 @@ def plan(spec_text: str, smoke: bool) -> tuple[list[dict[str, Any]], list[Run]]:
             runs.append(Run(label, "long", seed, cfg.to_dict(), long_settings(proxy, MULTIPLIER, seed, None)))
     second = _spread(len(configs), SMOKE["long_seed1_shapes"] if smoke else LONG_SEED1_SHAPES)
     labels = [s["label"] for s in shapes]
-    runs = [r for r in runs if not (r.kind == "long" and r.seed == 1 and labels.index(r.label) not in second)]
+    if not LONG_SEED1_ADDED:
+        runs = [r for r in runs if r.kind != "long" or r.seed == 0 or labels.index(r.label) in second]
+    for m in PROMOTED:
+        longer = {**proxy, "seed": 0, "tokens": m * proxy["tokens"]}
+        runs += [Run(s["label"], f"proxy{m}x", 0, s["config"], longer) for s in shapes]
     return shapes, runs
 
 
@@ -149,9 +160,13 @@ def estimate_s(run: Run, device: str, concurrency: int) -> float:
 
 
 def ordered(runs: list[Run], estimates: dict[str, float]) -> list[Run]:
-    """The seed-0 runs, longest first, then the noise runs, longest first."""
-    first = sorted((r for r in runs if r.seed == 0), key=lambda r: -estimates[r.key])
-    return first + sorted((r for r in runs if r.seed != 0), key=lambda r: -estimates[r.key])
+    """The seed-0 proxy and long runs, then the promoted proxies, then the noise runs, each group
+    longest first."""
+
+    def group(r: Run) -> int:
+        return 0 if r.seed == 0 and r.kind in ("proxy", "long") else 1 if r.seed == 0 else 2
+
+    return sorted(runs, key=lambda r: (group(r), -estimates[r.key]))
 
 
 def makespan(runs: list[Run], estimates: dict[str, float], concurrency: int) -> float:
@@ -280,7 +295,8 @@ class Record:
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
 
     def plan(self) -> dict[str, Any] | None:
-        return next((line for line in self.lines() if line["kind"] == "plan"), None)
+        """The latest plan line (a plan grows by lines: runs added, none changed)."""
+        return next((line for line in reversed(self.lines()) if line["kind"] == "plan"), None)
 
     def runs(self) -> list[dict[str, Any]]:
         return [line for line in self.lines() if line["kind"] == "run"]
@@ -295,15 +311,17 @@ class Record:
         if recorded is None:
             self._append({"kind": "plan", "time": _now(), **plan})
             return
-        same = ("space", "runs", "shapes")
         if (
-            any(recorded[k] != plan[k] for k in same)
+            any(recorded[k] != plan[k] for k in ("space", "shapes"))
             or recorded["corpus"]["fingerprint"] != plan["corpus"]["fingerprint"]
+            or not set(recorded["runs"]) <= set(plan["runs"])
         ):
             raise ValueError(
-                f"{self.path} records another plan (the space, the shapes or the corpus differ); "
-                "record into another --out"
+                f"{self.path} records another plan (the space, the shapes or the corpus differ, or runs "
+                "were dropped); record into another --out"
             )
+        if set(plan["runs"]) != set(recorded["runs"]):  # runs added: the grown plan is the latest line
+            self._append({"kind": "plan", "time": _now(), **plan})
 
     def add(self, r: Run, result: dict[str, Any], seconds: float, planned: float) -> dict[str, Any]:
         line = {
@@ -370,9 +388,44 @@ def score(plan_line: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, An
         ceiling = fs.rank_correlation([loss[(lb, "long", 1)] for lb in twice],
                                       [loss[(lb, "long", 0)] for lb in twice])  # fmt: skip
         summary["long_seed_spearman"] = ceiling.to_dict()
+    summary["promoted"] = _promoted(loss, labels, target, flops, params, noise, proxy[0])
+    if len(twice) == len(labels):  # every shape's two long seeds: their mean, the steadier reference
+        mean = (target + np.array([loss[(lb, "long", 1)] for lb in labels])) / 2
+        summary["against_long_mean"] = {
+            name: fs.rank_correlation(predictor, mean).to_dict()
+            for name, predictor in [("proxy", proxy[0]), ("params", -params), ("flops", -flops)]
+            + [(f"proxy{m}x", np.array([loss[(lb, f"proxy{m}x", 0)] for lb in labels]))
+               for m in PROMOTED if all((lb, f"proxy{m}x", 0) in loss for lb in labels)]
+        }  # fmt: skip
     summary["regime"] = regime(plan_line, shapes, runs)
     _print_score(summary)
     return summary
+
+
+def _promoted(
+    loss: dict, labels: list[str], target: Any, flops: Any, params: Any, noise: float, proxy: Any
+) -> dict:
+    """The proxy trained to each of `PROMOTED` times its tokens, scored as the proxy is, and against
+    the proxy itself at the same seed (`proxy`: seed 0's losses), paired on the same shapes."""
+    import numpy as np
+
+    from archsearch.search import fidelity_stats as fs
+    from archsearch.search.fidelity import iso_pair_agreement
+
+    out: dict[str, Any] = {}
+    for m in PROMOTED:
+        if not all((lb, f"proxy{m}x", 0) in loss for lb in labels):
+            continue
+        promoted = np.array([loss[(lb, f"proxy{m}x", 0)] for lb in labels])
+        measured = fs.measures(promoted[None, :], target, flops, params_predictor=-params,
+                               flops_predictor=-flops, noise=noise)  # fmt: skip
+        kept = ("spearman", "kendall", "vs_params", "pairs", "front_recall", "knee_regret")
+        out[f"{m}x"] = {k: measured[k] for k in kept} | {
+            "iso_pairs": list(iso_pair_agreement(promoted, target, params)),
+            "proxy_seed0_spearman": fs.rank_correlation(proxy, target).to_dict(),
+            "vs_proxy": fs.paired_difference(promoted[None, :], proxy, target).to_dict(),
+        }
+    return out
 
 
 def regime(plan_line: dict[str, Any], shapes: list[dict[str, Any]], runs: list[dict[str, Any]]) -> dict:
@@ -380,8 +433,10 @@ def regime(plan_line: dict[str, Any], shapes: list[dict[str, Any]], runs: list[d
     params = [s["params"] for s in shapes]
     train_tokens = plan_line["corpus"]["train_tokens"]
     out: dict[str, Any] = {"params": [min(params), max(params)], "train_tokens": train_tokens}
-    for kind in ("proxy", "long"):
+    for kind in ("proxy", *(f"proxy{m}x" for m in PROMOTED), "long"):
         tokens = max((r["tokens"] for r in runs if r["run"] == kind), default=0)
+        if not tokens:
+            continue
         out[kind] = {"tokens": tokens, "tokens_per_param": [tokens / max(params), tokens / min(params)],
                      "epochs": tokens / train_tokens}  # fmt: skip
     return out
@@ -416,8 +471,21 @@ def _print_score(s: dict[str, Any]) -> None:
             "  the long runs' own ceiling: seed 1 against seed 0, Spearman "
             + estimate_text(s["long_seed_spearman"])
         )
+    for m, p in s.get("promoted", {}).items():
+        print(
+            f"  the proxy at {m} its tokens: Spearman {estimate_text(p['spearman'])}, Kendall "
+            f"{estimate_text(p['kendall'])}, minus params {estimate_text(p['vs_params'], '+.2f')}, minus "
+            f"the proxy at seed 0 ({estimate_text(p['proxy_seed0_spearman'])}) "
+            f"{estimate_text(p['vs_proxy'], '+.2f')}; pairs "
+            f"beyond noise {p['pairs'][0]} of {p['pairs'][1]}, iso-size {p['iso_pairs'][0]} of "
+            f"{p['iso_pairs'][1]}, front recall {p['front_recall'][0]} of {p['front_recall'][1]}, the "
+            f"knee's regret {p['knee_regret']:.4f} nats"
+        )
+    if "against_long_mean" in s:
+        print("  against the mean of the two long seeds (every shape): Spearman " + ", ".join(
+            f"{name} {estimate_text(v)}" for name, v in s["against_long_mean"].items()))  # fmt: skip
     r = s["regime"]
-    for kind in ("proxy", "long"):
+    for kind in (k for k in r if k.startswith("proxy") or k == "long"):
         k = r[kind]
         low, high = k["tokens_per_param"]
         print(f"  {kind}: {k['tokens']:,} tokens, {low:.2f}-{high:.2f} tokens a parameter, "

@@ -414,23 +414,26 @@ def test_gpu_campaign_fidelity_smoke_runs_in_order_records_each_run_and_resumes_
     assert done.stdout.index("part 1:") < done.stdout.index("part 5:"), done.stdout
     steps = json.loads(next(out.glob("gpu_campaign_*_steps.json")).read_text())
     assert [s["label"] for s in steps["shapes"]] == ["fresh-t-d128"]
-    assert "part 5: 4 shapes, 14 runs: 0 recorded, 14 to train" in done.stdout, done.stdout
+    assert "part 5: 4 shapes, 24 runs: 0 recorded, 24 to train" in done.stdout, done.stdout
     (record,) = out.glob("gpu_campaign_*_fidelity.jsonl")
     lines = [json.loads(line) for line in record.read_text().splitlines()]
     plan, runs = lines[0], lines[1:]
     assert plan["kind"] == "plan" and len(plan["shapes"]) == 4 and plan["corpus"]["dtype"] == "uint32"
-    assert sorted(r["key"] for r in runs) == sorted(plan["runs"]) and len(runs) == 14
+    assert sorted(r["key"] for r in runs) == sorted(plan["runs"]) and len(runs) == 24
     assert all(r["status"] == "complete" and r["val_loss"] > 0 for r in runs), runs
-    # 4 shapes x (2 proxy seeds + the long run) + a second long seed for 2; the long runs 10x the proxy.
-    assert {(r["run"], r["tokens"]) for r in runs} == {("proxy", 512), ("long", 5120)}
-    assert sum(r["run"] == "long" and r["seed"] == 1 for r in runs) == 2
+    # 4 shapes x (2 proxy seeds, the proxy at 2x and 4x, 2 long seeds); the long runs 10x the proxy.
+    assert {(r["run"], r["tokens"]) for r in runs} == {
+        ("proxy", 512), ("proxy2x", 1024), ("proxy4x", 2048), ("long", 5120)
+    }  # fmt: skip
+    assert sum(r["run"] == "long" and r["seed"] == 1 for r in runs) == 4
+    assert re.search(r"the proxy at 4x its tokens: Spearman .*minus the proxy at seed 0", done.stdout)
     assert re.search(r"part 5: 4 shapes, the proxy \(2 seeds\) against 10x its tokens", done.stdout), (
         done.stdout
     )
     assert re.search(r"long: 5,120 tokens, [\d.]+-[\d.]+ tokens a parameter, [\d.]+ epochs", done.stdout)
     before = record.read_bytes()
     again = _smoke("gpu_campaign.py", "--out", str(out), "--part", "5", timeout=300)
-    assert "part 5: 4 shapes, 14 runs: 14 recorded, 0 to train" in again.stdout, again.stdout
+    assert "part 5: 4 shapes, 24 runs: 24 recorded, 0 to train" in again.stdout, again.stdout
     assert record.read_bytes() == before
     report = _campaign("--report", "--out", str(out), timeout=300)
     assert report.returncode == 0 and "proxy seed noise" in report.stdout, report.stderr[-3000:]
@@ -438,9 +441,29 @@ def test_gpu_campaign_fidelity_smoke_runs_in_order_records_each_run_and_resumes_
 
 def test_gpu_campaign_dry_run_plans_the_sitting_within_the_device_time():
     done = _smoke("gpu_campaign.py", "--sitting", "--dry-run", timeout=300)
-    assert "part 5: 4 shapes, 14 of 14 runs to train" in done.stdout, done.stdout
+    assert "part 5: 4 shapes, 24 of 24 runs to train" in done.stdout, done.stdout
     assert re.search(r"total device time +\d+ s of 900 s: fits", done.stdout), done.stdout
     assert re.search(r"carried: working tree [\d.]+ MB \+ wheels", done.stdout), done.stdout
+
+
+def test_gpu_campaign_fidelity_plan_grows_by_runs_added_and_refuses_one_that_drops_or_changes(
+    tmp_path, monkeypatch
+):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import gpu_campaign_fidelity as fid
+
+    path = tmp_path / "fidelity.jsonl"
+    record = fid.Record(path, lambda p, data: p.write_bytes(data), "h200")
+    plan = {"space": "s", "shapes": [{"label": "a"}], "corpus": {"fingerprint": "f"}, "runs": ["a/proxy/0"]}
+    record.start(plan)
+    record.start(plan)  # the same plan: nothing written
+    assert len(record.lines()) == 1
+    grown = plan | {"runs": ["a/proxy/0", "a/proxy2x/0"]}
+    record.start(grown)
+    assert len(record.lines()) == 2 and record.plan()["runs"] == grown["runs"]
+    for other in (plan, grown | {"space": "t"}, grown | {"corpus": {"fingerprint": "g"}}):
+        with pytest.raises(ValueError, match="records another plan"):
+            record.start(other)
 
 
 @pytest.fixture
