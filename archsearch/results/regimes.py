@@ -6,8 +6,8 @@ regime measured what", has each with its command and date):
 
 - `PUBLIC_GPU`: training runs recorded by others on GPUs, 48M-3.2B parameters on real tokens, scored
   with archsearch's own functions (`benchmarks/public_runs.py`);
-- `LENT_GPU`: a GPU lent to the project, which has measured step and serving costs, not yet a
-  proxy's fidelity;
+- `LENT_GPU`: a GPU lent to the project, which has measured step and serving costs and the
+  product's own proxy at 5-43M parameters on BPE tokens, against 10x its tokens;
 - `TINY_CPU`: this project's CPU, byte-level proxies of 0.06-2M parameters trained for 240k tokens.
 
 `validate` and `report` state a study's figures beside `expectation`'s sentence, one place for the
@@ -77,13 +77,14 @@ PUBLIC_GPU = Regime(
 )
 LENT_GPU = Regime(
     name="a lent GPU",
-    models="an H200 (53 shapes) and an H100 (8 shapes), timed",
-    params=None,
-    tokens_per_param=None,
-    ranking="no proxy's ranking has been measured there yet",
-    ladder="its step-time model was 4.0% off at the median, 25% at worst, on 12 held-out H200 "
-    "shapes (the same command)",
-    source="python benchmarks/gpu_campaign.py --report, 2026-11-26/27",
+    models="an H200: 20 shapes of 5-43M parameters trained on BPE tokens, 77 shapes' steps timed",
+    params=(5.3e6, 43.3e6),
+    tokens_per_param=(0.018, 0.15),  # the 800k-token proxy; its 2x and 4x runs reach 0.6
+    ranking="the proxy (800k tokens) ranked 20 shapes' 10x-longer losses at Spearman 0.56 [0.16, "
+    "0.80] (parameter count 0.54), the same proxy trained to 4x its tokens at 0.81 [0.49, 0.95]",
+    ladder="no ladder was measured there; its step-time model was 4.5% off at the median, 13.3% at "
+    "worst, on 12 H200 shapes measured after its last change (the same command)",
+    source="python benchmarks/gpu_campaign.py --report, 2026-11-28",
 )
 TINY_CPU = Regime(
     name="this CPU's byte-level proxies",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from archsearch.results.regimes import (
+    LENT_GPU,
     PUBLIC_GPU,
     RANKED,
     REGIMES,
@@ -19,7 +20,7 @@ from archsearch.results.regimes import (
 def test_every_regime_names_the_command_and_date_behind_its_figures():
     for regime in REGIMES:
         assert "benchmarks/" in regime.source and "2026-" in regime.source, regime.name
-    assert [r.name for r in RANKED] == [PUBLIC_GPU.name, TINY_CPU.name]  # the lent GPU ranked nothing
+    assert [r.name for r in RANKED] == [PUBLIC_GPU.name, LENT_GPU.name, TINY_CPU.name]
 
 
 def test_a_tiny_cpu_study_is_told_the_tiny_regime_s_figures():
@@ -41,6 +42,14 @@ def test_a_gpu_scale_proxy_at_under_a_token_per_parameter_sits_in_no_measured_re
     assert "sits outside the regimes where a ranking was measured" in text
     assert "public GPU runs (48M-3.2B parameters, 2-670 tokens per parameter)" in text
     assert "60k-2M parameters, 0.12-4 tokens per parameter" in text and "archsearch validate" in text
+    assert "a lent GPU (5.3M-43.3M parameters, 0.018-0.15 tokens per parameter)" in text
+
+
+def test_a_gpu_proxy_of_tens_of_millions_at_a_tenth_of_a_token_is_told_the_lent_gpu_figures():
+    text = expectation([8e6, 2e7, 4e7], [800_000] * 3)
+    assert "20M parameters at 0.04 tokens per parameter" in text
+    assert f"regime of {LENT_GPU.name}" in text and "0.56 [0.16, 0.80]" in text and "4x" in text
+    assert LENT_GPU.source in text and "0.787" not in text
 
 
 def test_without_recorded_tokens_size_alone_places_the_study():
