@@ -12,8 +12,9 @@ rung is the same run continued (resumed, as promotion does under a constant rate
 
 For each first pass (4B, 8B, 16B tokens), margin (0.02 nats, the public runs' seed noise, and
 `AUTO_MARGIN`, the tiny CPU proxy's) and cap (8x, 16x), it prints the final ranking (contenders by
-their loss objective at the budget promotion ranked them at, the others by the first pass, as the
-search's front reads a promoted study) against the 350B losses: Spearman with its 95% bootstrap
+their loss objective at the budget promotion ranked them at, the others estimated there by their
+first pass plus the contenders' median change, `PromotionRanking.place`, as the search's front
+reads a promoted study) against the 350B losses: Spearman with its 95% bootstrap
 interval, iso-size pairs ordered right (`public_runs.iso_pairs`), 350B-front members recalled
 (`fidelity_stats.front_recall`, loss against FLOPs) and the knee's regret in nats; and the tokens
 trained, beside (a) no promotion, (b) every shape at the cap's budget, (c) every shape at the
@@ -36,6 +37,7 @@ import numpy as np
 
 from archsearch.search import fidelity_stats as fs
 from archsearch.search.promotion import AUTO, HELD, PromoteSettings, climb, contenders, promotion_tokens
+from archsearch.storage import PromotionRanking
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from public_runs import NOISE, SHIPPED, iso_pairs, load_gemstones, objective_values
@@ -118,8 +120,9 @@ class Gemstones:
 
         done = climb(settings, {n: float(values[n]) for n in chosen}, budget_of, read)
         ranked_at = first if done.ranked_at is None else done.ranked_at
-        ranked = values.copy()
-        ranked[list(chosen)] = self.objective(ranked_at)[list(chosen)]
+        at_budget = {n: float(self.objective(ranked_at)[n]) for n in chosen}
+        placed, _ = PromotionRanking.place(dict(enumerate(map(float, values))), at_budget)
+        ranked = np.array([placed[n] for n in numbers], dtype=float)
         return Replay(tuple(chosen), done.budgets, ranked_at, done.stopped == HELD, ranked)
 
     def promoted_tokens(self, first: int, replay: Replay, resumed: bool) -> int:

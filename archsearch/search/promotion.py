@@ -185,8 +185,8 @@ def contenders(
 
 def ranking_line(ranking: PromotionRanking) -> str:
     """What a front of a study with promotions ranks, for the reader: the budget its contenders
-    are ranked at and how the shapes not promoted are placed (by their first pass: a shape left
-    out was not close enough to the front to contend, and is compared by its proxy value)."""
+    are ranked at and how the shapes not promoted are placed there (`PromotionRanking.place`:
+    their first-pass value plus the contenders' median change, an estimate)."""
     proxy = ranking.proxy_tokens
     at_proxy = f"the proxy's {proxy:,} tokens" if proxy else "the proxy's budget"
     numbers = ", ".join(map(str, ranking.contenders))
@@ -199,8 +199,8 @@ def ranking_line(ranking: PromotionRanking) -> str:
         )
     multiple = f" ({ranking.budget / proxy:g}x the proxy)" if proxy else ""
     return (
-        f"ranked at {ranking.budget:,} tokens{multiple} for {promoted}; the other trials by their "
-        f"first-pass value at {at_proxy}"
+        f"ranked at {ranking.budget:,} tokens{multiple} for {promoted}; the other trials estimated "
+        f"there: their value at {at_proxy} plus the contenders' median change"
     )
 
 

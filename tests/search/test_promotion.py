@@ -87,7 +87,7 @@ def test_the_ranking_line_says_the_budget_and_how_the_rest_are_placed():
     ranked = PromotionRanking(contenders=(2, 5), budget=8192, proxy_tokens=2048, ranked={})
     assert ranking_line(ranked) == (
         "ranked at 8,192 tokens (4x the proxy) for the 2 promoted contenders (trials 2, 5); the other "
-        "trials by their first-pass value at the proxy's 2,048 tokens"
+        "trials estimated there: their value at the proxy's 2,048 tokens plus the contenders' median change"
     )
     unfinished = PromotionRanking(contenders=(7,), budget=None, proxy_tokens=2048, ranked={})
     assert ranking_line(unfinished) == (
@@ -125,3 +125,15 @@ def test_climb_stops_when_the_order_holds_at_the_cap_or_when_training_is_stopped
     stopped = iter([swapped, None])
     assert climb(settings, first, budget, lambda b: next(stopped)) == Climb((200,), 200, INTERRUPTED)
     assert climb(settings, first, budget, lambda b: {0: 1.2}) == Climb((200,), None, HELD)
+
+
+def test_shapes_not_promoted_are_placed_at_the_budget_by_the_contenders_median_change():
+    # Contenders 1-3 fell by 0.3, 0.4 and 0.5 from their first pass; 4 and 5 were not promoted.
+    first = {1: 2.0, 2: 2.1, 3: 2.2, 4: 2.05, 5: None}
+    placed, shift = PromotionRanking.place(first, {1: 1.7, 2: 1.7, 3: 1.7})
+    assert shift == pytest.approx(-0.4)
+    assert placed == {1: 1.7, 2: 1.7, 3: 1.7, 4: pytest.approx(1.65), 5: None}
+    # Measured against the others' first pass, 4 would trail every contender; placed, it leads two.
+    assert placed[4] < placed[1] and first[4] > 1.7
+    # A contender without a first-pass value still ranks by its promotion and moves no shift.
+    assert PromotionRanking.place({1: None, 2: 2.0}, {1: 1.5}) == ({1: 1.5, 2: 2.0}, 0.0)

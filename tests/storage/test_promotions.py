@@ -126,8 +126,10 @@ def test_trials_are_ranked_at_the_largest_budget_every_contender_completed(stora
             storage.finish_promotion(row, status=status, val_loss=objective, objective=objective)
         else:
             storage.finish_promotion(row, status=status, reason="out of memory")
-    # Trial 1 never completed 4000 tokens: both contenders are ranked at 2000; trial 2 at its proxy's.
-    assert storage.ranked_objectives("s") == {0: (1.7, 2000), 1: (1.6, 2000), 2: (2.0, 1000)}
+    # Trial 1 never completed 4000 tokens: both contenders are ranked at 2000; trial 2, not
+    # promoted, is estimated there: its proxy's 2.0 plus the contenders' median change, -0.35.
+    ranked = storage.ranked_objectives("s")
+    assert ranked == {0: (1.7, 2000, False), 1: (1.6, 2000, False), 2: (pytest.approx(1.65), 2000, True)}
     assert third  # not promoted
     ranking = storage.promotion_ranking("s")  # what the front, export and report rank by
     assert (ranking.contenders, ranking.budget, ranking.proxy_tokens) == ((0, 1), 2000, None)
@@ -136,5 +138,5 @@ def test_trials_are_ranked_at_the_largest_budget_every_contender_completed(stora
 
 def test_a_study_without_promotions_is_ranked_at_its_proxy(storage):
     _trial(storage, 0)
-    assert storage.ranked_objectives("s") == {0: (2.0, 1000)}
+    assert storage.ranked_objectives("s") == {0: (2.0, 1000, False)}
     assert storage.promotion_ranking("s") is None
