@@ -154,7 +154,9 @@ class _Promoter:
         if front is None:
             return None
         numbers = list(front.trial_numbers)
-        chosen = contenders(numbers, front.trial_values, front.front.objectives, settings.margin_nats)
+        chosen = contenders(
+            numbers, front.trial_values, front.front.objectives, settings.margin_nats, settings.max_contenders
+        )
         self.records = {r.number: r for r in self.storage.trials_by_number(self.study, chosen)}
         self._forget(r for r in self.storage.trials(self.study, COMPLETE) if r.number not in self.records)
         log.info("promoting %d contenders: trials %s", len(chosen), ", ".join(map(str, chosen)))

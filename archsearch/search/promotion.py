@@ -72,16 +72,21 @@ RULES.register("pasha", order_holds)
 
 @dataclass(frozen=True)
 class PromoteSettings:
-    """A space file's `[search] promote = { cap, rule, margin }`.
+    """A space file's `[search] promote = { cap, rule, margin, max_contenders }`.
 
     Raises:
         PromoteError: a cap that is not a number in [1, MAX_CAP], an unknown rule, a margin that
-            is neither "auto" nor a finite number >= 0.
+            is neither "auto" nor a finite number >= 0, a `max_contenders` that is not a whole
+            number >= 2.
     """
 
     cap: float = 4.0  # the largest budget, a multiple of the proxy's tokens
     rule: str = "pasha"  # a name in RULES
     margin: float | str = AUTO  # nats of the loss objective; "auto": AUTO_MARGIN
+    # The most shapes promoted, those nearest the knee: without a bound the front and its margin
+    # took 15-20 of Gemstones' 22 shapes; 8 kept the knee's regret at 0 for 27-31% fewer tokens
+    # (docs/benchmarks.md, "promotion_replay").
+    max_contenders: int = 8
 
     def __post_init__(self) -> None:
         cap = self.cap
@@ -95,6 +100,11 @@ class PromoteSettings:
         number = isinstance(margin, int | float) and not isinstance(margin, bool)
         if margin != AUTO and not (number and math.isfinite(margin) and margin >= 0):
             raise PromoteError(f'must be "auto" or a number of nats >= 0, got {margin!r}', "margin")
+        most = self.max_contenders
+        if isinstance(most, bool) or not isinstance(most, int) or most < 2:
+            raise PromoteError(
+                f"must be a whole number >= 2 (the most shapes promoted), got {most!r}", "max_contenders"
+            )
         object.__setattr__(self, "cap", float(cap))
         if number:
             object.__setattr__(self, "margin", float(margin))
@@ -114,7 +124,12 @@ class PromoteSettings:
         return (*out, self.cap) if self.cap > 1 else ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"cap": self.cap, "rule": self.rule, "margin": self.margin}
+        return {
+            "cap": self.cap,
+            "rule": self.rule,
+            "margin": self.margin,
+            "max_contenders": self.max_contenders,
+        }
 
 
 @dataclass(frozen=True)
@@ -154,13 +169,19 @@ def climb(
 
 
 def contenders(
-    numbers: Sequence[int], values: np.ndarray, objectives: Sequence[str], margin: float
+    numbers: Sequence[int],
+    values: np.ndarray,
+    objectives: Sequence[str],
+    margin: float,
+    most: int | None = None,
 ) -> tuple[int, ...]:
     """The trials promotion trains on: the front of `values` (n x m, minimised, the loss objective
     first); every trial that the front would no longer dominate were its loss `margin` lower (a
     tie within the noise); and the `KNEE_NEIGHBOURS` trials nearest the knee off the front (in the
     objectives scaled to [0, 1] over all trials, log10 for FLOPs and times), which the knee, the
-    default pick, must beat at the longer budget too. In `numbers` order.
+    default pick, must beat at the longer budget too. At most `most` of them (None: all), the knee
+    and those nearest it in the same scaled units: the knee is what a user takes, and a broad front
+    within a wide margin would otherwise promote nearly every shape. In `numbers` order.
     """
     values = np.asarray(values, dtype=float).reshape(len(numbers), len(objectives))
     if not len(numbers):
@@ -180,6 +201,9 @@ def contenders(
     distance = np.sqrt(((unit - unit[knee]) ** 2).sum(axis=1))
     off = [i for i in np.argsort(distance, kind="stable") if not on_front[i] and not np.isnan(distance[i])]
     chosen.update(int(i) for i in off[:KNEE_NEIGHBOURS])
+    if most is not None and len(chosen) > most:
+        nearest = sorted(chosen, key=lambda i: (np.nan_to_num(distance[i], nan=np.inf), numbers[i]))
+        chosen = set(nearest[:most])
     return tuple(numbers[i] for i in sorted(chosen))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from archsearch.search.pareto import pareto_front
 from archsearch.search.promotion import (
     AUTO_MARGIN,
     KNEE_NEIGHBOURS,
@@ -30,6 +31,18 @@ def test_the_front_and_the_shapes_within_the_margin_contend():
     # With no margin, 13 contends only as one of the knee's nearest shapes off the front.
     chosen = contenders(numbers, values, OBJECTIVES, margin=0.0)
     assert {10, 11, 12} <= set(chosen) and len(chosen) == 3 + min(KNEE_NEIGHBOURS, 2)
+
+
+def test_at_most_max_contenders_contend_the_knee_and_those_nearest_it():
+    # A front of 8 along one curve, each a tie with the next: all contend without a bound.
+    numbers = list(range(8))
+    values = np.array([[3.0 - 0.1 * i, 2.0**i * 1e6] for i in range(8)])
+    assert contenders(numbers, values, OBJECTIVES, margin=0.0) == tuple(numbers)
+    chosen = contenders(numbers, values, OBJECTIVES, margin=0.0, most=3)
+    knee = pareto_front(numbers, values, OBJECTIVES).knee
+    assert len(chosen) == 3 and knee in chosen
+    assert max(chosen) - min(chosen) == 2  # the knee and its two nearest, a run along the curve
+    assert PromoteSettings().max_contenders == 8
 
 
 def test_the_knees_nearest_neighbours_contend_even_outside_the_margin():
@@ -76,6 +89,9 @@ def test_auto_margin_is_the_documented_seed_noise():
         (dict(rule=["pasha"]), r"rule: unknown rule \['pasha'\]"),
         (dict(margin="noise"), 'margin: must be "auto" or a number'),
         (dict(margin=float("nan")), 'margin: must be "auto" or a number'),
+        (dict(max_contenders=1), "max_contenders: must be a whole number >= 2"),
+        (dict(max_contenders=True), "max_contenders: must be a whole number >= 2"),
+        (dict(max_contenders=8.0), "max_contenders: must be a whole number >= 2"),
     ],
 )
 def test_bad_settings_are_refused(settings, match):
