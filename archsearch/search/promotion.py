@@ -30,7 +30,7 @@ from archsearch.search.pareto import knee_index, pareto_mask, scaled
 from archsearch.trial import INTERRUPTED
 
 if TYPE_CHECKING:
-    from archsearch.storage import PromotionRanking
+    from archsearch.storage import PromotionRanking, PromotionRecord
 
 AUTO = "auto"
 AUTO_MARGIN = 0.063  # nats: the tiny proxy's seed noise (module docstring)
@@ -244,3 +244,33 @@ def promotion_tokens(
             total += budget - previous if resumed.get(number, False) else budget
             previous = budget
     return total
+
+
+@dataclass(frozen=True)
+class Spent:
+    """What the complete promotions trained (`spent_tokens`): tokens, and how many of them resumed
+    from a kept state, trained from step 0, or are of unknown start (stored before it was)."""
+
+    tokens: int
+    resumed: int
+    afresh: int
+    unknown: int = 0
+
+
+def spent_tokens(
+    proxy_tokens: int, complete: Sequence[PromotionRecord], resumable: Mapping[int, bool]
+) -> Spent:
+    """The tokens the `complete` promotions trained, as they ran: each its budget less the tokens it
+    took over from a kept state (`PromotionRecord.resumed_tokens`; 0 when it trained from step 0,
+    as it does when the state is missing or belongs to another run). A promotion stored without it
+    counts as `promotion_tokens` plans it, resumed where its trial's settings keep a state
+    (`resumable`, by trial number)."""
+    known = [p for p in complete if p.resumed_tokens is not None]
+    budgets: dict[int, list[int]] = {}
+    for p in complete:
+        if p.resumed_tokens is None:
+            budgets.setdefault(p.trial_number, []).append(p.budget_tokens)
+    planned = promotion_tokens(proxy_tokens, budgets, resumable)
+    tokens = sum(p.budget_tokens - int(p.resumed_tokens or 0) for p in known) + planned
+    resumed = sum(1 for p in known if p.resumed_tokens)
+    return Spent(tokens, resumed, len(known) - resumed, len(complete) - len(known))

@@ -93,9 +93,11 @@ class PromotionStore(StorageCore):
         val_curve: Sequence[Sequence[float]] = (),
         wall_time_s: float | None = None,
         reason: str | None = None,
+        resumed_tokens: int | None = None,
     ) -> None:
         """Write a promotion's result, in one transaction: complete with its loss, objective and
-        curve, or failed with its reason.
+        curve, or failed with its reason; `resumed_tokens`, the tokens the run took over from a kept
+        state (0: trained from step 0; None: not known).
 
         Raises:
             ValueError: a status other than complete or failed, or a complete one without a loss.
@@ -113,6 +115,7 @@ class PromotionStore(StorageCore):
             row.val_loss, row.objective = val_loss, objective
             row.val_curve_json = json.dumps(curve)
             row.wall_time_s = wall_time_s
+            row.resumed_tokens = None if resumed_tokens is None else int(resumed_tokens)
             row.lease_expires_at, row.finished_at = None, time.time()
 
     def promotions(self, study: str, status: str | None = None) -> list[PromotionRecord]:
@@ -218,4 +221,5 @@ def _record(row: schema.Promotion) -> PromotionRecord:
         budget_tokens=row.budget_tokens, status=row.status, reason=row.reason, val_loss=row.val_loss,
         objective=row.objective, val_curve=curve, wall_time_s=row.wall_time_s, host=row.host,
         claimed_at=row.claimed_at, lease_expires_at=row.lease_expires_at, finished_at=row.finished_at,
+        resumed_tokens=row.resumed_tokens,
     )  # fmt: skip

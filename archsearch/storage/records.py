@@ -198,6 +198,8 @@ class PromotionRecord:
     claimed_at: float
     lease_expires_at: float | None
     finished_at: float | None
+    # Tokens the run took over from a kept state (0: trained from step 0); None: not known.
+    resumed_tokens: int | None = None
 
 
 @dataclass(frozen=True)

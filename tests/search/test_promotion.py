@@ -13,12 +13,14 @@ from archsearch.search.promotion import (
     RULES,
     PromoteError,
     PromoteSettings,
+    Spent,
     contenders,
     order_holds,
     promotion_tokens,
     ranking_line,
+    spent_tokens,
 )
-from archsearch.storage import PromotionRanking
+from archsearch.storage import PromotionRanking, PromotionRecord
 
 OBJECTIVES = ("loss", "flops")
 
@@ -141,6 +143,24 @@ def test_climb_stops_when_the_order_holds_at_the_cap_or_when_training_is_stopped
     stopped = iter([swapped, None])
     assert climb(settings, first, budget, lambda b: next(stopped)) == Climb((200,), 200, INTERRUPTED)
     assert climb(settings, first, budget, lambda b: {0: 1.2}) == Climb((200,), None, HELD)
+
+
+def _promotion(number: int, budget: int, resumed: int | None) -> PromotionRecord:
+    return PromotionRecord(
+        id=0, study="s", trial_id=number, trial_number=number, budget_tokens=budget, status="complete",
+        reason=None, val_loss=2.0, objective=2.0, val_curve=(), wall_time_s=1.0, host="h", claimed_at=0.0,
+        lease_expires_at=None, finished_at=1.0, resumed_tokens=resumed,
+    )  # fmt: skip
+
+
+def test_the_tokens_spent_are_those_each_promotion_trained_resumed_or_from_step_0():
+    # Trial 1 resumed both rungs; trial 2's kept state was gone, so it trained 4,000 from step 0
+    # though its settings keep one; trial 3 was stored before the start was recorded: as planned.
+    complete = [_promotion(1, 4000, 2000), _promotion(1, 8000, 4000)]
+    complete += [_promotion(2, 4000, 0), _promotion(3, 4000, None)]
+    spent = spent_tokens(2000, complete, {1: True, 2: True, 3: True})
+    assert spent == Spent(tokens=2000 + 4000 + 4000 + 2000, resumed=2, afresh=1, unknown=1)
+    assert spent_tokens(2000, [_promotion(3, 4000, None)], {3: False}).tokens == 4000
 
 
 def test_shapes_not_promoted_are_placed_at_the_budget_by_the_contenders_median_change():
