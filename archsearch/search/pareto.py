@@ -401,6 +401,7 @@ def study_front(
     loss: str | None = None,
     size_beta: float | None = None,
     beta_rule: str = "given",
+    first_pass: bool = False,
 ) -> StudyFront | None:
     """The Pareto front of `study`'s complete trials (None when none has every objective).
 
@@ -416,6 +417,8 @@ def study_front(
             the trials ranked (the complete trials with every objective;
             `fidelity.loss_objectives`).
         beta_rule: how a given `size_beta` was chosen, for the reader.
+        first_pass: rank every trial by its first pass, promotions or not: the front promotion
+            chooses its contenders from, the same before and after some of them were promoted.
 
     Raises:
         ArchsearchError: an unknown study or `loss`, or a reference point of the wrong length.
@@ -431,7 +434,11 @@ def study_front(
     elif size_beta is None:
         beta_rule = "sd(loss) / sd(ln params) over the complete trials"
     objectives, numbers, first, params, first_changes = _ranked(storage, study, objectives, loss)
-    values, changes, ranking = promoted(storage, study, objectives, numbers, first, first_changes)
+    values, changes, ranking = (
+        (first, first_changes, None)
+        if first_pass
+        else promoted(storage, study, objectives, numbers, first, first_changes)
+    )
     if reference is not None and len(reference) != len(objectives):
         raise ArchsearchError(f"the reference point needs {len(objectives)} values, one per objective")
     rule = None

@@ -165,7 +165,8 @@ class _Promoter:
     def run(self) -> PromotionSummary | None:
         settings = self.spec.defaults.promote
         assert settings is not None and self.spec.proxy.tokens is not None  # checked by the spec
-        front = study_front(self.storage, self.study)
+        # The first pass's front: a resumed promotion must choose the contenders it chose before.
+        front = study_front(self.storage, self.study, first_pass=True)
         if front is None:
             return None
         numbers = list(front.trial_numbers)

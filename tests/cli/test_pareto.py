@@ -171,6 +171,15 @@ def test_the_front_ranks_promoted_contenders_at_their_largest_common_budget(prom
     assert [r["number"] for r in proxy["front"]] == [4, 3, 1, 0]
 
 
+def test_the_first_pass_front_promotion_chooses_from_ignores_the_promotions(promoted_url):
+    from archsearch.search.pareto import study_front
+
+    with Storage.open(promoted_url, read_only=True) as db:
+        first = study_front(db, "p", first_pass=True)
+        assert first.front.numbers == (3, 1, 0) and first.ranking is None
+        assert study_front(db, "p").front.numbers == (4, 3, 1, 0)
+
+
 def _all_rows(url: str) -> list[dict]:
     listed = CliRunner().invoke(app, ["trials", "--study", "p", "--storage", url, "--format", "json"])
     return sorted(
