@@ -11,9 +11,11 @@ lets that be replayed without training: a budget's run is its curve read to that
 rung is the same run continued (resumed, as promotion does under a constant rate).
 
 For each first pass (4B, 8B, 16B tokens), margin (0.02 nats, the public runs' seed noise, and
-`AUTO_MARGIN`, the tiny CPU proxy's) and cap (8x, 16x), it prints the final ranking (contenders by
-their loss objective at the budget promotion ranked them at, the others by the first pass, as the
-search's front reads a promoted study) against the 350B losses: Spearman with its 95% bootstrap
+`AUTO_MARGIN`, the tiny CPU proxy's), cap (8x, 16x) and bound on the contenders (the default
+`max_contenders`, and none), it prints the final ranking (contenders by
+their loss objective at the budget promotion ranked them at, the others estimated there by their
+first pass plus the contenders' median change, `PromotionRanking.place`, as the search's front
+reads a promoted study) against the 350B losses: Spearman with its 95% bootstrap
 interval, iso-size pairs ordered right (`public_runs.iso_pairs`), 350B-front members recalled
 (`fidelity_stats.front_recall`, loss against FLOPs) and the knee's regret in nats; and the tokens
 trained, beside (a) no promotion, (b) every shape at the cap's budget, (c) every shape at the
@@ -36,6 +38,7 @@ import numpy as np
 
 from archsearch.search import fidelity_stats as fs
 from archsearch.search.promotion import AUTO, HELD, PromoteSettings, climb, contenders, promotion_tokens
+from archsearch.storage import PromotionRanking
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from public_runs import NOISE, SHIPPED, iso_pairs, load_gemstones, objective_values
@@ -44,6 +47,7 @@ OBJECTIVES = ("loss", "flops")  # the examples' front: the loss objective agains
 FIRST_PASSES = (2, 4, 8)  # Gemstones evaluation intervals of 2B tokens: 4B, 8B, 16B
 CAPS = (8.0, 16.0)
 MARGINS = (NOISE, AUTO)  # the public runs' seed noise; the tiny CPU proxy's (`AUTO_MARGIN`)
+BOUNDS = (PromoteSettings().max_contenders, None)  # the default bound on contenders; None: every one
 
 
 @dataclass(frozen=True)
@@ -105,7 +109,10 @@ class Gemstones:
         """Promotion as the search runs it (`promote_run`), each rung read off the curves."""
         numbers = list(range(len(self.shapes)))
         values = self.objective(first)
-        chosen = contenders(numbers, np.column_stack([values, self.flops]), OBJECTIVES, settings.margin_nats)
+        chosen = contenders(
+            numbers, np.column_stack([values, self.flops]), OBJECTIVES, settings.margin_nats,
+            settings.max_contenders,
+        )  # fmt: skip
 
         def budget_of(multiple: float) -> int:
             budget = round(first * multiple)
@@ -118,8 +125,9 @@ class Gemstones:
 
         done = climb(settings, {n: float(values[n]) for n in chosen}, budget_of, read)
         ranked_at = first if done.ranked_at is None else done.ranked_at
-        ranked = values.copy()
-        ranked[list(chosen)] = self.objective(ranked_at)[list(chosen)]
+        at_budget = {n: float(self.objective(ranked_at)[n]) for n in chosen}
+        placed, _ = PromotionRanking.place(dict(enumerate(map(float, values))), at_budget)
+        ranked = np.array([placed[n] for n in numbers], dtype=float)
         return Replay(tuple(chosen), done.budgets, ranked_at, done.stopped == HELD, ranked)
 
     def promoted_tokens(self, first: int, replay: Replay, resumed: bool) -> int:
@@ -136,7 +144,7 @@ class Gemstones:
 def row(label: str, tokens: float, base: float, q: Quality) -> str:
     rho = q.spearman
     return (
-        f"    {label:34s} {tokens / 1e9:8,.0f}B {tokens / base:5.2f}x  {rho.value:.3f} "
+        f"    {label:42s} {tokens / 1e9:8,.0f}B {tokens / base:5.2f}x  {rho.value:.3f} "
         f"[{rho.low:.3f}, {rho.high:.3f}] {q.iso[0]:>5d}/{q.iso[1]:<3d} {q.recall[0]:>3d}/{q.recall[1]:<3d}"
         f" {q.regret:6.3f}"
     )
@@ -156,7 +164,7 @@ def report(g: Gemstones, firsts: tuple[int, ...], margins, caps: tuple[float, ..
     for first in firsts:
         base = len(g.shapes) * g.tokens(first)
         print(f"  first pass at {g.tokens(first) / 1e9:.0f}B tokens:")
-        head = f"{'plan':34s} {'tokens':>9s} {'x':>6s}  {'Spearman [95%]':22s} {'iso':>9s} {'front':>7s}"
+        head = f"{'plan':42s} {'tokens':>9s} {'x':>6s}  {'Spearman [95%]':22s} {'iso':>9s} {'front':>7s}"
         print(f"    {head} {'regret':>6s}")
         print(row("(a) no promotion", base, base, g.uniform(first)))
         for cap in caps:
@@ -169,19 +177,22 @@ def report(g: Gemstones, firsts: tuple[int, ...], margins, caps: tuple[float, ..
                     g.uniform(capped),
                 )
             )
-        for margin in margins:
+        for margin, most in ((m, k) for m in margins for k in BOUNDS):
             # Caps that PASHA's rule never reached replay alike: one row for them.
             alike: dict[tuple[int, ...], list[float]] = {}
             replays = {}
             for cap in caps:
-                r = g.replay(first, PromoteSettings(cap=cap, margin=margin))
+                r = g.replay(
+                    first, PromoteSettings(cap=cap, margin=margin, max_contenders=most or len(g.shapes))
+                )
                 alike.setdefault(r.budgets, []).append(cap)
                 replays[r.budgets] = r
             for budgets, same in alike.items():
                 r = replays[budgets]
                 q = g.quality(r.values)
                 nats = PromoteSettings(margin=margin).margin_nats
-                label = f"promoted, margin {nats:.3f}, cap {'/'.join(f'{c:g}' for c in same)}x"
+                bound = f"<= {most}" if most else "all"
+                label = f"promoted {bound}, margin {nats:.3f}, cap {'/'.join(f'{c:g}' for c in same)}x"
                 print(row(label, g.promoted_tokens(first, r, True), base, q))
                 chosen = list(r.contenders)
                 before = fs.rank_correlation(g.objective(first)[chosen], g.final[chosen]).value

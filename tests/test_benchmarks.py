@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from archsearch.search.promotion import PromoteSettings
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -163,6 +165,9 @@ def test_promotion_replay_smoke_costs_between_no_promotion_and_all_at_the_cap():
     for m in rows.values():
         assert float(m["low"]) <= float(m["rho"]) <= float(m["high"]) <= 1, out
     assert re.search(r"\n      \d+ contenders \(shapes [\d, ]+\); rungs [\d,]+B, (held|capped)", out), out
+    # One replay at the default bound on contenders, one without: 19 of the 22 contend at 8B.
+    counts = [int(c) for c in re.findall(r"\n      (\d+) contenders", out)]
+    assert min(counts) <= PromoteSettings().max_contenders < max(counts), out
 
 
 def test_trainer_throughput_smoke_trains_in_the_precision_auto_resolves_to(cpu_bf16):

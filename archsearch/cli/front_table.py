@@ -54,7 +54,7 @@ def print_study_front(f: Any, long: dict[int, tuple[float, float, int]] | None =
             row.append(long_cell(long.get(r.number)))
         if f.ranking is not None:
             tokens = f.ranked_tokens(r.number)
-            row.append(f"{tokens:,}" if tokens else "-")
+            row.append((f"{tokens:,}" + (" est." if f.estimated(r.number) else "")) if tokens else "-")
         table.add_row(*row)
     console.print(table)
     ref = ", ".join(f"{x:.4g}" for x in f.front.reference)

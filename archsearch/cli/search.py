@@ -124,9 +124,12 @@ def cost_line(promotion: Any) -> str:
     total = first + more
     against = f"{total / first:.2f}x" if first else "-"
     share = f"{100 * total / tenfold:.0f}%" if tenfold else "-"
+    # How the promotions ran, as they did: resumed from a kept state or trained from step 0.
+    how = [f"{promotion.resumed} resumed", f"{promotion.afresh} from step 0"]
+    how += [f"{promotion.unknown} of unknown start, counted as planned"] if promotion.unknown else []
     return (
-        f"tokens trained: {first:,} first pass + {more:,} promotion = {total:,}; without promotion {first:,} "
-        f"({against} that), every trial at {TENFOLD}x {tenfold:,} ({share} of that)"
+        f"tokens trained: {first:,} first pass + {more:,} promotion ({', '.join(how)}) = {total:,}; without "
+        f"promotion {first:,} ({against} that), every trial at {TENFOLD}x {tenfold:,} ({share} of that)"
     )
 
 

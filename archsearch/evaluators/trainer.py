@@ -104,6 +104,7 @@ class TrainResult:
     step_time_s: float | None = None
     step_time_steps: int = 0
     threads: int | None = None  # torch intra-op threads of a CPU run; None on CUDA (left alone)
+    resumed_tokens: int = 0  # tokens taken over from a checkpoint; 0: trained from step 0
 
     def __post_init__(self) -> None:
         check_state(self.status, OUTCOMES)
@@ -636,6 +637,7 @@ def _train(
         val_curve=tuple(val_curve),
         step_time_s=step_time,
         step_time_steps=step_time_steps,
+        resumed_tokens=int(saved["tokens"]) if saved is not None else 0,
         **base,
     )
 

@@ -220,20 +220,33 @@ class StudyFront:
     loss_rule: LossRule | None = None
     beta_rule: str | None = None
     # Set for a study with promotions: the loss of its contenders in the values is their loss at
-    # `ranking.budget`, the other trials' their first pass (`promotion.ranking_line` says so).
+    # `ranking.budget`, the other trials' estimated there from their first pass (`placed`;
+    # `promotion.ranking_line` says so).
     ranking: PromotionRanking | None = None
 
     def ranked_tokens(self, number: int) -> int | None:
-        """The tokens trial `number`'s loss is ranked at: its promotion's budget, else its first pass's."""
+        """The tokens trial `number`'s loss is ranked at: the ranking's budget (measured for a
+        contender, estimated for the others), else the proxy's."""
         if self.ranking is None:
             return None
-        p = self.ranking.ranked.get(number)
-        return p.budget_tokens if p is not None else self.ranking.proxy_tokens
+        return self.ranking.budget if self.ranking.ranked else self.ranking.proxy_tokens
+
+    def estimated(self, number: int) -> bool:
+        """Whether trial `number`'s ranked loss is estimated at the ranking's budget (not promoted)."""
+        return self.ranking is not None and bool(self.ranking.ranked) and number not in self.ranking.ranked
 
     def ranked_loss(self, record: Any) -> float:
-        """A front member's loss at the budget it is ranked at (before any size credit)."""
+        """A front member's loss at the budget it is ranked at (before any size credit): measured
+        for a contender; for a trial not promoted, estimated there on a front of the proxy loss
+        (the value it is ranked by), its first pass's measured loss on a front of the adjusted loss
+        (whose estimate is of the adjusted loss alone)."""
         p = self.ranking.ranked.get(record.number) if self.ranking else None
-        return float(p.val_loss) if p is not None and p.val_loss is not None else float(record["loss"])
+        if p is not None and p.val_loss is not None:
+            return float(p.val_loss)
+        if self.loss_rule is None and self.estimated(record.number) and "loss" in self.front.objectives:
+            row = self.trial_numbers.index(record.number)
+            return float(self.trial_values[row, list(self.front.objectives).index("loss")])
+        return float(record["loss"])
 
     @property
     def size_beta(self) -> float | None:
@@ -243,10 +256,12 @@ class StudyFront:
     def to_dict(self, long: dict[int, tuple[float, float, int]] | None = None) -> dict[str, Any]:
         """JSON-ready; `long` (`Storage.long_run_losses`) adds each member's long-run loss.
 
-        "loss" is the measured loss at the budget the member is ranked at (its first pass unless
-        promoted); a front of the adjusted loss adds "adjusted_loss" to each member and states its
-        rule ("size_beta", "extrapolate"). A study with promotions adds each member's
-        "budget_tokens" and a "ranking" entry (`ranking_dict`).
+        "loss" is the loss the member is ranked by; a front of the adjusted loss ranks
+        "adjusted_loss", adds it to each member and states its rule ("size_beta", "extrapolate"),
+        and "loss" is then the measured loss (at the member's first pass unless promoted). A study
+        with promotions adds each member's "budget_tokens" (the tokens it is ranked at),
+        "estimated" (true: not promoted, its ranked loss estimated at that budget, `placed`) and a
+        "ranking" entry (`ranking_dict`).
         """
         rows = []
         for r, values in zip(self.records, self.front.values, strict=True):
@@ -261,6 +276,7 @@ class StudyFront:
                 objectives = {"loss": self.ranked_loss(r), "adjusted_loss": adjusted, **objectives}
             if self.ranking is not None:
                 objectives["budget_tokens"] = self.ranked_tokens(r.number)
+                objectives["estimated"] = self.estimated(r.number)
             rows.append(
                 {
                     "number": r.number,
@@ -348,7 +364,8 @@ def promoted(
     """`values` and `changes` (rows of `numbers`) with each promoted contender's proxy loss and
     curve change replaced by its promotion's at the budget the study ranks it at
     (`Storage.promotion_ranking`), so every loss measure ranks it there; and that ranking, None
-    for a study without promotions (its values returned as they are)."""
+    for a study without promotions (its values returned as they are). The other trials keep their
+    first pass: `placed` then estimates them at that budget in the measure the front ranks."""
     ranking = storage.promotion_ranking(study)
     if ranking is None or not ranking.ranked or "loss" not in objectives:
         return values, changes, ranking
@@ -361,6 +378,21 @@ def promoted(
     return values, changes, ranking
 
 
+def placed(
+    ranking: PromotionRanking | None, numbers: Sequence[int], first: np.ndarray, at_budget: np.ndarray
+) -> np.ndarray:
+    """A loss measure of the rows `numbers` as a promoted study's front ranks it
+    (`PromotionRanking.place`): `at_budget` (the measure after `promoted`) for the contenders
+    ranked at the budget, the others' `first` (the measure of their first pass) plus the
+    contenders' median change; `at_budget` as it is without such a budget."""
+    if ranking is None or not ranking.ranked:
+        return at_budget
+    rows = dict(zip(numbers, range(len(numbers)), strict=True))
+    promoted_values = {n: float(at_budget[rows[n]]) for n in ranking.ranked if n in rows}
+    values, _ = ranking.place(dict(zip(numbers, map(float, first), strict=True)), promoted_values)
+    return np.array([values[n] for n in numbers], dtype=float)
+
+
 def study_front(
     storage: Storage,
     study: str,
@@ -369,6 +401,7 @@ def study_front(
     loss: str | None = None,
     size_beta: float | None = None,
     beta_rule: str = "given",
+    first_pass: bool = False,
 ) -> StudyFront | None:
     """The Pareto front of `study`'s complete trials (None when none has every objective).
 
@@ -384,6 +417,8 @@ def study_front(
             the trials ranked (the complete trials with every objective;
             `fidelity.loss_objectives`).
         beta_rule: how a given `size_beta` was chosen, for the reader.
+        first_pass: rank every trial by its first pass, promotions or not: the front promotion
+            chooses its contenders from, the same before and after some of them were promoted.
 
     Raises:
         ArchsearchError: an unknown study or `loss`, or a reference point of the wrong length.
@@ -398,16 +433,26 @@ def study_front(
         beta_rule = "none: the study's [objectives] has no size_beta"
     elif size_beta is None:
         beta_rule = "sd(loss) / sd(ln params) over the complete trials"
-    objectives, numbers, values, params, changes = _ranked(storage, study, objectives, loss)
-    values, changes, ranking = promoted(storage, study, objectives, numbers, values, changes)
+    objectives, numbers, first, params, first_changes = _ranked(storage, study, objectives, loss)
+    values, changes, ranking = (
+        (first, first_changes, None)
+        if first_pass
+        else promoted(storage, study, objectives, numbers, first, first_changes)
+    )
     if reference is not None and len(reference) != len(objectives):
         raise ArchsearchError(f"the reference point needs {len(objectives)} values, one per objective")
     rule = None
+    first = first.copy()
     if loss == "adjusted" and own is not None:
         values = values.copy()
         beta = 0.0 if uncredited else size_beta
         values[:, 0], rule = loss_objectives(values[:, 0], changes, params, beta, own.extrapolate)
+        first[:, 0] = loss_objectives(first[:, 0], first_changes, params, rule.size_beta, own.extrapolate)[0]
         rule = own if uncredited else rule
+    if ranking is not None and "loss" in objectives:
+        column = list(objectives).index("loss")
+        values = values.copy()
+        values[:, column] = placed(ranking, numbers, first[:, column], values[:, column])
     front = pareto_front(numbers, values, objectives, reference) if numbers else None
     if front is None:
         return None

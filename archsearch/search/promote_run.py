@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from archsearch.search.pareto import study_front
 from archsearch.search.pool import RayPool, Stop
-from archsearch.search.promotion import TENFOLD, climb, contenders, promotion_tokens
+from archsearch.search.promotion import TENFOLD, climb, contenders, spent_tokens
 from archsearch.search.validate import long_run
 from archsearch.search.worker import STALLED, kept_state_path, stall_retry
 from archsearch.space.costs import param_counts
@@ -61,18 +61,23 @@ class PromotionSummary:
     ranked_at: int
     stopped: str  # promotion.HELD, promotion.CAPPED or INTERRUPTED
     # What it cost, in tokens trained: the first pass (the search without promotion), promotion
-    # (`promotion.promotion_tokens`), and every trial of the first pass trained at `TENFOLD` x.
+    # (`promotion.spent_tokens`), and every trial of the first pass trained at `TENFOLD` x; and how
+    # many promotions resumed from a kept state, trained from step 0, or are of unknown start.
     first_pass_tokens: int = 0
     promotion_tokens: int = 0
     tenfold_tokens: int = 0
+    resumed: int = 0
+    afresh: int = 0
+    unknown: int = 0
 
 
 @dataclass(frozen=True)
 class PromotionProgress:
     """A snapshot for progress displays while promotion runs: the search's last (`search`) with the
-    promotions done, running and planned (every contender at every rung to the cap: PASHA's rule
-    may stop sooner), the rung's budget, and the seconds left to the cap (`eta_s`; None until a
-    time per token is known). `finished` and `target` count trials and promotions together, so a
+    promotions done, running and planned (every contender at every rung begun so far: PASHA's rule
+    decides at the end of each whether another runs), the rung's budget, the seconds left to the
+    end of that rung (`eta_s`; None until a time per token is known), and the rung's place among
+    the `rungs` the cap allows. `finished` and `target` count trials and promotions together, so a
     display counting work moves as promotions end."""
 
     search: Any  # the driver's `SearchProgress` (the driver imports this module)
@@ -81,6 +86,8 @@ class PromotionProgress:
     planned: int
     budget: int
     eta_s: float | None
+    rung: int = 1
+    rungs: int = 1
 
     @property
     def finished(self) -> int:
@@ -96,7 +103,10 @@ class PromotionProgress:
 
     @property
     def promotion_line(self) -> str:
-        return f"promotions {self.done}/{self.planned} done, {self.running} running at {self.budget:,} tokens"
+        return (
+            f"promotions {self.done}/{self.planned} done, {self.running} running at {self.budget:,} tokens "
+            f"(rung {self.rung} of at most {self.rungs})"
+        )
 
 
 def trial_settings(spec: SearchSpec, record: TrialRecord) -> TrainSettings:
@@ -124,10 +134,13 @@ class _Promoter:
         settings, proxy = self.spec.defaults.promote, self.spec.proxy.tokens
         assert settings is not None and proxy is not None  # checked by the spec
         rungs = [whole(proxy * m) for m in settings.multiples]
+        # Only the rungs begun: PASHA's rule may stop at the end of any, so a later one is not
+        # counted until it starts (before the first starts, the first).
+        begun = [b for b in rungs if b <= self.budget] or rungs[:1]
         stored = self.storage.promotions(self.study)
         ended = {(p.trial_number, p.budget_tokens) for p in stored if p.status != RUNNING}
         chosen_set = set(chosen)
-        done = sum(1 for n, b in ended if n in chosen_set and b in rungs)
+        done = sum(1 for n, b in ended if n in chosen_set and b in begun)
         # Seconds per token: the promotions' own (each ran from step 0 to its budget), else the
         # first pass's mean wall time over the proxy's tokens.
         own = [p.wall_time_s / p.budget_tokens for p in stored if p.status == COMPLETE and p.wall_time_s]
@@ -138,23 +151,28 @@ class _Promoter:
         for n in chosen:
             resumed = n in self.records and trial_settings(self.spec, self.records[n]).budget_free
             previous = proxy
-            for budget in rungs:
+            for budget in begun:
                 if (n, budget) not in ended:
                     left += budget - previous if resumed else budget
                 previous = budget
         eta = None if per_token is None else per_token * left / max(1, self.options.workers)
         self.on_update(
-            PromotionProgress(search, done, self.running, len(chosen) * len(rungs), self.budget, eta)
+            PromotionProgress(
+                search, done, self.running, len(chosen) * len(begun), self.budget, eta, len(begun), len(rungs)
+            )
         )
 
     def run(self) -> PromotionSummary | None:
         settings = self.spec.defaults.promote
         assert settings is not None and self.spec.proxy.tokens is not None  # checked by the spec
-        front = study_front(self.storage, self.study)
+        # The first pass's front: a resumed promotion must choose the contenders it chose before.
+        front = study_front(self.storage, self.study, first_pass=True)
         if front is None:
             return None
         numbers = list(front.trial_numbers)
-        chosen = contenders(numbers, front.trial_values, front.front.objectives, settings.margin_nats)
+        chosen = contenders(
+            numbers, front.trial_values, front.front.objectives, settings.margin_nats, settings.max_contenders
+        )
         self.records = {r.number: r for r in self.storage.trials_by_number(self.study, chosen)}
         self._forget(r for r in self.storage.trials(self.study, COMPLETE) if r.number not in self.records)
         log.info("promoting %d contenders: trials %s", len(chosen), ", ".join(map(str, chosen)))
@@ -172,21 +190,27 @@ class _Promoter:
         ranked_at = proxy if done.ranked_at is None else done.ranked_at
         if done.stopped != INTERRUPTED:
             self._forget(self.records.values())
-        return PromotionSummary(tuple(chosen), done.budgets, ranked_at, done.stopped, *self._cost())
+        first_pass, spent, tenfold = self._cost()
+        return PromotionSummary(
+            tuple(chosen), done.budgets, ranked_at, done.stopped, first_pass, spent.tokens, tenfold,
+            spent.resumed, spent.afresh, spent.unknown,
+        )  # fmt: skip
 
-    def _cost(self) -> tuple[int, int, int]:
-        """(first-pass tokens, promotion tokens, every first-pass trial at `TENFOLD` x) of the study:
-        the promotions complete so far, each resumed where its trial's settings keep a state."""
+    def _cost(self) -> tuple[int, Any, int]:
+        """(first-pass tokens, what the promotions complete so far trained (`promotion.Spent`),
+        every first-pass trial at `TENFOLD` x) of the study."""
         proxy = self.spec.proxy.tokens or 0
         trained = [r for r in self.storage.trials(self.study) if r["tokens_trained"]]
         first = sum(int(r["tokens_trained"]) for r in trained)
         shapes = sum(1 for r in trained if r.status in (COMPLETE, PRUNED))
-        budgets: dict[int, list[int]] = {}
-        for p in self.storage.promotions(self.study, COMPLETE):
-            budgets.setdefault(p.trial_number, []).append(p.budget_tokens)
+        complete = self.storage.promotions(self.study, COMPLETE)
         by_number = {r.number: r for r in trained}
-        resumed = {n: n in by_number and trial_settings(self.spec, by_number[n]).budget_free for n in budgets}
-        return first, promotion_tokens(proxy, budgets, resumed), TENFOLD * proxy * shapes
+        resumable = {
+            p.trial_number: p.trial_number in by_number
+            and trial_settings(self.spec, by_number[p.trial_number]).budget_free
+            for p in complete
+        }
+        return first, spent_tokens(proxy, complete, resumable), TENFOLD * proxy * shapes
 
     def _rung(self, chosen: list[int] | tuple[int, ...], budget: int) -> dict[int, float]:
         """Train every contender at `budget` that no driver has (here, or waiting for another
@@ -273,7 +297,7 @@ class _Promoter:
         objective = self.spec.loss_rule.value(result["val_loss"], curve_change(curve), params)
         self.storage.finish_promotion(
             row, status=COMPLETE, val_loss=result["val_loss"], objective=objective, val_curve=curve,
-            wall_time_s=result.get("wall_time_s"),
+            wall_time_s=result.get("wall_time_s"), resumed_tokens=result.get("resumed_tokens"),
         )  # fmt: skip
 
     def _forget(self, records: Any) -> None:

@@ -30,7 +30,7 @@ from archsearch.search.pareto import knee_index, pareto_mask, scaled
 from archsearch.trial import INTERRUPTED
 
 if TYPE_CHECKING:
-    from archsearch.storage import PromotionRanking
+    from archsearch.storage import PromotionRanking, PromotionRecord
 
 AUTO = "auto"
 AUTO_MARGIN = 0.063  # nats: the tiny proxy's seed noise (module docstring)
@@ -72,16 +72,21 @@ RULES.register("pasha", order_holds)
 
 @dataclass(frozen=True)
 class PromoteSettings:
-    """A space file's `[search] promote = { cap, rule, margin }`.
+    """A space file's `[search] promote = { cap, rule, margin, max_contenders }`.
 
     Raises:
         PromoteError: a cap that is not a number in [1, MAX_CAP], an unknown rule, a margin that
-            is neither "auto" nor a finite number >= 0.
+            is neither "auto" nor a finite number >= 0, a `max_contenders` that is not a whole
+            number >= 2.
     """
 
     cap: float = 4.0  # the largest budget, a multiple of the proxy's tokens
     rule: str = "pasha"  # a name in RULES
     margin: float | str = AUTO  # nats of the loss objective; "auto": AUTO_MARGIN
+    # The most shapes promoted, those nearest the knee: without a bound the front and its margin
+    # took 15-20 of Gemstones' 22 shapes; 8 kept the knee's regret at 0 for 27-31% fewer tokens
+    # (docs/benchmarks.md, "promotion_replay").
+    max_contenders: int = 8
 
     def __post_init__(self) -> None:
         cap = self.cap
@@ -95,6 +100,11 @@ class PromoteSettings:
         number = isinstance(margin, int | float) and not isinstance(margin, bool)
         if margin != AUTO and not (number and math.isfinite(margin) and margin >= 0):
             raise PromoteError(f'must be "auto" or a number of nats >= 0, got {margin!r}', "margin")
+        most = self.max_contenders
+        if isinstance(most, bool) or not isinstance(most, int) or most < 2:
+            raise PromoteError(
+                f"must be a whole number >= 2 (the most shapes promoted), got {most!r}", "max_contenders"
+            )
         object.__setattr__(self, "cap", float(cap))
         if number:
             object.__setattr__(self, "margin", float(margin))
@@ -114,7 +124,12 @@ class PromoteSettings:
         return (*out, self.cap) if self.cap > 1 else ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"cap": self.cap, "rule": self.rule, "margin": self.margin}
+        return {
+            "cap": self.cap,
+            "rule": self.rule,
+            "margin": self.margin,
+            "max_contenders": self.max_contenders,
+        }
 
 
 @dataclass(frozen=True)
@@ -154,13 +169,19 @@ def climb(
 
 
 def contenders(
-    numbers: Sequence[int], values: np.ndarray, objectives: Sequence[str], margin: float
+    numbers: Sequence[int],
+    values: np.ndarray,
+    objectives: Sequence[str],
+    margin: float,
+    most: int | None = None,
 ) -> tuple[int, ...]:
     """The trials promotion trains on: the front of `values` (n x m, minimised, the loss objective
     first); every trial that the front would no longer dominate were its loss `margin` lower (a
     tie within the noise); and the `KNEE_NEIGHBOURS` trials nearest the knee off the front (in the
     objectives scaled to [0, 1] over all trials, log10 for FLOPs and times), which the knee, the
-    default pick, must beat at the longer budget too. In `numbers` order.
+    default pick, must beat at the longer budget too. At most `most` of them (None: all), the knee
+    and those nearest it in the same scaled units: the knee is what a user takes, and a broad front
+    within a wide margin would otherwise promote nearly every shape. In `numbers` order.
     """
     values = np.asarray(values, dtype=float).reshape(len(numbers), len(objectives))
     if not len(numbers):
@@ -180,13 +201,16 @@ def contenders(
     distance = np.sqrt(((unit - unit[knee]) ** 2).sum(axis=1))
     off = [i for i in np.argsort(distance, kind="stable") if not on_front[i] and not np.isnan(distance[i])]
     chosen.update(int(i) for i in off[:KNEE_NEIGHBOURS])
+    if most is not None and len(chosen) > most:
+        nearest = sorted(chosen, key=lambda i: (np.nan_to_num(distance[i], nan=np.inf), numbers[i]))
+        chosen = set(nearest[:most])
     return tuple(numbers[i] for i in sorted(chosen))
 
 
 def ranking_line(ranking: PromotionRanking) -> str:
     """What a front of a study with promotions ranks, for the reader: the budget its contenders
-    are ranked at and how the shapes not promoted are placed (by their first pass: a shape left
-    out was not close enough to the front to contend, and is compared by its proxy value)."""
+    are ranked at and how the shapes not promoted are placed there (`PromotionRanking.place`:
+    their first-pass value plus the contenders' median change, an estimate)."""
     proxy = ranking.proxy_tokens
     at_proxy = f"the proxy's {proxy:,} tokens" if proxy else "the proxy's budget"
     numbers = ", ".join(map(str, ranking.contenders))
@@ -199,8 +223,8 @@ def ranking_line(ranking: PromotionRanking) -> str:
         )
     multiple = f" ({ranking.budget / proxy:g}x the proxy)" if proxy else ""
     return (
-        f"ranked at {ranking.budget:,} tokens{multiple} for {promoted}; the other trials by their "
-        f"first-pass value at {at_proxy}"
+        f"ranked at {ranking.budget:,} tokens{multiple} for {promoted}; the other trials estimated "
+        f"there: their value at {at_proxy} plus the contenders' median change"
     )
 
 
@@ -220,3 +244,33 @@ def promotion_tokens(
             total += budget - previous if resumed.get(number, False) else budget
             previous = budget
     return total
+
+
+@dataclass(frozen=True)
+class Spent:
+    """What the complete promotions trained (`spent_tokens`): tokens, and how many of them resumed
+    from a kept state, trained from step 0, or are of unknown start (stored before it was)."""
+
+    tokens: int
+    resumed: int
+    afresh: int
+    unknown: int = 0
+
+
+def spent_tokens(
+    proxy_tokens: int, complete: Sequence[PromotionRecord], resumable: Mapping[int, bool]
+) -> Spent:
+    """The tokens the `complete` promotions trained, as they ran: each its budget less the tokens it
+    took over from a kept state (`PromotionRecord.resumed_tokens`; 0 when it trained from step 0,
+    as it does when the state is missing or belongs to another run). A promotion stored without it
+    counts as `promotion_tokens` plans it, resumed where its trial's settings keep a state
+    (`resumable`, by trial number)."""
+    known = [p for p in complete if p.resumed_tokens is not None]
+    budgets: dict[int, list[int]] = {}
+    for p in complete:
+        if p.resumed_tokens is None:
+            budgets.setdefault(p.trial_number, []).append(p.budget_tokens)
+    planned = promotion_tokens(proxy_tokens, budgets, resumable)
+    tokens = sum(p.budget_tokens - int(p.resumed_tokens or 0) for p in known) + planned
+    resumed = sum(1 for p in known if p.resumed_tokens)
+    return Spent(tokens, resumed, len(known) - resumed, len(complete) - len(known))

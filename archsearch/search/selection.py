@@ -6,8 +6,8 @@ module chooses trials the way `pareto` ranks them and lays out what `export` wri
 - a selector picks the trials: one by number, the knee of the Pareto front, the lowest loss under
   a FLOPs limit, or the whole front; "loss" is the study's loss objective (credited for size
   when the study has a size beta), as `pareto` ranks it: a promoted contender's at the budget the
-  study ranks its contenders at (`Storage.promotion_ranking`), any other trial's as Optuna was
-  told it at the proxy's;
+  study ranks its contenders at (`Storage.promotion_ranking`), any other trial's estimated at that
+  budget from its first pass (`PromotionRanking.place`);
 - `exportable=True` first drops the trials the format cannot represent, so "the knee" means the
   knee of the front of the trials that export, the best a user can actually train;
 - `export_plan` turns the chosen trials into files (one folder per member for a front, with an
@@ -125,7 +125,9 @@ def select(db: Storage, study: str, choice: Choice) -> Selection:
         if choice.exportable:
             complete = _exportable(complete, study, choice.fmt)
         ranking = db.promotion_ranking(study)
-        ranked = {n: p.objective for n, p in ranking.ranked.items()} if ranking else {}
+        # The study's loss objective as `trials --format json` gives it: contenders measured at the
+        # ranking's budget, the others estimated there (`PromotionRanking.place`).
+        ranked = {n: v for n, (v, _, _) in db.ranked_objectives(study).items()} if ranking else {}
         if choice.flops_limit is not None:
             members = [_best_under(complete, record, choice.flops_limit, ranked)]
         else:
@@ -171,8 +173,8 @@ def _numbered(trials: list[Any], study: str, number: int, use: str = "export") -
 
 def _objective(t: Any, column: str, rule: LossRule, ranked: Mapping[int, float | None]) -> float:
     """A trial's value of an objective column; the loss as the study's loss objective (`rule`,
-    `objectives.loss_objective`), a promoted contender's at the budget it is ranked at (`ranked`,
-    by trial number). NaN when missing."""
+    `objectives.loss_objective`), as a study with promotions ranks it (`ranked`, by trial number:
+    `Storage.ranked_objectives`). NaN when missing."""
     if column == "loss" and t.number in ranked:
         promoted = ranked[t.number]
         return float("nan") if promoted is None else float(promoted)
@@ -199,7 +201,7 @@ def _best_under(complete: list[Any], record: Any, limit: float, ranked: Mapping[
 
 def _front(complete: Sequence[Any], record: Any, ranked: Mapping[int, float | None]) -> tuple[list[Any], int]:
     """The Pareto front of `complete` over the study's objectives (its loss objective as `pareto`
-    ranks it: `ranked` for the promoted contenders), in front order, and its knee."""
+    ranks it: `ranked` for a study with promotions), in front order, and its knee."""
     unknown = [o for o in record.objectives if o not in OBJECTIVE_COLUMNS]
     if unknown or not record.objectives:
         raise ArchsearchError(f"study {record.name!r} has objectives {record.objectives!r}: no front to rank")

@@ -61,8 +61,9 @@ Every table and key is optional unless marked; unknown tables or keys are errors
     prune = true
     rungs = [0.25, 0.5]    # fractions of the proxy budget where losses are compared
     prune_min_trials = 4   # trials that must reach a rung before any is pruned there
-    promote = { cap = 4, rule = "pasha", margin = "auto" }   # then train the front's contenders
-                           # on at 2x, 4x the proxy's tokens until their order holds; left out: off
+    promote = { cap = 4, rule = "pasha", margin = "auto", max_contenders = 8 }  # then train the
+                           # front's contenders (at most 8, nearest the knee) on at 2x, 4x the
+                           # proxy's tokens until their order holds; left out: off
 
 Every error is one line: `space.toml: [model].d_model: ...`. A budget no config can meet is not
 an error here; `spec.space.check_feasible()` finds it at search start.
@@ -457,7 +458,7 @@ _SEARCH = {
     "prune_min_trials": "int",
     "promote": "table",
 }
-_PROMOTE = ("cap", "rule", "margin")  # PromoteSettings' keys; it checks their types itself
+_PROMOTE = ("cap", "rule", "margin", "max_contenders")  # PromoteSettings' keys; it checks their types itself
 # TrainSettings' own fields, typed from their annotations ("int | None" -> int); seq_len is the
 # model's, so it is left out.
 _ANNOTATIONS = {"int": "int", "float": "float", "str": "str", "bool": "bool"}
@@ -549,10 +550,12 @@ KEY_DOCS: dict[str, str] = {
     "search.prune_min_trials": "Trials that must reach a rung before it prunes any.",
     "search.promote": (
         "After the trials, train the front's contenders at 2x, 4x, ... the proxy's tokens until "
-        'their ranking holds: { cap = 4, rule = "pasha", margin = "auto" }. cap: the largest '
-        "multiple, >= 1; rule: pasha (stop once no two contenders swap by more than the margin); "
+        'their ranking holds: { cap = 4, rule = "pasha", margin = "auto", max_contenders = 8 }. '
+        "cap: the largest multiple, >= 1; rule: pasha (stop once no two contenders swap by more "
+        "than the margin); "
         'margin: nats of the loss objective that count as a tie, "auto" = 0.063 (the tiny proxy\'s '
-        'seed noise). Needs [proxy].tokens; resumes exactly with schedule = "constant" and '
+        "seed noise); max_contenders: the most shapes promoted, the knee and those nearest it, "
+        '>= 2, default 8. Needs [proxy].tokens; resumes exactly with schedule = "constant" and '
         "warmup_tokens. Left out: off."
     ),
 }

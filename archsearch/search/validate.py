@@ -297,6 +297,7 @@ def long_run(request: dict[str, Any]) -> dict[str, Any]:
         tokens=result.tokens,
         val_curve=[list(p) for p in result.val_curve],
         wall_time_s=result.wall_time_s,
+        resumed_tokens=result.resumed_tokens,
         corpus_fingerprint=result.corpus_fingerprint,
         device_fingerprint=device.fingerprint,
     )

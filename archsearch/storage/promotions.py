@@ -93,9 +93,11 @@ class PromotionStore(StorageCore):
         val_curve: Sequence[Sequence[float]] = (),
         wall_time_s: float | None = None,
         reason: str | None = None,
+        resumed_tokens: int | None = None,
     ) -> None:
         """Write a promotion's result, in one transaction: complete with its loss, objective and
-        curve, or failed with its reason.
+        curve, or failed with its reason; `resumed_tokens`, the tokens the run took over from a kept
+        state (0: trained from step 0; None: not known).
 
         Raises:
             ValueError: a status other than complete or failed, or a complete one without a loss.
@@ -113,6 +115,7 @@ class PromotionStore(StorageCore):
             row.val_loss, row.objective = val_loss, objective
             row.val_curve_json = json.dumps(curve)
             row.wall_time_s = wall_time_s
+            row.resumed_tokens = None if resumed_tokens is None else int(resumed_tokens)
             row.lease_expires_at, row.finished_at = None, time.time()
 
     def promotions(self, study: str, status: str | None = None) -> list[PromotionRecord]:
@@ -133,11 +136,13 @@ class PromotionStore(StorageCore):
                 )
             )
 
-    def ranked_objectives(self, study: str) -> dict[int, tuple[float | None, int | None]]:
-        """Each complete trial's loss objective as a front ranks it, and the tokens it was ranked at:
-        a contender's at the largest budget every contender completed (`ranked_at`), any other
-        trial's at its proxy run (the study's loss rule over its stored loss, curve change and
-        size); (None, tokens) where the loss is missing. By trial number.
+    def ranked_objectives(self, study: str) -> dict[int, tuple[float | None, int | None, bool]]:
+        """Each complete trial's loss objective as a front ranks it (`PromotionRanking.place`), the
+        tokens it is ranked at and whether it is estimated there: a contender's measured at the
+        largest budget every contender completed, any other trial's estimated at that budget from
+        its proxy run (the study's loss rule over its stored loss, curve change and size); each at
+        its proxy run when no such budget exists; (None, tokens, False) where the loss is missing. By
+        trial number.
 
         Raises:
             UnknownNameError: no study of that name.
@@ -150,17 +155,23 @@ class PromotionStore(StorageCore):
                     trial.number, trial.loss, trial.loss_change, trial.params_total, trial.tokens_trained
                 ).where(trial.study == study, trial.status == COMPLETE, trial.number.is_not(None))
             ).all()
-        out: dict[int, tuple[float | None, int | None]] = {}
-        for number, loss, change, params, tokens in rows:
+        first: dict[int, float | None] = {}
+        tokens: dict[int, int | None] = {}
+        for number, loss, change, params, trained in rows:
             usable = (
                 loss is not None and math.isfinite(loss) and (rule.size_beta is None or (params or 0) > 0)
             )
-            out[number] = (rule.value(loss, change, params) if usable else None, tokens)
+            first[number] = rule.value(loss, change, params) if usable else None
+            tokens[number] = trained
         ranking = self.promotion_ranking(study)
-        for number, p in (ranking.ranked if ranking else {}).items():
-            if number in out:
-                out[number] = (p.objective, p.budget_tokens)
-        return out
+        if ranking is None or ranking.budget is None:
+            return {n: (v, tokens[n], False) for n, v in first.items()}
+        promoted = {n: p.objective for n, p in ranking.ranked.items() if n in first}
+        placed, _ = ranking.place(first, promoted)
+        return {
+            n: (v, ranking.budget if v is not None else tokens[n], v is not None and n not in promoted)
+            for n, v in placed.items()
+        }
 
     def promotion_ranking(self, study: str) -> PromotionRanking | None:
         """Where `study`'s front ranks its promoted contenders (`PromotionRanking`): the one answer
@@ -210,4 +221,5 @@ def _record(row: schema.Promotion) -> PromotionRecord:
         budget_tokens=row.budget_tokens, status=row.status, reason=row.reason, val_loss=row.val_loss,
         objective=row.objective, val_curve=curve, wall_time_s=row.wall_time_s, host=row.host,
         claimed_at=row.claimed_at, lease_expires_at=row.lease_expires_at, finished_at=row.finished_at,
+        resumed_tokens=row.resumed_tokens,
     )  # fmt: skip

@@ -487,8 +487,9 @@ def trials_table(
             the default order, go by trial number.
         limit: at most this many trials (after filtering and sorting).
         ranked: add `RANKED_COLUMNS`: each complete trial's loss objective as a front ranks it and
-            the tokens it was ranked at (`Storage.ranked_objectives`: a promoted contender's at the
-            largest budget every contender reached); None for the others.
+            the tokens it is ranked at and whether it is estimated there (`Storage.ranked_objectives`:
+            a promoted contender's measured at the largest budget every contender reached, any
+            other trial's estimated at that budget); None for the trials not complete.
 
     Returns:
         The columns of `FRAME_COLUMNS` in that order: number, status, reason, attempts, the
@@ -511,13 +512,14 @@ def trials_table(
     if not ranked:
         return TrialTable(FRAME_COLUMNS, rows)
     by_number = storage.ranked_objectives(study)
+    missing = (None,) * len(RANKED_COLUMNS)
     return TrialTable(
-        (*FRAME_COLUMNS, *RANKED_COLUMNS), [(*row, *by_number.get(row[0], (None, None))) for row in rows]
+        (*FRAME_COLUMNS, *RANKED_COLUMNS), [(*row, *by_number.get(row[0], missing)) for row in rows]
     )
 
 
-RANKED_COLUMNS = ("objective", "budget_tokens")
-_RANKED_DTYPES = {"objective": "float64", "budget_tokens": "Int64"}
+RANKED_COLUMNS = ("objective", "budget_tokens", "estimated")
+_RANKED_DTYPES = {"objective": "float64", "budget_tokens": "Int64", "estimated": "boolean"}
 
 
 def trials_frame(

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import math
+import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,16 +198,49 @@ class PromotionRecord:
     claimed_at: float
     lease_expires_at: float | None
     finished_at: float | None
+    # Tokens the run took over from a kept state (0: trained from step 0); None: not known.
+    resumed_tokens: int | None = None
 
 
 @dataclass(frozen=True)
 class PromotionRanking:
     """Where a study with promotions ranks its trials (`Storage.promotion_ranking`): its contenders
     at `budget`, the largest budget every one of them completed, each by its promotion there
-    (`ranked`); every other trial, and every contender when `budget` is None, by its first pass at
-    the proxy's tokens."""
+    (`ranked`); every other trial placed at `budget` too, estimated (`place`); every trial by its
+    first pass at the proxy's tokens when `budget` is None."""
 
     contenders: tuple[int, ...]  # the promoted trial numbers
     budget: int | None  # tokens; None: no longer budget was completed by every contender
     proxy_tokens: int | None  # the proxy's budget as the study's spec states it; None: not in tokens
     ranked: dict[int, PromotionRecord]  # contender number -> its complete promotion at `budget`
+
+    @staticmethod
+    def place(
+        first: Mapping[int, float | None], promoted: Mapping[int, float | None]
+    ) -> tuple[dict[int, float | None], float]:
+        """Every trial's value at `budget`, the one placement each reader of a promoted study ranks
+        by (the front, its knee, `export`, `report`, `trials`): a contender's measured there
+        (`promoted`, by trial number), any other trial's estimated as its first-pass value (`first`)
+        plus the median change the contenders measured between their first pass and `budget`.
+
+        Without it a front would compare the contenders' longer-budget values with the others'
+        first-pass ones, which are higher only for being shorter, and push the shapes not promoted
+        behind. The shift is one number for all: it keeps their order among themselves and needs no
+        model of how a loss falls with tokens (on Gemstones' curves the median beat a shift
+        predicted from each shape's size; docs/benchmarks.md, "promotion_replay").
+
+        Returns:
+            (trial number -> value, None where its first-pass value is missing; the shift added to
+            the trials not promoted, 0 when no contender has both values).
+        """
+        drops = [
+            v - f
+            for n, v in promoted.items()
+            if v is not None and (f := first.get(n)) is not None and math.isfinite(v - f)
+        ]
+        shift = statistics.median(drops) if drops else 0.0
+        placed: dict[int, float | None] = {}
+        for n in dict.fromkeys([*first, *promoted]):
+            p, f = promoted.get(n), first.get(n)
+            placed[n] = p if p is not None else (None if f is None else f + shift)
+        return placed, shift

@@ -37,8 +37,8 @@ from sqlalchemy.types import TypeDecorator
 # archsearch_trials.loss_change (older rows filled from their stored held-out curves on opening); 7:
 # archsearch_ladder_rungs.batch_size, part of a rung's key (the table is rebuilt on opening, each row's
 # batch read from its stored settings), archsearch_ladder_fits.batch_size; 8: archsearch_ladder_claims;
-# 9: archsearch_promotions
-SCHEMA_VERSION = 9
+# 9: archsearch_promotions; 10: archsearch_promotions.resumed_tokens
+SCHEMA_VERSION = 10
 ADDITIVE_SINCE = 1  # versions 1 .. SCHEMA_VERSION - 1 differ from this one only by missing tables
 # ... and by these nullable columns, added to existing tables on opening: (table, column).
 ADDED_COLUMNS = (
@@ -46,6 +46,7 @@ ADDED_COLUMNS = (
     ("archsearch_trials", "decode_time_s"),
     ("archsearch_trials", "loss_change"),
     ("archsearch_ladder_fits", "batch_size"),
+    ("archsearch_promotions", "resumed_tokens"),
 )
 LOSS_CHANGE_SINCE = 6  # a database older than this gets loss_change from its curves when opened
 LADDER_BATCH_SINCE = 7  # ... and its ladder rungs' table rebuilt with their batch sizes
@@ -352,6 +353,9 @@ class Promotion(Base):
     objective: Mapped[float | None] = mapped_column(Real)  # the study's loss objective of that run
     val_curve_json: Mapped[str | None] = mapped_column(Text)  # [[tokens, loss], ...]
     wall_time_s: Mapped[float | None] = mapped_column(Real)
+    # Tokens the run took over from a kept state (0: trained from step 0); NULL: not known (a
+    # promotion stored before schema version 10).
+    resumed_tokens: Mapped[int | None] = mapped_column(BigInteger)
     host: Mapped[str] = mapped_column(String(256))  # host:pid of the driver that holds or held it
     claimed_at: Mapped[float] = mapped_column(Real)
     lease_expires_at: Mapped[float | None] = mapped_column(Real)  # while running; renewed

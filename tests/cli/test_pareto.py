@@ -129,11 +129,12 @@ def test_export_selectors_rank_the_study_s_loss_objective(url):
 
 
 # Trials 1, 3 and 4 promoted to 2x the proxy's 2,048 tokens, where the deeper 4 overtakes 3: the
-# first pass's front is 3, 1, 0; the promoted one 4, 3, 1, 0 (2, not promoted, stays behind 1).
+# first pass's front is 3, 1, 0; the promoted one 4, 3, 1, 0 (2, not promoted, placed there by the
+# contenders' median change, stays behind 1).
 PROMOTED = {1: 2.35, 3: 2.15, 4: 2.0}
 LINE = (
     "ranked at 4,096 tokens (2x the proxy) for the 3 promoted contenders (trials 1, 3, 4); the other "
-    "trials by their first-pass value at the proxy's 2,048 tokens"
+    "trials estimated there: their value at the proxy's 2,048 tokens plus the contenders' median change"
 )
 
 
@@ -150,20 +151,33 @@ def test_the_front_ranks_promoted_contenders_at_their_largest_common_budget(prom
     [front] = json.loads(_run("--study", "p", "--storage", url, "--json").stdout)
     rows = {r["number"]: r for r in front["front"]}
     assert list(rows) == [4, 3, 1, 0]
-    assert {n: r["loss"] for n, r in rows.items()} == {**PROMOTED, 0: SHAPES[0][2]}
-    assert {n: r["budget_tokens"] for n, r in rows.items()} == {4: 4096, 3: 4096, 1: 4096, 0: 2048}
+    # 0, not promoted, is placed at 4,096 tokens by the contenders' median change (-0.05; 4 fell 0.25).
+    assert {n: r["loss"] for n, r in rows.items()} == pytest.approx({**PROMOTED, 0: SHAPES[0][2] - 0.05})
+    assert {n: r["budget_tokens"] for n, r in rows.items()} == {4: 4096, 3: 4096, 1: 4096, 0: 4096}
+    assert {n: r["estimated"] for n, r in rows.items()} == {4: False, 3: False, 1: False, 0: True}
     assert front["ranking"] == {"contenders": [1, 3, 4], "ranked_at": 4096, "proxy_tokens": 2048}
-    expected = pareto_front(
-        list(range(5)),
-        [[PROMOTED.get(n, SHAPES[n][2]), r["flops_forward_per_token"]] for n, r in enumerate(_all_rows(url))],
-        ("loss", "flops"),
-    )
+    listed = _all_rows(url)
+    assert [r["estimated"] for r in listed] == [True, False, True, False, False]
+    placed = [PROMOTED.get(n, SHAPES[n][2] - 0.05) for n in range(5)]
+    assert [r["objective"] for r in listed] == pytest.approx(placed)
+    assert {r["budget_tokens"] for r in listed} == {4096}  # what `trials --format json` ranks, as the front
+    flops = [r["flops_forward_per_token"] for r in listed]
+    expected = pareto_front(list(range(5)), [[placed[n], flops[n]] for n in range(5)], ("loss", "flops"))
     assert front["knee"] == expected.knee
     table = " ".join(_run("--study", "p", "--storage", url).stdout.split())  # rich wraps the line
-    assert LINE in table and "ranked at" in table
+    assert LINE in table and "ranked at" in table and "4,096 est." in table
     # --loss proxy ranks the measured loss: still each contender's at the budget it reached.
     [proxy] = json.loads(_run("--study", "p", "--storage", url, "--loss", "proxy", "--json").stdout)
     assert [r["number"] for r in proxy["front"]] == [4, 3, 1, 0]
+
+
+def test_the_first_pass_front_promotion_chooses_from_ignores_the_promotions(promoted_url):
+    from archsearch.search.pareto import study_front
+
+    with Storage.open(promoted_url, read_only=True) as db:
+        first = study_front(db, "p", first_pass=True)
+        assert first.front.numbers == (3, 1, 0) and first.ranking is None
+        assert study_front(db, "p").front.numbers == (4, 3, 1, 0)
 
 
 def _all_rows(url: str) -> list[dict]:

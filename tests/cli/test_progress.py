@@ -100,11 +100,12 @@ def test_while_promotion_runs_the_line_counts_promotions_with_their_eta():
     search = _snapshots()[-1]  # the first pass is over: 3 of 3 finished
     with search_display(3, console=console) as update:
         update(search)
-        update(PromotionProgress(search, done=0, running=2, planned=4, budget=4096, eta_s=400.0))  # no move
-        update(PromotionProgress(search, done=1, running=1, planned=4, budget=4096, eta_s=300.0))
+        update(PromotionProgress(search, done=0, running=2, planned=4, budget=4096, eta_s=400.0, rungs=2))
+        update(PromotionProgress(search, done=1, running=1, planned=4, budget=4096, eta_s=300.0, rungs=2))
     assert out.getvalue().splitlines()[1:] == [
         "[   301 s] 3/3 finished: 3 complete, 0 pruned, 0 failed, 0 rejected, 0 duplicate; 0 running; "
-        "best loss 1.2500; front 3; promotions 1/4 done, 1 running at 4,096 tokens; ETA 0:05:00",
+        "best loss 1.2500; front 3; promotions 1/4 done, 1 running at 4,096 tokens (rung 1 of at most 2); "
+        "ETA 0:05:00",
     ]
     text = _drawn([search, PromotionProgress(search, 1, 1, 4, 4096, 300.0)], lambda: 0.0)
     assert re.search(r"search .*; promotions 1/4 done, 1 running at 4,096 tokens.* ETA 0:05:00", text), text

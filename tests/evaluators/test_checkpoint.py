@@ -100,6 +100,7 @@ def test_a_kept_run_resumed_to_twice_the_budget_ends_as_one_long_run(corpus, tmp
     assert short.status == "complete" and keep.path.exists()  # the final state stays
     resumed = train(TINY, corpus, longer, checkpoint=keep)
     assert (resumed.steps, resumed.tokens) == (straight.steps, straight.tokens)
+    assert (resumed.resumed_tokens, short.resumed_tokens, straight.resumed_tokens) == (short.tokens, 0, 0)
     assert resumed.val_loss == pytest.approx(straight.val_loss, rel=1e-6, abs=0)
     assert resumed.val_loss != short.val_loss
     # The short run's evaluations stay on the curve; the long run's points after them follow.
@@ -121,7 +122,7 @@ def test_a_state_past_the_budget_is_set_aside(corpus, tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         result = train(TINY, corpus, FREE, checkpoint=keep)
     assert "past this run's" in caplog.text
-    assert result.val_curve == train(TINY, corpus, FREE).val_curve
+    assert result.val_curve == train(TINY, corpus, FREE).val_curve and result.resumed_tokens == 0
 
 
 @pytest.mark.parametrize("schedule", ["cosine", "wsd"])

@@ -80,7 +80,8 @@ def test_a_study_with_promotions_is_ranked_and_said_to_be_ranked_at_their_budget
     page = render(report)
     line = (
         "ranked at 4,096 tokens (2x the proxy) for the 3 promoted contenders (trials 1, 3, 4); the other "
-        "trials by their first-pass value at the proxy&#x27;s 2,048 tokens"
+        "trials estimated there: their value at the proxy&#x27;s 2,048 tokens plus the contenders&#x27; "
+        "median change"
     )
     assert f'<p class="ranked-at">{line}</p>' in page
     assert 'class="ranked-at"' not in render(_report(url, "b"))  # a study without promotions: as before

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import statistics
 import time
 
 import optuna
@@ -50,6 +51,10 @@ def test_contenders_resume_to_the_loss_of_one_longer_run_and_are_stored_once(db,
     stored = db.promotions("s")
     assert {p.status for p in stored} == {"complete"}
     assert kept_before == dict.fromkeys(promotion.contenders, True)  # resumed, not trained afresh
+    # Each went on from its previous run's final state: the proxy's 2,048 tokens, then the rung before.
+    assert all(p.resumed_tokens == p.budget_tokens // 2 for p in stored)
+    assert (promotion.resumed, promotion.afresh) == (len(stored), 0)
+    assert promotion.promotion_tokens == sum(p.budget_tokens // 2 for p in stored)
     assert {(p.trial_number, p.budget_tokens) for p in stored} == {
         (n, b) for n in promotion.contenders for b in promotion.budgets
     }
@@ -66,6 +71,23 @@ def test_contenders_resume_to_the_loss_of_one_longer_run_and_are_stored_once(db,
     again = run_search(spec, db, SearchOptions(study="s", trials=4, resume=True))
     assert again.promotion is not None and again.promotion.contenders == promotion.contenders
     assert db.promotions("s") == stored
+
+
+def test_a_contender_whose_kept_state_is_gone_trains_from_step_0_and_is_counted_so(db, monkeypatch):
+    spec = tiny_spec(proxy=FREE, search=SEARCH.format(cap=2, margin=1.0))
+    promote = promote_run._Promoter._train
+
+    def losing_kept_states(self, todo, budget):
+        for n in todo:  # as on another machine, or after the cache was cleared
+            kept_state_path(self.records[n].config, spec.proxy, None).unlink(missing_ok=True)
+        return promote(self, todo, budget)
+
+    monkeypatch.setattr(promote_run._Promoter, "_train", losing_kept_states)
+    promotion = run_search(spec, db, SearchOptions(study="s", trials=3, workers=2)).promotion
+    stored = db.promotions("s", "complete")
+    assert promotion is not None and stored and {p.resumed_tokens for p in stored} == {0}
+    assert (promotion.resumed, promotion.afresh, promotion.unknown) == (0, len(stored), 0)
+    assert promotion.promotion_tokens == 4096 * len(stored)  # each its whole budget, not 2,048 more
 
 
 def test_a_signal_mid_promotion_loses_nothing_and_a_resume_repeats_nothing(db, monkeypatch):
@@ -127,19 +149,24 @@ def test_the_cli_says_what_was_promoted_and_what_it_cost_and_trials_gives_the_ra
     # 3 trials of 2,048 tokens; each contender resumed from its kept state, so 2,048 more each.
     n = len(promoted)
     assert (
-        f"tokens trained: 6,144 first pass + {n * 2048:,} promotion = {6144 + n * 2048:,}; without promotion "
-        f"6,144 ({(6144 + n * 2048) / 6144:.2f}x that), every trial at 10x 61,440 "
+        f"tokens trained: 6,144 first pass + {n * 2048:,} promotion ({n} resumed, 0 from step 0) = "
+        f"{6144 + n * 2048:,}; without promotion 6,144 ({(6144 + n * 2048) / 6144:.2f}x that), "
+        f"every trial at 10x 61,440 "
         f"({100 * (6144 + n * 2048) / 61440:.0f}% of that)"
     ) in " ".join(result.stderr.split())
     assert "ranked at 4,096 tokens (2x the proxy) for the" in " ".join(result.stdout.split())
     # The live line (piped: one per finished trial or promotion) counts the promotions with an ETA.
     live = [line for line in result.stderr.splitlines() if "; promotions " in line]
     assert live and live[-1].endswith("ETA 0:00:00") and f"promotions {n}/{n} done, 0 running" in live[-1]
+    assert "(rung 1 of at most 1)" in live[-1]
     listed = CliRunner().invoke(app, ["trials", "--study", "s", "--storage", url, "--format", "json"])
     records = {r["number"]: r for r in json.loads(listed.stdout) if r["status"] == "complete"}
     assert promoted and set(promoted) <= set(records)
     for number, record in records.items():
         if number in promoted:  # every contender reached 4,096 tokens: ranked there
             assert (record["objective"], record["budget_tokens"]) == (promoted[number].objective, 4096)
-        else:
-            assert (record["objective"], record["budget_tokens"]) == (record["loss"], 2048)
+            assert record["estimated"] is False
+        else:  # estimated there: its first pass plus the contenders' median change
+            assert (record["budget_tokens"], record["estimated"]) == (4096, True)
+            shift = statistics.median(promoted[n].objective - records[n]["loss"] for n in promoted)
+            assert record["objective"] == pytest.approx(record["loss"] + shift)

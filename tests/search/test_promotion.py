@@ -6,18 +6,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from archsearch.search.pareto import pareto_front
 from archsearch.search.promotion import (
     AUTO_MARGIN,
     KNEE_NEIGHBOURS,
     RULES,
     PromoteError,
     PromoteSettings,
+    Spent,
     contenders,
     order_holds,
     promotion_tokens,
     ranking_line,
+    spent_tokens,
 )
-from archsearch.storage import PromotionRanking
+from archsearch.storage import PromotionRanking, PromotionRecord
 
 OBJECTIVES = ("loss", "flops")
 
@@ -30,6 +33,18 @@ def test_the_front_and_the_shapes_within_the_margin_contend():
     # With no margin, 13 contends only as one of the knee's nearest shapes off the front.
     chosen = contenders(numbers, values, OBJECTIVES, margin=0.0)
     assert {10, 11, 12} <= set(chosen) and len(chosen) == 3 + min(KNEE_NEIGHBOURS, 2)
+
+
+def test_at_most_max_contenders_contend_the_knee_and_those_nearest_it():
+    # A front of 8 along one curve, each a tie with the next: all contend without a bound.
+    numbers = list(range(8))
+    values = np.array([[3.0 - 0.1 * i, 2.0**i * 1e6] for i in range(8)])
+    assert contenders(numbers, values, OBJECTIVES, margin=0.0) == tuple(numbers)
+    chosen = contenders(numbers, values, OBJECTIVES, margin=0.0, most=3)
+    knee = pareto_front(numbers, values, OBJECTIVES).knee
+    assert len(chosen) == 3 and knee in chosen
+    assert max(chosen) - min(chosen) == 2  # the knee and its two nearest, a run along the curve
+    assert PromoteSettings().max_contenders == 8
 
 
 def test_the_knees_nearest_neighbours_contend_even_outside_the_margin():
@@ -76,6 +91,9 @@ def test_auto_margin_is_the_documented_seed_noise():
         (dict(rule=["pasha"]), r"rule: unknown rule \['pasha'\]"),
         (dict(margin="noise"), 'margin: must be "auto" or a number'),
         (dict(margin=float("nan")), 'margin: must be "auto" or a number'),
+        (dict(max_contenders=1), "max_contenders: must be a whole number >= 2"),
+        (dict(max_contenders=True), "max_contenders: must be a whole number >= 2"),
+        (dict(max_contenders=8.0), "max_contenders: must be a whole number >= 2"),
     ],
 )
 def test_bad_settings_are_refused(settings, match):
@@ -87,7 +105,7 @@ def test_the_ranking_line_says_the_budget_and_how_the_rest_are_placed():
     ranked = PromotionRanking(contenders=(2, 5), budget=8192, proxy_tokens=2048, ranked={})
     assert ranking_line(ranked) == (
         "ranked at 8,192 tokens (4x the proxy) for the 2 promoted contenders (trials 2, 5); the other "
-        "trials by their first-pass value at the proxy's 2,048 tokens"
+        "trials estimated there: their value at the proxy's 2,048 tokens plus the contenders' median change"
     )
     unfinished = PromotionRanking(contenders=(7,), budget=None, proxy_tokens=2048, ranked={})
     assert ranking_line(unfinished) == (
@@ -125,3 +143,33 @@ def test_climb_stops_when_the_order_holds_at_the_cap_or_when_training_is_stopped
     stopped = iter([swapped, None])
     assert climb(settings, first, budget, lambda b: next(stopped)) == Climb((200,), 200, INTERRUPTED)
     assert climb(settings, first, budget, lambda b: {0: 1.2}) == Climb((200,), None, HELD)
+
+
+def _promotion(number: int, budget: int, resumed: int | None) -> PromotionRecord:
+    return PromotionRecord(
+        id=0, study="s", trial_id=number, trial_number=number, budget_tokens=budget, status="complete",
+        reason=None, val_loss=2.0, objective=2.0, val_curve=(), wall_time_s=1.0, host="h", claimed_at=0.0,
+        lease_expires_at=None, finished_at=1.0, resumed_tokens=resumed,
+    )  # fmt: skip
+
+
+def test_the_tokens_spent_are_those_each_promotion_trained_resumed_or_from_step_0():
+    # Trial 1 resumed both rungs; trial 2's kept state was gone, so it trained 4,000 from step 0
+    # though its settings keep one; trial 3 was stored before the start was recorded: as planned.
+    complete = [_promotion(1, 4000, 2000), _promotion(1, 8000, 4000)]
+    complete += [_promotion(2, 4000, 0), _promotion(3, 4000, None)]
+    spent = spent_tokens(2000, complete, {1: True, 2: True, 3: True})
+    assert spent == Spent(tokens=2000 + 4000 + 4000 + 2000, resumed=2, afresh=1, unknown=1)
+    assert spent_tokens(2000, [_promotion(3, 4000, None)], {3: False}).tokens == 4000
+
+
+def test_shapes_not_promoted_are_placed_at_the_budget_by_the_contenders_median_change():
+    # Contenders 1-3 fell by 0.3, 0.4 and 0.5 from their first pass; 4 and 5 were not promoted.
+    first = {1: 2.0, 2: 2.1, 3: 2.2, 4: 2.05, 5: None}
+    placed, shift = PromotionRanking.place(first, {1: 1.7, 2: 1.7, 3: 1.7})
+    assert shift == pytest.approx(-0.4)
+    assert placed == {1: 1.7, 2: 1.7, 3: 1.7, 4: pytest.approx(1.65), 5: None}
+    # Measured against the others' first pass, 4 would trail every contender; placed, it leads two.
+    assert placed[4] < placed[1] and first[4] > 1.7
+    # A contender without a first-pass value still ranks by its promotion and moves no shift.
+    assert PromotionRanking.place({1: None, 2: 2.0}, {1: 1.5}) == ({1: 1.5, 2: 2.0}, 0.0)

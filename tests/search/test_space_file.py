@@ -107,6 +107,9 @@ def test_a_cache_folder_that_cannot_exist_is_refused_before_any_trial(tmp_path, 
     assert not db.exists() and blocker.read_text() == "not a folder"
 
 
+MOST = "[search].promote.max_contenders: must be a whole number >= 2 (the most shapes promoted)"
+
+
 @pytest.mark.parametrize("command", ["check", "search"])
 @pytest.mark.parametrize(
     ("promote", "message"),
@@ -125,9 +128,20 @@ def test_a_cache_folder_that_cannot_exist_is_refused_before_any_trial(tmp_path, 
         ),
         ('{ rule = "hyperband" }', "[search].promote.rule: unknown rule 'hyperband'; valid: pasha"),
         ("{ margin = -0.1 }", '[search].promote.margin: must be "auto" or a number of nats >= 0, got -0.1'),
-        ("{ caps = 4 }", "[search].promote.caps: unknown key; valid: cap, rule, margin"),
+        ("{ caps = 4 }", "[search].promote.caps: unknown key; valid: cap, rule, margin, max_contenders"),
+        ("{ max_contenders = 1 }", f"{MOST}, got 1"),
+        ("{ max_contenders = 4.5 }", f"{MOST}, got 4.5"),
     ],
-    ids=["cap-below-1", "cap-text", "cap-nan", "unknown-rule", "negative-margin", "unknown-key"],
+    ids=[
+        "cap-below-1",
+        "cap-text",
+        "cap-nan",
+        "unknown-rule",
+        "negative-margin",
+        "unknown-key",
+        "one-contender",
+        "fractional-contenders",
+    ],
 )
 def test_a_bad_promotion_setting_is_refused_in_one_line(tmp_path, monkeypatch, command, promote, message):
     monkeypatch.chdir(tmp_path)

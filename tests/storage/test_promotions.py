@@ -43,6 +43,7 @@ def test_a_promotion_is_claimed_once_finished_in_place_and_listed(storage):
         objective=1.25,
         val_curve=[(1000, 2.0), (2000, 1.5)],
         wall_time_s=3.0,
+        resumed_tokens=1000,
     )
     storage.finish_promotion(storage.promotion_id(first, 4000), status="failed", reason="non-finite loss")
     assert storage.claim_promotion("s", first, 2000, lease_s=60) == "complete"  # never trained twice
@@ -57,6 +58,7 @@ def test_a_promotion_is_claimed_once_finished_in_place_and_listed(storage):
     assert done.val_curve == ((1000, 2.0), (2000, 1.5)) and done.host == storage.host
     assert done.lease_expires_at is None and done.finished_at >= done.claimed_at
     assert listed[1].reason == "non-finite loss" and listed[1].val_loss is None
+    assert (done.resumed_tokens, listed[1].resumed_tokens) == (1000, None)  # None: not known
     assert [p.trial_number for p in storage.promotions("s", status="running")] == [1]
     assert storage.promotions("other") == []
 
@@ -114,6 +116,27 @@ def test_a_version_8_database_gains_the_promotions_table(backend_url):
     engine.dispose()
 
 
+def test_a_version_9_database_gains_the_resumed_tokens_column_and_reads_it_as_unknown(backend_url):
+    with Storage.open(backend_url) as st:
+        st.create_study("s", **SPEC)
+        trial = _trial(st, 0)
+        st.claim_promotion("s", trial, 2000, lease_s=60)
+    engine = create_engine(backend_url)
+    with engine.begin() as conn:
+        conn.execute(text("ALTER TABLE archsearch_promotions DROP COLUMN resumed_tokens"))
+        conn.execute(text("UPDATE archsearch_meta SET value = '9'"))
+    engine.dispose()
+    with Storage.open(backend_url) as st:
+        [before] = st.promotions("s")
+        assert before.resumed_tokens is None
+        st.finish_promotion(before.id, status="complete", val_loss=1.0, objective=1.0, resumed_tokens=0)
+        assert st.promotions("s")[0].resumed_tokens == 0
+    engine = create_engine(backend_url)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT value FROM archsearch_meta")).scalar_one() == str(SCHEMA_VERSION)
+    engine.dispose()
+
+
 def test_trials_are_ranked_at_the_largest_budget_every_contender_completed(storage):
     first, second, third = _trial(storage, 0), _trial(storage, 1), _trial(storage, 2)
     for trial, budget, status, objective in [
@@ -126,8 +149,10 @@ def test_trials_are_ranked_at_the_largest_budget_every_contender_completed(stora
             storage.finish_promotion(row, status=status, val_loss=objective, objective=objective)
         else:
             storage.finish_promotion(row, status=status, reason="out of memory")
-    # Trial 1 never completed 4000 tokens: both contenders are ranked at 2000; trial 2 at its proxy's.
-    assert storage.ranked_objectives("s") == {0: (1.7, 2000), 1: (1.6, 2000), 2: (2.0, 1000)}
+    # Trial 1 never completed 4000 tokens: both contenders are ranked at 2000; trial 2, not
+    # promoted, is estimated there: its proxy's 2.0 plus the contenders' median change, -0.35.
+    ranked = storage.ranked_objectives("s")
+    assert ranked == {0: (1.7, 2000, False), 1: (1.6, 2000, False), 2: (pytest.approx(1.65), 2000, True)}
     assert third  # not promoted
     ranking = storage.promotion_ranking("s")  # what the front, export and report rank by
     assert (ranking.contenders, ranking.budget, ranking.proxy_tokens) == ((0, 1), 2000, None)
@@ -136,5 +161,5 @@ def test_trials_are_ranked_at_the_largest_budget_every_contender_completed(stora
 
 def test_a_study_without_promotions_is_ranked_at_its_proxy(storage):
     _trial(storage, 0)
-    assert storage.ranked_objectives("s") == {0: (2.0, 1000)}
+    assert storage.ranked_objectives("s") == {0: (2.0, 1000, False)}
     assert storage.promotion_ranking("s") is None
