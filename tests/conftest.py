@@ -55,6 +55,21 @@ def _session_cache(tmp_path_factory: pytest.TempPathFactory):
         os.environ["ARCHSEARCH_CACHE"] = old
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread():
+    """The test process's own torch work on one intra-op thread. Its tensors are tiny, and the
+    processes a test starts (Ray workers, CLI subprocesses) compete for the same cores: at two
+    threads on a busy 2-core host, OpenMP's spinning made six 150-step overfits of a 32-wide model
+    take 362 s against 20 s at one. Tests of thread counts set their own (`two_threads`, the
+    trainer's `threads` setting); subprocesses choose theirs as users' do."""
+    import torch
+
+    own = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(own)
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """One local Ray for all in-process searches (a search joins it and leaves it running)."""
