@@ -437,3 +437,53 @@ def _drivers_share_one_study(tmp_path: Path, url: str, n_drivers: int) -> None:
         ]
     assert counts["complete"] == 8 and set(counts) <= {"complete", "duplicate"}, (counts, why)
     _no_running(url)
+
+
+# The constant schedule with its warm-up in tokens, so each promotion resumes its trial's kept state.
+PROMOTED_PROXY = (
+    "tokens = 2048\nbatch_size = 4\nevals = 2\neval_batches = 1\ndevice = 'cpu'\nprecision = 'fp32'\n"
+    "schedule = 'constant'\nwarmup_tokens = 512\nthreads = 1"
+)
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_parallel_drivers_promote_each_contender_once(tmp_path, monkeypatch):
+    """Two drivers (processes) resuming one SQLite study whose first pass is done race for the same
+    promotions: both finish, each contender is promoted and stored once, none trained again."""
+    import ray
+
+    import archsearch.search.driver as driver_module
+
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    space = tmp_path / "space.toml"
+    search = "trials = 3\nprune = false\nseed = 3\npromote = { cap = 2, margin = 1.0 }"
+    space.write_text(tiny_toml(proxy=PROMOTED_PROXY, search=search))
+    args = ["search", "--space", str(space), "--study", "s", "--storage", url]
+    # The first pass in process, its promotion held back, so both drivers start at promotion at once.
+    monkeypatch.setattr(driver_module, "run_promotions", lambda *a, **k: None)
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    # They join the tests' Ray rather than start one each: a start is most of their time.
+    address = ray.get_runtime_context().gcs_address
+    joined = [*args, "--resume", "--json", "--address", address]
+    drivers = [start_archsearch(*joined, cwd=tmp_path) for _ in range(2)]
+    outputs = [d.communicate(timeout=300) for d in drivers]
+    for driver, (_, err) in zip(drivers, outputs, strict=True):
+        assert driver.returncode == 0, err
+        assert "locked" not in err.lower(), err
+    reports = [json.loads(out)["promotion"] for out, _ in outputs]
+    assert reports[0]["contenders"] == reports[1]["contenders"] and reports[0]["budgets"] == [4096]
+    contenders = reports[0]["contenders"]
+    with Storage.open(url, create=False) as db:
+        stored = db.promotions("s")
+    counts = _counts(url)  # the first pass was not run again
+    assert counts["complete"] == 3 and set(counts) <= {"complete", "duplicate"}, counts
+    # One row per contender at 4,096 tokens, each complete and resumed from the first pass's state:
+    # a contender trained twice would have a second row, or one trained from step 0.
+    rows = sorted((p.trial_number, p.budget_tokens) for p in stored)
+    assert rows == [(n, 4096) for n in sorted(contenders)]
+    assert {p.status for p in stored} == {"complete"} and {p.resumed_tokens for p in stored} == {2048}
+    for report in reports:  # both count the same tokens: each promotion once, 2,048 more each
+        assert report["promotion_tokens"] == 2048 * len(contenders)
+        assert (report["resumed"], report["afresh"]) == (len(contenders), 0)
+    _no_running(url)

@@ -8,6 +8,7 @@ import optuna
 import pytest
 
 from archsearch.errors import ArchsearchError
+from archsearch.search.promotion import PromoteSettings
 from archsearch.search.spec import (
     PROFILE_DTYPES,
     SAMPLERS,
@@ -48,7 +49,9 @@ def test_the_tiny_example_is_a_small_feasible_cpu_search():
     spec = load_spec(EXAMPLES / "tiny.toml")
     assert spec.name == "tiny" and spec.data is None and spec.proxy.device == "cpu"
     assert spec.objectives == ("loss", "flops") and spec.step_time_device is None
-    assert spec.defaults == SearchDefaults(trials=20, seed=0, prune=True, rungs=(0.25, 0.5))
+    promote = PromoteSettings(cap=2, max_contenders=4)  # resumed: the proxy's warm-up is in tokens
+    assert spec.defaults == SearchDefaults(trials=12, seed=0, prune=True, rungs=(0.25, 0.5), promote=promote)
+    assert spec.proxy.budget_free and spec.proxy.warmup_tokens == 12_000
     assert spec.profile.devices == ("h100-sxm",) and spec.profile.local
     assert spec.space.budget.params_max == 2_000_000 and isinstance(spec.space.budget.params_max, int)
     found = spec.space.check_feasible()
@@ -62,6 +65,7 @@ def test_the_gpu_example_measures_step_time_locally():
     assert spec.space.multiple_of == 128 and spec.proxy.device == "cuda"
     assert spec.profile.devices == ("h100-sxm", "a100-80gb") and spec.profile_batch == spec.proxy.batch_size
     assert spec.space.check_feasible().feasible > 1000
+    assert spec.proxy.budget_free and spec.defaults.promote == PromoteSettings(cap=4, max_contenders=8)
 
 
 # --- knob forms ---
@@ -179,15 +183,18 @@ def test_extrapolate_enters_the_loss_rule_and_the_fingerprint_only_when_given():
 @pytest.mark.parametrize(
     ("name", "fingerprint"),
     [
-        ("tiny", "ebad4960c674c2b073cdcc7431ec2178cd77c9e205ed4fd065be0bf6f4b6440a"),
-        ("gpu", "af7518ec86dec1f4582b8e6991ae2cda60997678e65553497ac1e321dd47f141"),
+        ("tiny", "3512045234f73d90f5992118de7d1c1b2615efa6a657038d6075898fb7fae66a"),
+        ("gpu", "9c0d92ba0afe11d11d0c8ff50492d79a0e7de4d40504d0f3854ec6d3813f9559"),
     ],
 )
 def test_the_examples_keep_their_fingerprints(name, fingerprint):
     """Pinned: a new settings field that enters the fingerprint orphans every existing study of
     the file (`search --resume` refuses it). Decide such a change, do not let it happen. Last
-    decided: `[objectives] extrapolate = 2.0` in both (another loss objective, chosen on the
-    development calibration sets; a study of the old file ranked by the old one). Before:
+    decided: `[proxy] warmup_tokens` in both (the 5% warm-up fixed in tokens, so promotion resumes
+    a contender's final state; the first pass's rate ramps by tokens, not by the fraction done,
+    so a study of the old file trained a little differently; `[search] promote` leaves the
+    fingerprint as it is). Before: `[objectives] extrapolate = 2.0` in both (another loss
+    objective, chosen on the development calibration sets). Before that:
     tiny.toml's `[proxy] precision = "fp32"` ("auto" trained in bf16 on CPUs with native bf16,
     so the same file ranked shapes differently by host), and `[objectives].size_beta`."""
     assert load_spec(EXAMPLES / f"{name}.toml").fingerprint == fingerprint
