@@ -1,6 +1,7 @@
 """How well size ladders predict a design's loss 4x past their top rung (issue 23).
 
-1. A tiny search (`archsearch search --space examples/tiny-hf.toml`), resumed if its study exists.
+1. A tiny search (`archsearch search --space benchmarks/spaces/ladder-tiny-hf.toml`, examples/tiny-hf.toml
+   as the committed study was searched), resumed if its study exists.
 2. At least 8 designs: the study's Pareto front, then other complete trials spread over their
    parameter counts, one trial per design (`space.scale_candidates.design_choices`), each kept only when all
    its rungs and its 4x shape exist (`search.ladder_plan.rung_shape`).
@@ -225,7 +226,8 @@ def _cpu_description() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--space", type=Path, default=ROOT / "examples" / "tiny-hf.toml")
+    # The example as the committed study was searched (before it turned promotion on), so it resumes.
+    parser.add_argument("--space", type=Path, default=ROOT / "benchmarks" / "spaces" / "ladder-tiny-hf.toml")
     parser.add_argument("--study", default=STUDY)
     parser.add_argument("--trials", type=int, default=60, help="finished trials of the search")
     parser.add_argument("--designs", type=int, default=8)
