@@ -30,6 +30,7 @@ The run's own progress (each search's and validate's) goes to stdout as it comes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -39,6 +40,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,10 +79,11 @@ def study_name(block: Block, seed: int) -> str:
 
 
 def seeded_space(block: Block, seed: int, folder: Path, tokens: int | None) -> Path:
-    """The block's space file with `[proxy] seed` set (and the tokens, for a smoke run)."""
+    """The block's space file with `[proxy] seed` set (and, for a smoke run, the tokens and one
+    held-out batch per evaluation: at a few training steps, the default 8 would be most of the work)."""
     text = block.space.read_text().replace("[proxy]\n", f"[proxy]\nseed = {seed}\n", 1)
     if tokens is not None:
-        text = text.replace("tokens = 240_000", f"tokens = {tokens}")
+        text = text.replace("tokens = 240_000", f"tokens = {tokens}\neval_batches = 1")
     path = folder / f"{block.name}-p{seed}.toml"
     path.write_text(text)
     return path
@@ -439,6 +442,62 @@ def _frac(pair: list[int]) -> str:
     return f"{right}/{n} ({right / n:.0%})" if n else "-"
 
 
+def _start_ray(stack: contextlib.ExitStack, cpus: int) -> str:
+    """A local Ray, shut down when `stack` closes: the address its steps join (`--address`)."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+
+    from archsearch.search.pool import start_local_ray
+
+    start_local_ray(cpus, log_to_driver=False)
+    stack.callback(ray.shutdown)
+    return str(ray.get_runtime_context().gcs_address)
+
+
+def steps(
+    args: argparse.Namespace,
+    stages: list[str],
+    blocks: tuple[Block, ...],
+    tokens: int | None,
+    multiplier: int,
+    second: int,
+    work: Path,
+    db: Path,
+    step: Callable[[list[str]], None],
+) -> None:
+    """The search and validate commands of `stages`, each run by `step`."""
+    storage = f"sqlite:///{db}"
+    workers = str(args.workers)
+    if "proxies" in stages:
+        for seed in PROXY_SEEDS[: 2 if args.smoke else 3]:
+            for block in blocks:
+                space = seeded_space(block, seed, work, tokens)
+                study, trials, replay = study_name(block, seed), block.shapes, []
+                if seed > 0:
+                    shapes = complete_trials(db, study_name(block, 0))
+                    trials, replay = trial_target(db, study, shapes), ["--replay", study_name(block, 0)]
+                step(archsearch(
+                    "search", "--space", str(space), "--study", study, "--storage", storage,
+                    "--sampler", "random", "--seed", str(block.sampler_seed), "--no-prune",
+                    "--trials", str(trials), "--workers", workers, "--resume", *replay,
+                ))  # fmt: skip
+    for stage, seeds in (("reference", 1), ("second-seed", 2)):
+        if stage not in stages:
+            continue
+        for block in blocks:
+            numbers = [t["trial"] for t in complete_trials(db, study_name(block, 0))]
+            if stage == "second-seed":
+                numbers = second_seed_trials(numbers, second)
+            if len(numbers) < 4:
+                print(f"{stage}: block {block.name} has {len(numbers)} complete trials; skipped", flush=True)
+                continue
+            trial_args = [a for n in numbers for a in ("--trial", str(n))]
+            step(archsearch(
+                "validate", "--study", study_name(block, 0), "--storage", storage, *trial_args,
+                "--multiplier", str(multiplier), "--seeds", str(seeds), "--workers", workers,
+            ))  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--db", type=Path, help="working database (default: a copy of --snapshot)")
@@ -490,7 +549,6 @@ def main() -> None:
     if not db.exists() and args.snapshot.exists() and not args.smoke:
         shutil.copyfile(args.snapshot, db)  # resume what earlier sessions recorded
         print(f"resuming from {args.snapshot}", flush=True)
-    storage = f"sqlite:///{db}"
     commands = [] if args.smoke else _recorded_commands(args.out)  # earlier runs' steps stay listed
     if args.checkpoint:
         if not db.exists():
@@ -501,42 +559,22 @@ def main() -> None:
         print(f"checkpoint: {len(data['shapes'])} shapes, {refs} long runs in {args.out} and {args.snapshot}")
         return
 
+    # The smoke run's steps join one Ray started here rather than each starting its own: a local
+    # start is most of a tiny step's time. The recorded commands leave the address out.
+    ray_up = contextlib.ExitStack()
+    join: list[str] = []
+    if args.smoke:
+        join = ["--address", _start_ray(ray_up, args.workers)]
+
     def step(argv: list[str]) -> None:
-        run(argv)
+        run(argv + join)
         if (command := shlex.join(["archsearch", *argv[3:]])) not in commands:
             commands.append(command)
         snapshot(db, args.snapshot)
         record(db, blocks, args.out, commands)
 
-    workers = str(args.workers)
-    if "proxies" in stages:
-        for seed in PROXY_SEEDS[: 2 if args.smoke else 3]:
-            for block in blocks:
-                space = seeded_space(block, seed, work, tokens)
-                study, trials, replay = study_name(block, seed), block.shapes, []
-                if seed > 0:
-                    shapes = complete_trials(db, study_name(block, 0))
-                    trials, replay = trial_target(db, study, shapes), ["--replay", study_name(block, 0)]
-                step(archsearch(
-                    "search", "--space", str(space), "--study", study, "--storage", storage,
-                    "--sampler", "random", "--seed", str(block.sampler_seed), "--no-prune",
-                    "--trials", str(trials), "--workers", workers, "--resume", *replay,
-                ))  # fmt: skip
-    for stage, seeds in (("reference", 1), ("second-seed", 2)):
-        if stage not in stages:
-            continue
-        for block in blocks:
-            numbers = [t["trial"] for t in complete_trials(db, study_name(block, 0))]
-            if stage == "second-seed":
-                numbers = second_seed_trials(numbers, second)
-            if len(numbers) < 4:
-                print(f"{stage}: block {block.name} has {len(numbers)} complete trials; skipped", flush=True)
-                continue
-            trial_args = [a for n in numbers for a in ("--trial", str(n))]
-            step(archsearch(
-                "validate", "--study", study_name(block, 0), "--storage", storage, *trial_args,
-                "--multiplier", str(multiplier), "--seeds", str(seeds), "--workers", workers,
-            ))  # fmt: skip
+    with ray_up:
+        steps(args, stages, blocks, tokens, multiplier, second, work, db, step)
     data = record(db, blocks, args.out, commands)
     refs = sum(len(s["references"]) for s in data["shapes"])
     proxies = sum(len(s["proxies"]) for s in data["shapes"])

@@ -223,7 +223,9 @@ def _train(
         return
     cuda = info.type == "cuda"
     with bounded(start_bound()):
-        ray.init(num_cpus=concurrency, num_gpus=1 if cuda else 0, include_dashboard=False,
+        # A new local Ray ("local"): without an address Ray joins whichever it finds running on the
+        # machine (another search's, a test's), which refuses num_cpus and num_gpus.
+        ray.init(address="local", num_cpus=concurrency, num_gpus=1 if cuda else 0, include_dashboard=False,
                  log_to_driver=False)  # fmt: skip
     try:
         task = ray.remote(long_run).options(

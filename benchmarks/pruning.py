@@ -13,6 +13,7 @@ unpruned front that pruning stopped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import tempfile
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 
 from archsearch.search.driver import SearchOptions, run_search
+from archsearch.search.pool import start_local_ray
 from archsearch.search.spec import parse_spec
 from archsearch.storage import Storage
 
@@ -74,10 +76,17 @@ def main() -> None:
     assert pinned, f"{EXAMPLE} pins no [proxy] precision"
     if args.smoke:  # no kernel profiling: the smoke run checks the script, not the times
         text = re.sub(r"(?m)^local = .*$", "local = false", text)
+        # One held-out batch per evaluation: at two training steps, the default 8 are most of the work.
+        text = re.sub(r"(?m)^tokens = .*$", r"\g<0>\neval_batches = 1", text, count=1)
     print(
         f"{args.trials} trials of examples/tiny.toml, {args.tokens:,} tokens, {args.sampler} sampler, seed 0"
     )
-    compare(text, args.trials, args.sampler)
+    with contextlib.ExitStack() as stack:
+        if args.smoke:  # one Ray for both runs (each search joins it): the smoke run times nothing
+            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+            start_local_ray(2, log_to_driver=False)
+            stack.callback(__import__("ray").shutdown)
+        compare(text, args.trials, args.sampler)
 
 
 def compare(text: str, trials: int, sampler: str) -> dict:

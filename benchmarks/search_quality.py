@@ -204,30 +204,35 @@ def main() -> None:
     text = re.sub(r"(?m)^tokens = .*$", f"tokens = {args.tokens}", text)
     # Without the example's promotion and its warm-up in tokens: this measures the first pass, as it did.
     text = re.sub(r"(?m)^(promote|warmup_tokens) = .*$", "", text)
+    if args.smoke:  # one held-out batch per evaluation: at two training steps, 8 are most of the work
+        text = re.sub(r"(?m)^tokens = .*$", r"\g<0>\neval_batches = 1", text, count=1)
     os.environ[CACHE_ENV] = str(args.cache)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     default = SearchOptions(study="x", trials=1).sampler
     runs = []
-    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+    with contextlib.ExitStack() as ray_up:
         start_local_ray(max(os.cpu_count() or 1, args.workers), log_to_driver=False)
-        stack.callback(__import__("ray").shutdown)  # one Ray for every search
-        for sampler in samplers:
-            n = 2 * args.trials if sampler == "random" else args.trials
-            for seed in range(args.seeds):
-                url = f"sqlite:///{Path(tmp) / f'{sampler}-{seed}.db'}"
-                runs.append(_search(text, url, sampler, seed, n, args.workers))
-                print(f"  ran {sampler} seed {seed}: {runs[-1]['wall_s']:.0f} s", file=sys.stderr)
-    print(
-        f"{len(runs)} searches of examples/tiny.toml at {args.tokens:,} proxy tokens, no pruning, "
-        f"{args.workers} workers; "
-        f"outcome cache {args.cache}"
-    )
-    result = report(runs, args.trials, default)
-    if args.pruning:
-        print()
-        trials = 2 if args.smoke else 16
-        print(f"pruning: {trials} trials, random sampler, seed 0, the example's proxy and rungs")
-        result["pruning"] = compare_pruning(text, trials, "random")
+        ray_up.callback(__import__("ray").shutdown)  # one Ray for every search
+        with tempfile.TemporaryDirectory() as tmp:
+            for sampler in samplers:
+                n = 2 * args.trials if sampler == "random" else args.trials
+                for seed in range(args.seeds):
+                    url = f"sqlite:///{Path(tmp) / f'{sampler}-{seed}.db'}"
+                    runs.append(_search(text, url, sampler, seed, n, args.workers))
+                    print(f"  ran {sampler} seed {seed}: {runs[-1]['wall_s']:.0f} s", file=sys.stderr)
+        if not args.smoke:  # the pruning runs start their own Ray, as benchmarks/pruning.py times them
+            ray_up.close()
+        print(
+            f"{len(runs)} searches of examples/tiny.toml at {args.tokens:,} proxy tokens, no pruning, "
+            f"{args.workers} workers; "
+            f"outcome cache {args.cache}"
+        )
+        result = report(runs, args.trials, default)
+        if args.pruning:
+            print()
+            trials = 2 if args.smoke else 16
+            print(f"pruning: {trials} trials, random sampler, seed 0, the example's proxy and rungs")
+            result["pruning"] = compare_pruning(text, trials, "random")
     if args.save:
         args.save.write_text(json.dumps({"runs": runs, **result}, indent=1))
 
