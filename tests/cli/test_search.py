@@ -8,10 +8,12 @@ import json
 import os
 import re
 import secrets
+import shlex
 import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
@@ -300,29 +302,42 @@ def test_every_example_space_is_valid_and_feasible(example):
     ("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["int", "term"]
 )
 def test_a_signal_stops_cleanly_and_resume_finishes_exactly_n(tmp_path, signum, code):
-    url = f"sqlite:///{tmp_path / 't.db'}"
-    space = _space(tmp_path, trials=4, seconds=2.0)
-    args = ["search", "--space", str(space), "--study", "s", "--storage", url]
+    """A signalled search ends with the command that continues it; that command, followed literally
+    from another folder, keeps the database and the trial count and finishes exactly N."""
+    (tmp_path / "db").mkdir()
+    url = f"sqlite:///{tmp_path / 'db' / 't.db'}"
+    # One trial at a time (one worker): the signal comes as the second one starts or runs.
+    space = _space(tmp_path, trials=3, seconds=1.0)
+    args = ["search", "--space", str(space), "--study", "s", "--storage", url, "--trials", "3"]
     proc = start_archsearch(*args, cwd=tmp_path)
-    wait_for(lambda: _counts(url).get("complete", 0) >= 1, 180, "a first complete trial")
+    # Waited for by state: a first trial recorded.
+    wait_for(lambda: _counts(url).get("complete", 0) >= 1 or proc.poll() is not None, 180, "a first trial")
+    assert proc.poll() is None, proc.communicate()
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err
-    assert "--resume" in err.splitlines()[-1]
+    hint = err.strip().splitlines()[-1]
+    assert "--resume" in hint
     _no_running(url)
+    command = shlex.split(hint.rsplit("`", 2)[-2])
+    assert command[0] == "archsearch", command
+    assert command[command.index("--storage") + 1] == url and command[command.index("--trials") + 1] == "3"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
     done = subprocess.run(
-        [sys.executable, "-m", "archsearch", *args, "--resume"],
-        cwd=tmp_path, env=archsearch_env(), capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "archsearch", *command[1:]],
+        cwd=elsewhere, env=archsearch_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     # Piped, the progress is one plain line per finished trial, each with an ETA: from the first
     # line on, as the interrupted run's finished trials give the resume their wall times.
     lines = [line for line in done.stderr.splitlines() if re.match(r"\[ *\d+ s\] ", line)]
     assert lines and all(re.search(r"; ETA \d+:\d\d:\d\d$", line) for line in lines), done.stderr
-    assert "4/4 finished: 4 complete" in lines[-1] and lines[-1].endswith("ETA 0:00:00"), done.stderr
+    assert "3/3 finished: 3 complete" in lines[-1] and lines[-1].endswith("ETA 0:00:00"), done.stderr
     counts = _counts(url)
-    assert counts["complete"] == 4 and set(counts) <= {"complete", "interrupted", "duplicate"}, counts
+    assert counts["complete"] == 3 and set(counts) <= {"complete", "interrupted", "duplicate"}, counts
     _no_running(url)
+    assert list(elsewhere.iterdir()) == []  # nothing written where the command ran
 
 
 def test_the_search_bar_counts_running_trials_shows_an_eta_and_keeps_the_final_counts(tmp_path):
@@ -344,10 +359,10 @@ def test_the_search_bar_counts_running_trials_shows_an_eta_and_keeps_the_final_c
 
 def test_a_worker_killed_with_sigkill_is_retried_and_the_search_completes(tmp_path):
     # Holds under load: the kill waits for the state it needs (the trial running in the database
-    # and a worker of this driver executing it), comes at once, and the victim trains for 5 s of
-    # a budget in seconds, which a busy machine stretches rather than shortens.
+    # and a worker of this driver executing it), comes at once (a poll of 0.1 s), and the victim
+    # trains for 2.5 s of a budget in seconds, which a busy machine stretches rather than shortens.
     url = f"sqlite:///{tmp_path / 't.db'}"
-    space = _space(tmp_path, trials=2, seconds=5.0)
+    space = _space(tmp_path, trials=2, seconds=2.5)
     proc = start_archsearch(
         "search", "--space", str(space), "--study", "s", "--storage", url, "--retries", "1", cwd=tmp_path
     )
@@ -386,29 +401,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize(("backend", "drivers"), [("sqlite", 4), ("postgresql", 8)])
-def test_parallel_drivers_share_one_study_and_finish_exactly_n(tmp_path, backend, drivers):
-    """Drivers started together on one study (`--resume`): no lock or duplicate-key error, exactly
-    the N trials finished, nothing left running; on PostgreSQL, eight of them."""
-    with contextlib.ExitStack() as stack:
-        url = (
-            f"sqlite:///{tmp_path / 't.db'}"
-            if backend == "sqlite"
-            else stack.enter_context(postgres_database())
-        )
-        _drivers_share_one_study(tmp_path, url, drivers)
-
-
-def _drivers_share_one_study(tmp_path: Path, url: str, n_drivers: int) -> None:
-    wide = 'd_model = [64, 128, 192, 256]\naspect_ratio = [16, 32, 64]\nactivation = ["gelu", "swiglu"]'
-    space = _space(tmp_path, trials=8, model=f"vocab_size = 256\nseq_len = 32\nhead_dim = 32\n{wide}")
+@pytest.fixture(scope="module")
+def ray_head() -> Iterator[tuple[str, dict[str, str]]]:
+    """One `ray start --head` that the parallel-driver tests join, as a shared cluster's drivers do:
+    (its address, the environment its drivers need). Started once for the module: a head's start
+    is seconds of the machine's CPUs, and each test's drivers are jobs of their own on it."""
     port = _free_port()
-    ray_bin = Path(sys.executable).parent / "ray"
     # Ray >= 2.59 authenticates with a token: the head and the drivers share one.
     env = {**archsearch_env(), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
+    # Ray's command line by its module: a virtual environment made with --system-site-packages
+    # has Ray importable but no `ray` script of its own.
     head = subprocess.Popen(
-        [str(ray_bin), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
-         "--include-dashboard=false", "--disable-usage-stats"],
+        [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}",
+         "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     try:
@@ -418,13 +423,44 @@ def _drivers_share_one_study(tmp_path: Path, url: str, n_drivers: int) -> None:
                 return s.connect_ex(("127.0.0.1", port)) == 0
 
         wait_for(head_up, 120, "the Ray head")
-        args = ["search", "--space", str(space), "--study", "s", "--storage", url, "--resume",
-                "--address", f"127.0.0.1:{port}"]  # fmt: skip
-        drivers = [start_archsearch(*args, cwd=tmp_path, env=env) for _ in range(n_drivers)]
-        outputs = [d.communicate(timeout=600) for d in drivers]
+        yield f"127.0.0.1:{port}", env
     finally:
+        # Its drivers are done: SIGKILL after a short grace, as a clean stop of the head's
+        # processes was half a minute of the test's time under load.
         os.killpg(head.pid, signal.SIGTERM)
-        head.wait(timeout=60)
+        try:
+            head.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(head.pid, signal.SIGKILL)
+            head.wait(timeout=60)
+
+
+# Three drivers prove what eight did: more than two processes claim, ask and tell at once on one
+# study, and there are twice as many trials as drivers, so each driver comes back for more.
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_parallel_drivers_share_one_study_and_finish_exactly_n(tmp_path, ray_head, backend):
+    """Drivers started together on one study (`--resume`), each a process of its own: no lock or
+    duplicate-key error, exactly the N trials finished, nothing left running."""
+    with contextlib.ExitStack() as stack:
+        url = (
+            f"sqlite:///{tmp_path / 't.db'}"
+            if backend == "sqlite"
+            else stack.enter_context(postgres_database())
+        )
+        _drivers_share_one_study(tmp_path, url, ray_head, n_drivers=3, n_trials=6)
+
+
+def _drivers_share_one_study(
+    tmp_path: Path, url: str, head: tuple[str, dict[str, str]], n_drivers: int, n_trials: int
+) -> None:
+    wide = 'd_model = [64, 128, 192, 256]\naspect_ratio = [16, 32, 64]\nactivation = ["gelu", "swiglu"]'
+    space = _space(tmp_path, trials=n_trials, model=f"vocab_size = 256\nseq_len = 32\nhead_dim = 32\n{wide}")
+    address, env = head
+    args = ["search", "--space", str(space), "--study", "s", "--storage", url, "--resume",
+            "--address", address]  # fmt: skip
+    drivers = [start_archsearch(*args, cwd=tmp_path, env=env) for _ in range(n_drivers)]
+    outputs = [d.communicate(timeout=600) for d in drivers]
     for driver, (_, err) in zip(drivers, outputs, strict=True):
         assert driver.returncode == 0, err
         assert "locked" not in err.lower() and "duplicate key" not in err, err
@@ -435,7 +471,7 @@ def _drivers_share_one_study(tmp_path: Path, url: str, n_drivers: int) -> None:
             for t in db.trials("s")
             if t.status not in ("complete", "duplicate")
         ]
-    assert counts["complete"] == 8 and set(counts) <= {"complete", "duplicate"}, (counts, why)
+    assert counts["complete"] == n_trials and set(counts) <= {"complete", "duplicate"}, (counts, why)
     _no_running(url)
 
 

@@ -8,7 +8,6 @@ import json
 import shlex
 import signal
 import sqlite3
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from archsearch.search import driver as driver_module
 from archsearch.search import pool as pool_module
 from archsearch.storage import Storage
 from tests.helpers import one_line, space_file
-from tests.processes import archsearch_env, descendants, start_archsearch, wait_for
+from tests.processes import descendants, start_archsearch, wait_for
 from tests.search.test_driver import instant
 from tests.specs import tiny_toml
 from tests.storage.test_query import fill_study
@@ -70,43 +69,6 @@ def test_a_database_failure_ends_the_cli_with_exit_1_and_the_command_that_contin
         counts = db.counts("s")
     assert counts["complete"] == 3 and set(counts) <= {"complete", "interrupted", "duplicate"}, counts
     assert list(cwd.iterdir()) == []  # nothing written where the command ran
-
-
-SLOW_PROXY = 'seconds = 1.5\nbatch_size = 4\nevals = 2\neval_batches = 1\ndevice = "cpu"'
-
-
-def test_the_resume_hint_after_an_interrupt_continues_the_same_study_when_followed_literally(tmp_path):
-    url = f"sqlite:///{tmp_path / 'db' / 'trials.db'}"
-    (tmp_path / "db").mkdir()
-    space = space_file(tmp_path, proxy=SLOW_PROXY, search="trials = 3\nprune = false")
-    env = archsearch_env()
-    args = ["search", "--space", str(space), "--study", "s", "--storage", url, "--trials", "3"]
-    proc = start_archsearch(*args, cwd=tmp_path)
-    # Waited for by state: a first trial recorded.
-    wait_for(lambda: _complete(url) >= 1 or proc.poll() is not None, 180, "a first trial")
-    assert proc.poll() is None, proc.communicate()
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
-    hint = err.strip().splitlines()[-1]
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    command = _cli_args(hint)
-    assert command[command.index("--storage") + 1] == url and command[command.index("--trials") + 1] == "3"
-    done = subprocess.run(
-        [sys.executable, "-m", "archsearch", *command], cwd=elsewhere, env=env, capture_output=True,
-        text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert _complete(url) == 3 and list(elsewhere.iterdir()) == []
-
-
-def _complete(url: str) -> int:
-    try:
-        with Storage.open(url, create=False) as db:
-            return db.counts("s").get("complete", 0)
-    except Exception:
-        return 0
 
 
 def _reaper_started(pid: int) -> bool:

@@ -34,7 +34,9 @@ from tests.specs import tiny_spec, tiny_toml
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers need not import tests/
 
-SLOW_PROXY = 'seconds = 8\nbatch_size = 4\nevals = 2\neval_batches = 1\ndevice = "cpu"'
+# Trials long enough for the raylet's kill to land in one (it follows the state it waits for
+# at once), short enough for the resume to train both again in a few seconds.
+SLOW_PROXY = 'seconds = 3\nbatch_size = 4\nevals = 2\neval_batches = 1\ndevice = "cpu"'
 
 
 def _counts(url: str) -> dict[str, int]:
@@ -151,12 +153,12 @@ def test_a_ray_address_that_accepts_and_never_answers_ends_within_the_bound(tmp_
         args = ["search", "--space", str(_space(tmp_path)), "--storage", url, "--address", address]
         done = subprocess.run(
             [sys.executable, "-m", "archsearch", *args], cwd=tmp_path, capture_output=True, text=True,
-            env=archsearch_env(ARCHSEARCH_RAY_START_S="3"), timeout=120,  # the bound, plus Python's start-up
+            env=archsearch_env(ARCHSEARCH_RAY_START_S="1"), timeout=120,  # the bound, plus Python's start-up
         )  # fmt: skip
     assert done.returncode == 1, done.stderr
     assert done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith(
-        f"error: Ray did not start within 3 s (trying to join Ray at {address}; "
+        f"error: Ray did not start within 1 s (trying to join Ray at {address}; "
         "$ARCHSEARCH_RAY_START_S sets it)"
     ), done.stderr
     with Storage.open(url, read_only=True) as db:

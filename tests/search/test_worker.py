@@ -17,6 +17,10 @@ from archsearch.space.knobs import config_from_knobs
 
 CFG = config_from_knobs(d_model=64, n_layers=1, head_dim=32, vocab_size=256, seq_len=32)
 
+# Modelled profiles only, for the tests whose assertions are not about the local one: timing the
+# local kernels is about a fifth of a tiny trial's time.
+NO_LOCAL = dict(local=False, devices=["h100-sxm"], batch=None, dtype="bf16", min_run_time=0.002)
+
 
 def _plain(**overrides):
     request = dict(
@@ -93,8 +97,10 @@ def test_with_a_loss_rule_the_judge_sees_the_loss_objective_not_the_raw_loss():
     # (a busy machine), and another reduction order is another loss.
     proxy = {**_plain()["proxy"], "threads": 1}
     rule = {"size_beta": 0.3, "extrapolate": 2.0}
-    run_trial(_request(loss_rule=rule, proxy=proxy), judge=lambda n, r, loss, f: judged.append(loss))
-    out = run_trial(_request(proxy=proxy), judge=lambda n, r, loss, f: plain.append(loss))
+    # The judge's losses come before any profiling: no local one.
+    loss_rule = _request(loss_rule=rule, proxy=proxy, profile=NO_LOCAL)
+    run_trial(loss_rule, judge=lambda n, r, loss, f: judged.append(loss))
+    out = run_trial(_request(proxy=proxy, profile=NO_LOCAL), judge=lambda n, r, loss, f: plain.append(loss))
     credit = 0.3 * math.log(param_counts(CFG).total / 1e6)
     # The curve so far ends at the rung: no change at the first evaluation, the last interval's
     # at the second.
@@ -104,7 +110,7 @@ def test_with_a_loss_rule_the_judge_sees_the_loss_objective_not_the_raw_loss():
 
 
 def test_without_rungs_the_judge_is_never_asked():
-    out = run_trial(_request(rungs=[]), judge=lambda *a: pytest.fail("asked"))
+    out = run_trial(_request(rungs=[], profile=NO_LOCAL), judge=lambda *a: pytest.fail("asked"))
     assert out.status == "complete"
 
 
@@ -165,9 +171,6 @@ def _plateau(monkeypatch, min_steps: int) -> None:
     monkeypatch.setattr(worker, "_unigram_loss", lambda *args: 0.0)
     monkeypatch.setattr(worker, "STALL_MIN_STEPS", min_steps)
     monkeypatch.setattr(worker, "STALL_MIN_TOKENS", 1)
-
-
-NO_LOCAL = dict(local=False, devices=["h100-sxm"], batch=None, dtype="bf16", min_run_time=0.002)
 
 
 def test_a_run_stalled_at_the_unigram_loss_is_trained_again_with_a_longer_warm_up(monkeypatch, trainings):
