@@ -98,15 +98,20 @@ def test_bad_claims_and_results_are_refused(storage):
         storage.finish_promotion(999, status="failed")
 
 
+def _as_version(url: str, version: int, statement: str) -> None:
+    """Make the database at `url` look as schema `version` left it: `statement`, then the version."""
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(statement))
+        conn.execute(text(f"UPDATE archsearch_meta SET value = '{version}'"))
+    engine.dispose()
+
+
 def test_a_version_8_database_gains_the_promotions_table(backend_url):
     with Storage.open(backend_url) as st:
         st.create_study("s", **SPEC)
         trial = _trial(st, 0)
-    engine = create_engine(backend_url)
-    with engine.begin() as conn:
-        conn.execute(text("DROP TABLE archsearch_promotions"))
-        conn.execute(text("UPDATE archsearch_meta SET value = '8'"))
-    engine.dispose()
+    _as_version(backend_url, 8, "DROP TABLE archsearch_promotions")
     with Storage.open(backend_url) as st:
         assert st.claim_promotion("s", trial, 2000, lease_s=60) is None
         assert len(st.promotions("s")) == 1
@@ -121,11 +126,7 @@ def test_a_version_9_database_gains_the_resumed_tokens_column_and_reads_it_as_un
         st.create_study("s", **SPEC)
         trial = _trial(st, 0)
         st.claim_promotion("s", trial, 2000, lease_s=60)
-    engine = create_engine(backend_url)
-    with engine.begin() as conn:
-        conn.execute(text("ALTER TABLE archsearch_promotions DROP COLUMN resumed_tokens"))
-        conn.execute(text("UPDATE archsearch_meta SET value = '9'"))
-    engine.dispose()
+    _as_version(backend_url, 9, "ALTER TABLE archsearch_promotions DROP COLUMN resumed_tokens")
     with Storage.open(backend_url) as st:
         [before] = st.promotions("s")
         assert before.resumed_tokens is None
