@@ -12,10 +12,11 @@ model: its host's launches take 70-85% of each step).
 
 Order, so that a cut budget leaves a score: every shape's proxy and long run at seed 0 (longest
 first, which ends the set soonest), then the noise: the proxy at seed 1 (the proxy's own seed
-noise) and a second long seed of `LONG_SEED1_SHAPES` shapes spread over the sizes (the reference's
-noise: pairs closer than it are ties). A plan may grow between sittings (runs added, none changed):
-the second sitting added the proxy at `PROMOTED` times its tokens (seed 0, the proxy's constant
-rate: what a search's promotion to a longer rung trains) and a second long seed of every shape.
+noise) and a second long seed of every shape (the reference's noise: pairs closer than it are
+ties). A plan may grow between sittings (runs added, none changed): the first sitting's plan had a
+second long seed for 6 shapes spread over the sizes; the second added the proxy at `PROMOTED` times
+its tokens (seed 0, the proxy's constant rate: what a search's promotion to a longer rung trains)
+and the second long seed of the other shapes.
 A run is started only when the H200 model (times the
 measured over modelled ratio of the runs finished so far) says it ends inside the budget; each is
 recorded as it finishes, to `gpu_campaign_<device>_fidelity.jsonl`: a plan line, then one line per
@@ -47,11 +48,9 @@ SAMPLE_SEED = 2026_11_28
 PROXY_TOKENS = 800_000
 MULTIPLIER = 10
 PROXY_SEEDS = (0, 1)
-LONG_SEED1_SHAPES = 6
 # Added in the second sitting, after the first's score: the proxy at 2x and 4x its tokens (does a
-# longer proxy, as promotion gives the contenders, rank better?), and every shape's second long seed.
+# longer proxy, as promotion gives the contenders, rank better?).
 PROMOTED = (2, 4)
-LONG_SEED1_ADDED = True
 CONCURRENCY = 5  # runs sharing the GPU, a fifth of it each in Ray's accounting
 PARAMS = {"min": 5e6, "max": 5e7}
 MODEL = {
@@ -62,7 +61,7 @@ RUN_START_S = 6.0  # a task's model build, CUDA context and first steps, beyond 
 RAY_START_S = 20.0
 # The smoke: 4 shapes (the fewest scored), proxies of 4 steps of 4 x 32 tokens, evaluations of one batch.
 # One run at a time: each Ray worker's first task imports torch (45 s on 2 loaded cores).
-SMOKE = {"shapes": 4, "proxy_tokens": 512, "long_seed1_shapes": 2, "concurrency": 1}
+SMOKE = {"shapes": 4, "proxy_tokens": 512, "concurrency": 1}
 SMOKE_TOKENS_PER_S = 20_000.0  # a tiny CPU run's speed, for the smoke's plan only
 
 
@@ -120,19 +119,10 @@ def plan(spec_text: str, smoke: bool) -> tuple[list[dict[str, Any]], list[Run]]:
             runs.append(Run(label, "proxy", seed, cfg.to_dict(), {**proxy, "seed": seed}))
         for seed in (0, 1):
             runs.append(Run(label, "long", seed, cfg.to_dict(), long_settings(proxy, MULTIPLIER, seed, None)))
-    second = _spread(len(configs), SMOKE["long_seed1_shapes"] if smoke else LONG_SEED1_SHAPES)
-    labels = [s["label"] for s in shapes]
-    if not LONG_SEED1_ADDED:
-        runs = [r for r in runs if r.kind != "long" or r.seed == 0 or labels.index(r.label) in second]
     for m in PROMOTED:
         longer = {**proxy, "seed": 0, "tokens": m * proxy["tokens"]}
         runs += [Run(s["label"], f"proxy{m}x", 0, s["config"], longer) for s in shapes]
     return shapes, runs
-
-
-def _spread(n: int, k: int) -> set[int]:
-    """`k` of `n` indices spread evenly (the shapes are sorted by size: every size gets some)."""
-    return {round(i * (n - 1) / max(k - 1, 1)) for i in range(min(k, n))}
 
 
 def estimate_s(run: Run, device: str, concurrency: int) -> float:

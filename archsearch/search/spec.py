@@ -458,7 +458,7 @@ _SEARCH = {
     "prune_min_trials": "int",
     "promote": "table",
 }
-_PROMOTE = ("cap", "rule", "margin", "max_contenders")  # PromoteSettings' keys; it checks their types itself
+_PROMOTE = tuple(f.name for f in dataclasses.fields(PromoteSettings))  # it checks their types itself
 # TrainSettings' own fields, typed from their annotations ("int | None" -> int); seq_len is the
 # model's, so it is left out.
 _ANNOTATIONS = {"int": "int", "float": "float", "str": "str", "bool": "bool"}
