@@ -71,7 +71,11 @@ BLOCKS = (
     Block("wide", SPACES / "cal-wide.toml", 20, 32),
     Block("iso", SPACES / "cal-iso.toml", 16, 33),
 )
-STAGES = ("proxies", "reference", "second-seed")
+STAGES = ("proxies", "reference", "second-seed", "promote")
+# Promotion is measured on the blocks a search samples freely (the iso block is held to one size),
+# each proxy seed's study resumed with the tiny example's `[search] promote` settings.
+PROMOTED_BLOCKS = ("tiny", "wide")
+EXAMPLE = ROOT / "examples" / "tiny.toml"
 
 
 def study_name(block: Block, seed: int) -> str:
@@ -87,6 +91,32 @@ def seeded_space(block: Block, seed: int, folder: Path, tokens: int | None) -> P
     path = folder / f"{block.name}-p{seed}.toml"
     path.write_text(text)
     return path
+
+
+def example_promote(source: Path = EXAMPLE) -> str:
+    """The `[search] promote` table of `source` (a space file; the tiny example's by default) as
+    one TOML line: the settings a search on the calibration blocks' space and proxy would promote
+    with."""
+    from archsearch.search.spec import load_spec
+
+    settings = load_spec(source).defaults.promote
+    if settings is None:
+        raise SystemExit(f"calibration: {source} has no [search] promote to measure")
+    margin = f'"{settings.margin}"' if isinstance(settings.margin, str) else f"{settings.margin!r}"
+    return (
+        f'promote = {{ cap = {settings.cap!r}, rule = "{settings.rule}", margin = {margin}, '
+        f"max_contenders = {settings.max_contenders} }}"
+    )
+
+
+def promoted_space(block: Block, seed: int, folder: Path, tokens: int | None, source: Path = EXAMPLE) -> Path:
+    """`seeded_space` with `source`'s promotion: resuming a finished study with it trains only
+    the contenders (`[search].promote` is outside the study's fingerprint)."""
+    path = seeded_space(block, seed, folder, tokens)
+    text = path.read_text().replace("[search]\n", f"[search]\n{example_promote(source)}\n", 1)
+    out = folder / f"{block.name}-p{seed}-promote.toml"
+    out.write_text(text)
+    return out
 
 
 def run(argv: list[str]) -> None:
@@ -120,8 +150,41 @@ def complete_trials(db: Path, study: str) -> list[dict[str, Any]]:
                 "val_curve": curves.get("val", []),
                 "reason": record.reason,
                 "train_seconds": record.values.get("train_seconds"),
+                "tokens": record["tokens_trained"],
             })  # fmt: skip
         return sorted(out, key=lambda t: t["trial"])
+
+
+def ranked(db: Path, study: str) -> dict[int, dict[str, Any]]:
+    """Each complete trial's loss objective as the study's front ranks it once promoted
+    (`Storage.ranked_objectives`: a contender's at the largest budget all contenders reached, any
+    other's placed there), by trial number; none when the study has no promotion."""
+    from archsearch.storage import Storage
+
+    with Storage.open(f"sqlite:///{db}", create=False) as storage:
+        if storage.study(study, counts=False) is None or not storage.promotions(study):
+            return {}
+        return {
+            n: {"objective": v, "tokens": t, "estimated": e}
+            for n, (v, t, e) in storage.ranked_objectives(study).items()
+        }
+
+
+def promotions(db: Path, study: str) -> dict[int, list[dict[str, Any]]]:
+    """The study's complete promotions (budget, loss, curve, wall time), by trial number."""
+    from archsearch.storage import Storage
+
+    with Storage.open(f"sqlite:///{db}", create=False) as storage:
+        if storage.study(study, counts=False) is None:
+            return {}
+        out: dict[int, list[dict[str, Any]]] = {}
+        for p in storage.promotions(study, status="complete"):
+            out.setdefault(p.trial_number, []).append({
+                "tokens": p.budget_tokens, "val_loss": p.val_loss,
+                "val_curve": [list(x) for x in p.val_curve], "wall_time_s": p.wall_time_s,
+                "resumed_tokens": p.resumed_tokens,
+            })  # fmt: skip
+        return out
 
 
 def long_runs(db: Path, study: str) -> list[dict[str, Any]]:
@@ -182,6 +245,7 @@ def record(db: Path, blocks: tuple[Block, ...], out: Path, commands: list[str]) 
     for block in blocks:
         by_config: dict[str, dict[str, Any]] = {}
         for seed in PROXY_SEEDS:
+            promoted, placed = promotions(db, study_name(block, seed)), ranked(db, study_name(block, seed))
             for t in complete_trials(db, study_name(block, seed)):
                 key = json.dumps(t["config"], sort_keys=True)
                 if seed > 0 and key not in by_config:
@@ -194,6 +258,9 @@ def record(db: Path, blocks: tuple[Block, ...], out: Path, commands: list[str]) 
                 shape["proxies"].append({
                     "seed": seed, "trial": t["trial"], "val_loss": t["val_loss"], "val_curve": t["val_curve"],
                     "retried": bool(t["reason"]), "reason": t["reason"], "train_seconds": t["train_seconds"],
+                    "tokens": t["tokens"],
+                    **({"promotions": promoted[t["trial"]]} if t["trial"] in promoted else {}),
+                    **({"ranked": placed[t["trial"]]} if t["trial"] in placed else {}),
                 })  # fmt: skip
         seed0 = {s["trial"]: s for s in by_config.values() if any(p["seed"] == 0 for p in s["proxies"])}
         for run_ in long_runs(db, study_name(block, 0)):
@@ -204,7 +271,9 @@ def record(db: Path, blocks: tuple[Block, ...], out: Path, commands: list[str]) 
         "what": (
             "Third proxy-fidelity set (issue 21): per shape, the search's proxy at seeds 0-2 and "
             f"{MULTIPLIER}x reference runs (validate's cosine retraining, seed 0; a second seed for "
-            f"{SECOND_SEED_PER_BLOCK} shapes per block). Losses in nats/token on the bundled corpus."
+            f"{SECOND_SEED_PER_BLOCK} shapes per block); a proxy's `promotions`: its study resumed "
+            "with the tiny example's [search] promote, the contenders trained on at longer budgets. "
+            "Losses in nats/token on the bundled corpus."
         ),
         "measured": f"archsearch {__version__}, torch {torch.__version__}, {_cpu_description()}",
         "updated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -340,11 +409,87 @@ def report(data: dict[str, Any], min_shapes: int = MIN_SHAPES, partial: bool = F
             name: fs.measures(rows[:, inside], target[inside], flops[inside], noise=noise, **free)
             for name, rows in values.items()
         }
+    out["promotion"] = promotion_report(shapes, blocks, seeds, target, flops, noise)
     tenx = np.mean([next(r["tokens"] for r in s["references"] if r["seed"] == 0) for s in shapes])
     runs = [(p, s) for s in shapes for p in s["proxies"]]
     spent = [p["val_curve"][-1][0] * (1.5 if p["retried"] else 1.0) for p, _ in runs]
     out["compute_per_shape"] = float(np.mean(spent) / tenx)  # one search's proxy (a retry: 1.5 runs)
     return out
+
+
+PROMOTED = "promoted"  # the report's name of the ranking after the example's promotion
+
+
+def promotion_report(
+    shapes: list[dict[str, Any]], blocks: np.ndarray, seeds: list[int], target: np.ndarray,
+    flops: np.ndarray, noise: float,
+) -> dict[str, Any]:  # fmt: skip
+    """Each promoted block's search before and after promotion, one study per proxy seed: front
+    recall and the knee's regret at every seed (the first pass ranked by the study's loss objective,
+    then by `ranked`), the budget it was ranked at, and what the search trained (first pass and
+    promotions, tokens) against the block's references (every shape at 10x)."""
+    from archsearch.search import fidelity_stats as fs
+
+    out: dict[str, Any] = {}
+    for block in PROMOTED_BLOCKS:
+        inside = np.flatnonzero(blocks == block)
+        mine = [shapes[i] for i in inside]
+        if not mine or not all("ranked" in p for s in mine for p in s["proxies"]):
+            continue
+        t, f = target[inside], flops[inside]
+        rows: dict[str, dict[str, list[Any]]] = {"before": {}, "after": {}}
+        for seed in seeds:
+            proxies = [next(p for p in s["proxies"] if p["seed"] == seed) for s in mine]
+            before = [_objective(s, p, 0.0) for s, p in zip(mine, proxies, strict=True)]
+            after = [p["ranked"]["objective"] for p in proxies]
+            for when, values in (("before", before), ("after", after)):
+                rows[when].setdefault("front_recall", []).append(list(fs.front_recall(values, t, f)))
+                rows[when].setdefault("knee_regret", []).append(fs.knee_regret(values, t, f))
+            rows["after"].setdefault("ranked_at", []).append(max(p["ranked"]["tokens"] for p in proxies))
+            spent = sum(p["tokens"] or 0 for p in proxies)
+            promoted = sum(q["tokens"] for p in proxies for q in p.get("promotions", []))
+            rows["after"].setdefault("contenders", []).append(sum(1 for p in proxies if p.get("promotions")))
+            rows["after"].setdefault("first_pass_tokens", []).append(spent)
+            rows["after"].setdefault("promotion_tokens", []).append(promoted)
+        reference = sum(next(r["tokens"] for r in s["references"] if r["seed"] == 0) for s in mine)
+        rows["after"]["reference_tokens"] = reference
+        out[block] = rows
+    if out:
+        out["reference_noise"] = noise
+    return out
+
+
+def print_promotion(r: dict[str, Any]) -> None:
+    """The before/after lines of `promotion_report`, one per promoted block, and the blocks together."""
+    noise = r.get("reference_noise", 0.0)
+    held = [0, 0, 0, 0]  # recall before (held, of), after (held, of)
+    for block, rows in r.items():
+        if block == "reference_noise":
+            continue
+        before, after = rows["before"], rows["after"]
+        for i, when in enumerate((before, after)):
+            held[2 * i] += sum(x[0] for x in when["front_recall"])
+            held[2 * i + 1] += sum(x[1] for x in when["front_recall"])
+        trained = np.array(after["first_pass_tokens"]) + np.array(after["promotion_tokens"])
+        spent = ", ".join(f"{x:.3f}" for x in trained / after["reference_tokens"])
+        recall = f"{_frac(_sum(before['front_recall']))} -> {_frac(_sum(after['front_recall']))}"
+        ranked_at = ", ".join(f"{t:,}" for t in after["ranked_at"])
+        print(
+            f"  {block}: front recall {recall}; knee regret by seed {_regrets(before['knee_regret'])} -> "
+            f"{_regrets(after['knee_regret'])} (reference noise {noise:.4f}); ranked at {ranked_at} tokens; "
+            f"{', '.join(map(str, after['contenders']))} contenders; trained {spent} of the"
+            " references' tokens"
+        )
+    if held[1]:
+        print(f"  together: front recall {_frac(held[:2])} -> {_frac(held[2:])}")
+
+
+def _sum(pairs: list[list[int]]) -> list[int]:
+    return [sum(p[0] for p in pairs), sum(p[1] for p in pairs)]
+
+
+def _regrets(values: list[float]) -> str:
+    return "/".join(f"{v:.3f}" for v in values)
 
 
 def print_report(r: dict[str, Any]) -> None:
@@ -364,6 +509,10 @@ def print_report(r: dict[str, Any]) -> None:
             _frac(p["pairs"]), _frac(p["iso_pairs"]), _frac(p["front_recall"]), f"{p['knee_regret']:.4f}",
         ]  # fmt: skip
         print(f"{name:<26}" + "".join(f"{c:>21}" for c in cells))
+    if r.get("promotion"):
+        print("promotion (the tiny example's [search] promote; before: the first pass by the study's "
+              "loss objective, beta 0.15; after: as the promoted front ranks):")  # fmt: skip
+        print_promotion(r["promotion"])
     for block, predictors in r.get("blocks", {}).items():
         print(f"block {block}:")
         for name, p in predictors.items():
@@ -468,19 +617,23 @@ def steps(
     """The search and validate commands of `stages`, each run by `step`."""
     storage = f"sqlite:///{db}"
     workers = str(args.workers)
+    proxy_seeds = PROXY_SEEDS[: 2 if args.smoke else 3]
+
+    def search(block: Block, seed: int, space: Path) -> list[str]:
+        study, trials, replay = study_name(block, seed), block.shapes, []
+        if seed > 0:
+            shapes = complete_trials(db, study_name(block, 0))
+            trials, replay = trial_target(db, study, shapes), ["--replay", study_name(block, 0)]
+        return archsearch(
+            "search", "--space", str(space), "--study", study, "--storage", storage,
+            "--sampler", "random", "--seed", str(block.sampler_seed), "--no-prune",
+            "--trials", str(trials), "--workers", workers, "--resume", *replay,
+        )  # fmt: skip
+
     if "proxies" in stages:
-        for seed in PROXY_SEEDS[: 2 if args.smoke else 3]:
+        for seed in proxy_seeds:
             for block in blocks:
-                space = seeded_space(block, seed, work, tokens)
-                study, trials, replay = study_name(block, seed), block.shapes, []
-                if seed > 0:
-                    shapes = complete_trials(db, study_name(block, 0))
-                    trials, replay = trial_target(db, study, shapes), ["--replay", study_name(block, 0)]
-                step(archsearch(
-                    "search", "--space", str(space), "--study", study, "--storage", storage,
-                    "--sampler", "random", "--seed", str(block.sampler_seed), "--no-prune",
-                    "--trials", str(trials), "--workers", workers, "--resume", *replay,
-                ))  # fmt: skip
+                step(search(block, seed, seeded_space(block, seed, work, tokens)))
     for stage, seeds in (("reference", 1), ("second-seed", 2)):
         if stage not in stages:
             continue
@@ -496,6 +649,14 @@ def steps(
                 "validate", "--study", study_name(block, 0), "--storage", storage, *trial_args,
                 "--multiplier", str(multiplier), "--seeds", str(seeds), "--workers", workers,
             ))  # fmt: skip
+    if "promote" in stages:
+        # Each seed's finished study resumed with promotion: its first pass is kept, and only the
+        # contenders train (afresh at each longer budget: the blocks' proxy sets its warm-up as a
+        # fraction, so no final state is resumable).
+        for seed in proxy_seeds:
+            for block in blocks:
+                if block.name in PROMOTED_BLOCKS and complete_trials(db, study_name(block, seed)):
+                    step(search(block, seed, promoted_space(block, seed, work, tokens, args.promote_from)))
 
 
 def main() -> None:
@@ -505,6 +666,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)}")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--promote-from", type=Path, default=EXAMPLE,
+        help="the space file whose [search] promote the promote stage uses (default: the tiny example)",
+    )  # fmt: skip
     parser.add_argument("--smoke", action="store_true", help="one block of 4 shapes, tiny budgets")
     parser.add_argument("--report", action="store_true", help="score the recorded --out set; train nothing")
     parser.add_argument(
