@@ -19,17 +19,21 @@ os.environ.setdefault("ARCHSEARCH_CPU_BF16", "none")
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `--dist loadgroup` (pyproject's addopts), the tests on the in-process Ray run in two
-    workers, so two Rays start for the run rather than one per worker (each is about a gigabyte
-    and seconds of CPU to start); the browser tests run in one worker, so at most one installs
-    Chromium (two apt-get runs at once fail on dpkg's lock). Run before xdist's own hook, which
-    reads the marks into the node ids it schedules by."""
+    """Under `--dist loadgroup` (README's test command), the tests on the in-process Ray run in
+    two groups, so at most two Rays start for the run rather than one per worker (each is about a
+    gigabyte and seconds of CPU to start); the tests joining `ray start --head` run in one worker,
+    so one head starts (a module fixture starts one per worker that runs its tests); the browser
+    tests run in one worker, so at most one installs Chromium (two apt-get runs at once fail on
+    dpkg's lock). Run before xdist's own hook, which reads the marks into the node ids it
+    schedules by."""
     for item in items:
         if "ray_session" in item.fixturenames:
             # Two groups, split by module: one Ray serialised every in-process search of the run
             # on one worker, the longest chain of the run; two Rays halve it.
             half = zlib.crc32(item.module.__name__.encode()) % 2
             item.add_marker(pytest.mark.xdist_group(f"ray-{half}"))
+        elif "ray_head" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("ray-head"))
         elif "chromium" in item.fixturenames:
             item.add_marker(pytest.mark.xdist_group("chromium"))
 

@@ -225,6 +225,7 @@ class _Driver:
     def open_study(self) -> None:
         """Create or load the study; a new one whose creation fails part-way is removed again."""
         self.study = study_open.open_study(self.storage, self.spec, self.options, self._new_study)
+        self._created_at = self.storage.require_study(self.options.study).created_at  # kept states' key
 
     def discard_new_study(self) -> None:
         """Remove the study this driver created, if it still holds no trial."""
@@ -451,6 +452,8 @@ class _Driver:
             loss_rule=spec.loss_rule,
             cpus=self.options.cpus_per_trial,  # caps a CPU trial's threads (worker.trial_cores)
             keep_state=spec.defaults.promote is not None,  # promotion goes on from the final state
+            study=self.options.study,
+            created_at=self._created_at,
         )
 
     def _submit(

@@ -40,6 +40,8 @@ from archsearch.trial import COMPLETE, FAILED, INTERRUPTED, PRUNED, RUNNING
 from archsearch.units import whole
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from archsearch.evaluators.settings import TrainSettings
     from archsearch.search.options import SearchOptions
     from archsearch.search.spec import SearchSpec
@@ -123,6 +125,7 @@ class _Promoter:
     ) -> None:  # fmt: skip
         self.spec, self.storage, self.options, self.pool, self.stop = spec, storage, options, pool, stop
         self.study = options.study
+        self.created_at = storage.require_study(self.study).created_at  # kept states' key
         self.renewed = time.monotonic()
         self.progress, self.on_update = progress, on_update
         self.running, self.budget = 0, 0
@@ -275,7 +278,7 @@ class _Promoter:
     def _request(self, record: TrialRecord, budget: int) -> dict[str, Any]:
         assert record.config is not None
         settings = trial_settings(self.spec, record)
-        path = kept_state_path(record.config, settings, self.spec.data) if settings.budget_free else None
+        path = self.kept_state(record) if settings.budget_free else None
         longer = dataclasses.replace(settings, tokens=budget)
         return dict(
             config=record.config.to_dict(), settings=dataclasses.asdict(longer),
@@ -300,12 +303,19 @@ class _Promoter:
             wall_time_s=result.get("wall_time_s"), resumed_tokens=result.get("resumed_tokens"),
         )  # fmt: skip
 
+    def kept_state(self, record: TrialRecord) -> Path:
+        """Where `record`'s first pass kept its final state (`worker.kept_state_path`)."""
+        assert record.config is not None and record.number is not None
+        settings = trial_settings(self.spec, record)
+        return kept_state_path(
+            self.study, self.created_at, record.number, record.config, settings, self.spec.data
+        )
+
     def _forget(self, records: Any) -> None:
         """Delete the kept states of `records` on this machine: no longer promoted."""
         for record in records:
             if record.config is not None:
-                settings = trial_settings(self.spec, record)
-                kept_state_path(record.config, settings, self.spec.data).unlink(missing_ok=True)
+                self.kept_state(record).unlink(missing_ok=True)
 
 
 def tell_optuna(storage: Storage, study: str, budget: int, objectives: dict[int, float]) -> None:

@@ -63,6 +63,8 @@ class TrialRequest:
         cpus: the CPUs Ray gave the trial, which cap its threads; None: see `trial_cores`.
         keep_state: leave a complete run's final state at `kept_state_path`, for promotion to go on
             from (only where the settings are `budget_free`: another budget could not resume it).
+        study: the study's name; with `created_at` and `number`, whose state `keep_state` keeps.
+        created_at: the study's creation time (`StudyRecord.created_at`).
     """
 
     number: int
@@ -75,6 +77,8 @@ class TrialRequest:
     loss_rule: LossRule = dataclasses.field(default_factory=LossRule)
     cpus: float | None = None
     keep_state: bool = False
+    study: str = ""
+    created_at: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON-ready): the config as `ArchConfig.to_dict`, settings as their fields."""
@@ -135,16 +139,24 @@ def may_stall(settings: TrainSettings) -> bool:
     return settings.warmup_tokens is not None or settings.warmup < STALL_WARMUP
 
 
-def kept_state_path(config: ArchConfig, settings: TrainSettings, data: str | None) -> Path:
-    """Where a run's final state is kept for promotion: `cache_dir()/checkpoints/kept-KEY.pt`, KEY
-    the sha256 of the config, the settings but for what a budget-free run may change (threads,
-    tokens, FLOPs, evaluation count) and the corpus path, so a run of the same shape and settings at
-    any token budget finds it (`trainer.Checkpoint(keep=True)`)."""
+def kept_state_path(
+    study: str, created_at: float, number: int, config: ArchConfig, settings: TrainSettings, data: str | None
+) -> Path:
+    """Where trial `number` of `study` (created at `created_at`) keeps its final state for promotion:
+    `cache_dir()/checkpoints/kept-KEY.pt`, KEY the sha256 of the study's name and creation time,
+    the trial's number, the config, the settings but for what a budget-free run may change
+    (threads, tokens, FLOPs, evaluation count) and the corpus path, so a run of the same shape and
+    settings at any token budget finds it (`trainer.Checkpoint(keep=True)`).
+
+    The study and trial are in the key because a trial starts by deleting the state at its key:
+    two studies sharing a cache (two searches of one space and seed, two test processes) would
+    otherwise delete and overwrite each other's. The creation time tells apart studies of one
+    name in two databases."""
     from archsearch.evaluators.data import cache_dir
 
     free = ("threads", "tokens", "flops", "evals")
     fixed = {k: v for k, v in dataclasses.asdict(settings).items() if k not in free}
-    what = json.dumps([config.to_dict(), fixed, data], sort_keys=True, default=str)
+    what = json.dumps([study, created_at, number, config.to_dict(), fixed, data], sort_keys=True, default=str)
     return cache_dir() / "checkpoints" / f"kept-{hashlib.sha256(what.encode()).hexdigest()}.pt"
 
 
@@ -285,9 +297,12 @@ def _run_trial(
         judged["unigram"] = plateau
         keep = None
         if request.keep_state and run_settings.budget_free:
-            # From step 0, as every trial: a state left by another study's run of this shape would
-            # hand back its result with no steps timed.
-            keep = Checkpoint(kept_state_path(cfg, run_settings, request.data), keep=True)
+            # From step 0, as every trial: a state left at this key (by an attempt of this trial
+            # whose worker died) would hand back its result with no steps timed.
+            path = kept_state_path(
+                request.study, request.created_at, request.number, cfg, run_settings, request.data
+            )
+            keep = Checkpoint(path, keep=True)
             keep.path.unlink(missing_ok=True)
         result = train(cfg, data, run_settings, on_eval=on_eval, cache=cache, checkpoint=keep)
         if judged["stalled"] is None and plateau is not None and result.status == COMPLETE:

@@ -40,7 +40,7 @@ def test_contenders_resume_to_the_loss_of_one_longer_run_and_are_stored_once(db,
 
     def seeing_kept_states(self, todo, budget):
         for n in todo:
-            kept_before.setdefault(n, kept_state_path(self.records[n].config, spec.proxy, None).exists())
+            kept_before.setdefault(n, self.kept_state(self.records[n]).exists())
         return promote(self, todo, budget)
 
     monkeypatch.setattr(promote_run._Promoter, "_train", seeing_kept_states)
@@ -66,7 +66,11 @@ def test_contenders_resume_to_the_loss_of_one_longer_run_and_are_stored_once(db,
     assert first.val_loss == pytest.approx(straight.val_loss, rel=1e-6, abs=0)
     assert first.val_curve[-1][0] == 4096 and first.objective == first.val_loss  # the plain loss objective
     # Promotion ended: the kept states on this machine are gone.
-    assert not any(kept_state_path(r.config, spec.proxy, None).exists() for r in db.trials("s", "complete"))
+    created = db.require_study("s").created_at
+    assert not any(
+        kept_state_path("s", created, r.number, r.config, spec.proxy, None).exists()
+        for r in db.trials("s", "complete")
+    )
     # A resume trains nothing again.
     again = run_search(spec, db, SearchOptions(study="s", trials=4, resume=True))
     assert again.promotion is not None and again.promotion.contenders == promotion.contenders
@@ -79,7 +83,7 @@ def test_a_contender_whose_kept_state_is_gone_trains_from_step_0_and_is_counted_
 
     def losing_kept_states(self, todo, budget):
         for n in todo:  # as on another machine, or after the cache was cleared
-            kept_state_path(self.records[n].config, spec.proxy, None).unlink(missing_ok=True)
+            self.kept_state(self.records[n]).unlink(missing_ok=True)
         return promote(self, todo, budget)
 
     monkeypatch.setattr(promote_run._Promoter, "_train", losing_kept_states)

@@ -213,3 +213,30 @@ def test_a_run_that_learns_is_never_retried(trainings):
     out = run_trial(_request(proxy=proxy, profile=NO_LOCAL, rungs=[]))
     assert out.status == "complete" and trainings == [0.05] and out.reason is None
     assert out.train["val_loss"] < worker._unigram_loss(None, 256, 32) - worker.STALL_MARGIN
+
+
+def test_studies_of_one_shape_and_seed_sharing_a_cache_keep_their_states_apart():
+    # One shape and seed, the settings promotion resumes from, in the run's shared cache: as two
+    # searches of one space (or two test processes) with one ARCHSEARCH_CACHE.
+    proxy = {**_plain()["proxy"], "tokens": 1024, "evals": 1, "schedule": "constant", "warmup_tokens": 256}
+    ask = dict(proxy=proxy, profile=NO_LOCAL, step_time_device=None, rungs=[], keep_state=True)
+    # Trial 3 of study "kept-a"; of a study "kept-a" in another database (created at another
+    # time); of another study; trial 4 of the first.
+    owners = [("kept-a", 1.0, 3), ("kept-a", 2.0, 3), ("kept-b", 1.0, 3), ("kept-a", 1.0, 4)]
+    requests = [_request(**ask, study=s, created_at=c, number=n) for s, c, n in owners]
+    paths = [worker.kept_state_path(r.study, r.created_at, r.number, CFG, r.proxy, None) for r in requests]
+    assert len(set(paths)) == len(owners)
+    try:
+        assert run_trial(requests[0]).status == "complete" and paths[0].exists()
+        kept, stat = paths[0].read_bytes(), paths[0].stat()
+        for request, path in zip(requests[1:], paths[1:], strict=True):
+            # Each trial starts by deleting the state at its own key, never at another's.
+            assert run_trial(request).status == "complete" and path.exists()
+            now = paths[0].stat()
+            assert paths[0].read_bytes() == kept and (now.st_ino, now.st_mtime_ns) == (
+                stat.st_ino,
+                stat.st_mtime_ns,
+            )
+    finally:
+        for path in paths:
+            path.unlink(missing_ok=True)
