@@ -44,7 +44,8 @@ Failure handling (a run must end with nothing left RUNNING and every outcome rec
   first, the watcher of the local Ray says so in one line and ends the trials' leases (`reaper`).
   `validate` and `ladder` run their long runs on the same pool (`pool.RayPool.run_each`), which
   checks the node the same way: its death ends them in one line, the runs stored so far kept.
-- Ray must start (or the cluster of `--address` answer) within a bound (`raystart`).
+- Ray must start (or the cluster of `--address` answer) within a bound (`raystart`). A resume
+  whose trials are all in starts its local Ray only when a promotion is left to train.
 - The first trials of a run all failing with the same error in the evaluation (a corpus the
   workers cannot read, a broken install) is a setup failure, not the shapes': the search stops
   with `SetupFailureError` and those trials are re-queued, so a `--resume` after the fix runs
@@ -222,6 +223,11 @@ class _Driver:
         """Refuse a study clash before Ray starts (`study_open.check_study`)."""
         self._new_study = study_open.check_study(self.storage, self.spec, self.options)
 
+    @property
+    def new_study(self) -> bool:
+        """No study of this name when the driver started (`check_study`)."""
+        return self._new_study
+
     def open_study(self) -> None:
         """Create or load the study; a new one whose creation fails part-way is removed again."""
         self.study = study_open.open_study(self.storage, self.spec, self.options, self._new_study)
@@ -295,16 +301,18 @@ class _Driver:
     # --- the loop ---------------------------------------------------------------------------------
     def run(self, pool: RayPool) -> int | None:
         opts, spec = self.options, self.spec
-        board = None
+        pruner = None
         if opts.prune and spec.defaults.rungs:
             records = self.storage.trials(opts.study)  # the rungs earlier runs reached
             pruner = MultiObjectiveHalving(
                 spec.defaults.rungs, spec.defaults.prune_min_trials, DEFAULT_REDUCTION_FACTOR
             )
             self._restore_rungs(pruner, records)
-            board = pool.board(pruner)
         known = self.storage.measurements()
-        known_ref = pool.put(known)
+        # What every trial reads from Ray's object store, put there as the first trial starts:
+        # a resume with nothing left to train never starts a lazy pool's Ray.
+        known_ref: Any = None
+        board: Any = None  # the pruning actor, made with `known_ref`
         rejections = 0
         finished = False  # a trial ended since the last display: show it once the slot is refilled
         failure: BaseException | None = None
@@ -330,6 +338,9 @@ class _Driver:
                                 )
                             continue
                         rejections = 0
+                        if known_ref is None:
+                            board = None if pruner is None else pool.board(pruner)
+                            known_ref = pool.put(known)
                         self._submit(pool, item, known_ref, board)
                     if finished or len(self.running) > started:
                         self._notify()  # displays count running trials from the first one on
@@ -737,7 +748,12 @@ def run_search(
     driver = _Driver(spec, storage, options, on_update)
     try:
         driver.check_study()
-        with RayPool(options, evaluate_fn or evaluate) as pool:
+        # A resume whose trials are all in needs Ray only for promotions still to train, so its
+        # local Ray starts when one does (never, when every promotion is stored). A new study's or
+        # an unfinished one's starts first, before anything is written; a cluster (`--address`) is
+        # joined at once, so one that does not answer is said as before.
+        lazy = not driver.new_study and options.address is None and driver.pass_finished()
+        with RayPool(options, evaluate_fn or evaluate, lazy=lazy) as pool:
             driver.open_study()
             try:
                 pool.arm(storage, continue_with)

@@ -1,10 +1,11 @@
 """The pool of Ray tasks that a search, `validate` and `ladder` run their work on.
 
-`RayPool` starts a local Ray (or joins a cluster) on enter and stops what it started on exit,
-even when the driver is killed (`reaper`); Ray's own messages go to `ray_logs.RAY_LOG`. A task
-whose worker died is retried by the caller, so each crash is recorded; the local node's death ends
-the work in one line (`RayNodeDiedError`). `Stop` and `handle_signals` turn the first SIGINT /
-SIGTERM into a flag the caller's loop polls, and a second one into an immediate stop.
+`RayPool` starts a local Ray (or joins a cluster) on enter, or at its first use where it is
+lazy, and stops what it started on exit, even when the driver is killed (`reaper`); Ray's own
+messages go to `ray_logs.RAY_LOG`. A task whose worker died is retried by the caller, so each
+crash is recorded; the local node's death ends the work in one line (`RayNodeDiedError`).
+`Stop` and `handle_signals` turn the first SIGINT / SIGTERM into a flag the caller's loop polls,
+and a second one into an immediate stop.
 """
 
 from __future__ import annotations
@@ -146,8 +147,15 @@ class RayPool:
         evaluate_fn: Callable[..., Any],
         work: str = "the search",
         kept: str = "its running trials were re-queued",
+        *,
+        lazy: bool = False,
     ) -> None:
         self.options = options
+        # Lazy: Ray starts at the first call that needs it (`start`), not on enter, so a resumed
+        # search with nothing left to train never pays a local Ray's start (seconds of CPU).
+        self.lazy = lazy
+        self.started = False
+        self._armed: tuple[Storage | None, str | None] | None = None  # `arm`'s, until Ray is up
         self.evaluate_fn = evaluate_fn
         self.work = work  # what runs on the pool, and what its node's death leaves, for that line
         self.kept = kept
@@ -158,6 +166,17 @@ class RayPool:
         self.node_ended: str | None = None  # how that raylet ended, once it has
 
     def __enter__(self) -> RayPool:
+        if not self.lazy:
+            self.start()
+        return self
+
+    def start(self) -> None:
+        """Start a local Ray or join the cluster of `address` (at once, unless `lazy`); nothing
+        once done. A signal that comes while Ray starts is held until `ray.init` returns; then it
+        goes to the caller's `Stop` where one is in place (a lazy start inside a search's loop),
+        else it ends the start (`KeyboardInterrupt` / `Terminated`)."""
+        if self.started:
+            return
         bound = start_bound()
         shorten_ray_waits(bound)  # before Ray reads its settings, on import
         import ray
@@ -218,11 +237,15 @@ class RayPool:
             finally:
                 for s, handler in previous.items():
                     signal.signal(s, handler)
-            if held:  # Ray is up, and a signal came while it started: stop it and end as asked
+            caller = previous.get(held[0]) if held else None
+            if held and not isinstance(caller, Stop):
+                # Ray is up, and a signal came while it started: stop it and end as asked
                 ray.shutdown()
                 self._stack.close()
                 raise Terminated if held[0] == signal.SIGTERM else KeyboardInterrupt
             self.owned = True
+            if isinstance(caller, Stop):  # the caller's loop stops as it would have a moment later
+                caller(held[0], None)
         self.ray = ray
         self.task = ray.remote(self.evaluate_fn).options(
             num_cpus=self.options.cpus_per_trial,
@@ -230,7 +253,9 @@ class RayPool:
             max_retries=0,  # the driver retries, so each crash is recorded (this module's docstring)
             retry_exceptions=False,
         )
-        return self
+        self.started = True
+        if self._armed is not None:
+            self.arm(*self._armed)
 
     def _start_failure(self, exc: BaseException, where: str, bound: float, since: float) -> str:
         """Why Ray did not start: the bound that ran out, or Ray's error; and the cause a failed
@@ -256,7 +281,9 @@ class RayPool:
 
     def arm(self, storage: Storage | None = None, continue_with: str | None = None) -> None:
         """Tell the watcher of a local Ray what to say if the node's death ends this process, and,
-        with `storage`, to end the leases of this driver's running trials there."""
+        with `storage`, to end the leases of this driver's running trials there (once Ray is up,
+        when it starts lazily)."""
+        self._armed = (storage, continue_with)
         if self.watcher is not None:
             self.watcher.arm(
                 storage.url if storage else None, storage.host if storage else None, continue_with,
@@ -281,7 +308,9 @@ class RayPool:
 
     @contextmanager
     def _call(self) -> Iterator[None]:
-        """A call into Ray: one that fails because the local node died says so (`check_node`)."""
+        """A call into Ray, which starts it where it has not (`lazy`): one that fails because the
+        local node died says so (`check_node`)."""
+        self.start()
         try:
             yield
         except Exception:
@@ -321,6 +350,7 @@ class RayPool:
             RayNodeDiedError: the local node died (checked every turn and before a retry: a task
                 sent to a dead node would wait forever).
         """
+        self.start()  # before any request is admitted: a failed start leaves no claim behind
         todo = list(enumerate(requests))
         running: dict[Any, tuple[int, int]] = {}  # ref -> index, attempt
         submit = self.submit if task is None else self._submitter(task)

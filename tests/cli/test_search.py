@@ -122,6 +122,36 @@ def _study_to_resume(space: Path, url: str) -> None:
         optuna.create_study(study_name="s", storage=db.optuna_storage(), directions=["minimize"] * 2)
 
 
+def test_a_resumed_search_with_every_trial_in_starts_no_ray_and_prints_the_front(tmp_path, monkeypatch):
+    """Nothing left to train: the search says so and prints the front without starting Ray (a local
+    start is seconds of CPU for nothing), and writes no trial."""
+    import ray
+
+    from archsearch.search import pool as pool_module
+
+    space = _space(tmp_path)
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    _study_to_resume(space, url)
+    starts: list[str] = []
+
+    def no_start(*args, **kwargs):
+        starts.append("ray")
+        raise AssertionError("Ray was started")
+
+    # As if no Ray ran in this process (another test's may): a start would go through these.
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", no_start)
+    monkeypatch.setattr(pool_module, "start_local_ray", no_start)
+    result = CliRunner().invoke(app, ["search", "--space", str(space), "--resume", "--study", "s",
+                                      "--storage", url])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert starts == []
+    assert "3/3 finished: 3 complete" in result.stderr, result.stderr
+    front = CliRunner().invoke(app, ["pareto", "--study", "s", "--storage", url])
+    assert front.exit_code == 0 and result.stdout == front.stdout and "Pareto front of 's'" in front.stdout
+    assert _counts(url) == {"complete": 3}
+
+
 @pytest.mark.parametrize("what", ["file", "folder"])
 def test_a_read_only_database_is_one_error_line_for_search_and_is_still_read(tmp_path, monkeypatch, what):
     import hashlib

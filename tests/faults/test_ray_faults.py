@@ -23,7 +23,7 @@ from ray import cloudpickle  # Ray vendors it
 
 from archsearch.search import pool as pool_module
 from archsearch.search.driver import SearchOptions, run_search
-from archsearch.search.pool import RayStartError
+from archsearch.search.pool import RayPool, RayStartError, Stop, handle_signals
 from archsearch.search.raystart import RayStartTimeout, bounded, start_failure_cause
 from archsearch.search.reaper import how_it_ended, local_raylet
 from archsearch.storage import Storage
@@ -230,6 +230,25 @@ def test_a_failed_local_start_names_the_cause_the_raylet_logged(tmp_path, monkey
     )
     with Storage.open(url, read_only=True) as db:
         assert db.study_names() == []
+
+
+def test_a_signal_while_a_lazy_pool_starts_goes_to_the_search_s_stop(monkeypatch):
+    """A pool that starts inside the search's loop (lazy) holds a signal while Ray starts, as an
+    eager one does, then hands it to the loop's `Stop` rather than ending the start: the loop
+    stops as it would have a moment later."""
+    import ray
+
+    def start(*args, **kwargs):  # Ray "comes up" while a Ctrl-C arrives
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)  # another test's Ray may run in this process
+    monkeypatch.setattr(pool_module, "start_local_ray", start)
+    stop = Stop()
+    with RayPool(SearchOptions(study="s", trials=1), _instant, lazy=True) as pool, handle_signals(stop):
+        assert not pool.started  # nothing needed Ray yet
+        pool.start()
+        assert pool.started and stop.signum == signal.SIGINT
 
 
 def test_a_session_of_another_process_is_not_blamed(tmp_path):

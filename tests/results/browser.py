@@ -196,6 +196,15 @@ class Page:
         self._send("Page.navigate", {"url": path.resolve().as_uri()})
         self._wait(lambda m: m.get("method") == "Page.loadEventFired", "load event")
 
+    def reset(self) -> None:
+        """Back to a blank page, with the errors and requests recorded so far forgotten (what a
+        page loaded before logged, even late, is taken in first)."""
+        self._send("Page.navigate", {"url": "about:blank"})
+        self._wait(lambda m: m.get("method") == "Page.loadEventFired", "load event")
+        self.settle()
+        self.errors.clear()
+        self.requests.clear()
+
     def evaluate(self, expression: str) -> Any:
         """The value of a JavaScript expression in the page (JSON-serialisable values)."""
         params = {"expression": expression, "returnByValue": True, "awaitPromise": True}

@@ -48,10 +48,18 @@ def chromium() -> str:
     return path
 
 
-@pytest.fixture
-def page(chromium, tmp_path):
-    with Page(chromium, tmp_path / "profile") as page:
+@pytest.fixture(scope="module")
+def browser(chromium, tmp_path_factory):
+    """One Chromium for the module: its start and its teardown were most of each test's time."""
+    with Page(chromium, tmp_path_factory.mktemp("chromium") / "profile") as page:
         yield page
+
+
+@pytest.fixture
+def page(browser):
+    """The module's browser on a blank page, nothing of an earlier test's page in its records."""
+    browser.reset()
+    return browser
 
 
 def test_the_report_renders_offline_with_the_front_and_a_sortable_table(recorded_url, page, tmp_path):

@@ -27,12 +27,11 @@ import time
 from pathlib import Path
 
 import ray
-from ray.cluster_utils import Cluster
 
-from archsearch.search.driver import SearchOptions, run_search
-from archsearch.storage import Storage
 from archsearch.trial import TrialOutcome
-from tests.specs import tiny_spec
+
+# Every Ray worker on the 3 nodes imports this module to run `stand_in`: what only `main` needs
+# (the driver, the storage, the spec's parser: seconds of a loaded CPU per worker) is imported there.
 
 MODEL = """vocab_size = 256
 seq_len = 32
@@ -67,8 +66,16 @@ def stand_in(request, known=None, board=None):
 
 
 def main(url: str, out: Path) -> None:
+    from ray.cluster_utils import Cluster
+
+    from archsearch.search.driver import SearchOptions, run_search
+    from archsearch.storage import Storage
+    from tests.specs import tiny_spec
+
     os.environ["CLUSTER_RUN_OUT"] = str(out)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    # No dashboard: nothing here reads it, and its start is seconds of CPU on the head.
+    head = {"num_cpus": 1, "num_gpus": 0, "include_dashboard": False}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     gpu_nodes = [cluster.add_node(num_cpus=1, num_gpus=1) for _ in range(2)]
     cluster.wait_for_nodes()
     try:

@@ -15,6 +15,7 @@ import pytest
 from archsearch.evaluators.trainer import train
 from archsearch.search import promote_run
 from archsearch.search.driver import SearchOptions, run_search
+from archsearch.search.pool import RayPool
 from archsearch.search.worker import kept_state_path, worker_dataset
 from archsearch.storage import Storage
 from tests.specs import tiny_spec
@@ -71,8 +72,11 @@ def test_contenders_resume_to_the_loss_of_one_longer_run_and_are_stored_once(db,
         kept_state_path("s", created, r.number, r.config, spec.proxy, None).exists()
         for r in db.trials("s", "complete")
     )
-    # A resume trains nothing again.
+    # A resume trains nothing again, and so starts no Ray for it.
+    starts: list[bool] = []
+    monkeypatch.setattr(RayPool, "start", lambda self: starts.append(True))
     again = run_search(spec, db, SearchOptions(study="s", trials=4, resume=True))
+    assert starts == []
     assert again.promotion is not None and again.promotion.contenders == promotion.contenders
     assert db.promotions("s") == stored
 
