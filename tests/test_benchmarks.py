@@ -623,12 +623,19 @@ def test_gpu_campaign_times_steps_again_in_passes_and_resumes_a_cut_pass(campaig
     assert timed == [(cfg, 4, "fp32")] * 4 and json.loads(files.steps.read_text()) == raw
 
 
-def test_ladder_accuracy_smoke_predicts_the_real_runs_and_resumes_without_training_again(tmp_path):
+def test_ladder_accuracy_smoke_predicts_the_real_runs_and_resumes_without_training_again(
+    tmp_path, ray_session
+):
     import os
+
+    import ray
 
     env = {**os.environ, "ARCHSEARCH_LADDER_DIR": str(tmp_path)}
     out = tmp_path / "record.json"
-    done = _smoke("ladder_accuracy.py", "--out", str(out), timeout=900, env=env)
+    # Its three runs' searches and ladders join the tests' Ray rather than start one each: a start
+    # is most of a step's time.
+    join = ("--address", ray.get_runtime_context().gcs_address)
+    done = _smoke("ladder_accuracy.py", "--out", str(out), *join, timeout=900, env=env)
     assert "3 designs; law: E " in done.stdout, done.stdout[-3000:]
     assert "median abs error" in done.stdout and "Spearman against the real ranking: ladder" in done.stdout
     record = json.loads(out.read_text())
@@ -643,7 +650,7 @@ def test_ladder_accuracy_smoke_predicts_the_real_runs_and_resumes_without_traini
     assert noise["seed_1"] != noise["seed_0"] and noise["difference"] > 0
     assert f"trial {noise['trial']}: real runs with seeds 0 and 1" in done.stdout
     # Again: the ladder finds every rung stored and the real runs recorded; nothing is trained.
-    again = _smoke("ladder_accuracy.py", "--out", str(out), timeout=900, env=env)
+    again = _smoke("ladder_accuracy.py", "--out", str(out), *join, timeout=900, env=env)
     assert "real runs: 0 to train, 4 recorded" in again.stdout, again.stdout[-3000:]
     assert "0 rungs trained, 9 reused from earlier runs" in again.stderr, again.stderr[-3000:]
     assert [r["real"] for r in json.loads(out.read_text())["rows"]] == [r["real"] for r in rows]
@@ -655,6 +662,7 @@ def test_ladder_accuracy_smoke_predicts_the_real_runs_and_resumes_without_traini
         "--rung-batch-size",
         "2",
         "--recorded-only",
+        *join,
         timeout=900,
         env=env,
     )
