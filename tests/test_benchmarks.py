@@ -305,7 +305,11 @@ def _campaign(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-def test_gpu_campaign_smoke_records_every_part_and_a_second_run_resumes_measuring_nothing(tmp_path):
+def test_gpu_campaign_smoke_records_every_part_and_a_second_run_resumes_measuring_nothing(
+    tmp_path, ray_session
+):
+    import ray
+
     out = tmp_path / "records"
     # Cut off: a budget spent before the first shape stops part 1 cleanly, with the fit set kept.
     cut = _smoke("gpu_campaign.py", "--out", str(out), "--part", "1", "--budget-s", "0.001", timeout=300)
@@ -315,7 +319,9 @@ def test_gpu_campaign_smoke_records_every_part_and_a_second_run_resumes_measurin
     cut_run = json.loads(steps_file.read_text())
     assert cut_run["shapes"] == [] and len(cut_run["fit_gemms"]) == 5
     # The whole campaign resumes it: the fit set is not timed again, every shape is measured once.
-    done = _smoke("gpu_campaign.py", "--out", str(out), timeout=900)
+    # Part 2's search joins the tests' Ray rather than start one (the command shown leaves it out).
+    join = ("--address", ray.get_runtime_context().gcs_address)
+    done = _smoke("gpu_campaign.py", "--out", str(out), *join, timeout=900)
     assert "part 1: resumed" in done.stdout, done.stdout
     assert "0 of 7 shapes recorded, 7 to measure" in done.stdout, done.stdout
     run = json.loads(steps_file.read_text())
@@ -415,12 +421,19 @@ def test_gpu_corpus_smoke_builds_a_bpe_corpus_that_loads_as_uint32():
     assert found and int(found[1].replace(",", "")) > 10 * int(found[2].replace(",", "")) > 0, done.stdout
 
 
-def test_gpu_campaign_fidelity_smoke_runs_in_order_records_each_run_and_resumes_training_nothing(tmp_path):
+def test_gpu_campaign_fidelity_smoke_runs_in_order_records_each_run_and_resumes_training_nothing(
+    tmp_path, ray_session
+):
     """Part 5 after part 1's --only shapes, whatever order they are named in; every run recorded
     and scored; again, nothing trained; --report scores the records."""
+    import ray
+
     pytest.importorskip("tokenizers")
     out = tmp_path / "records"
-    done = _smoke("gpu_campaign.py", "--out", str(out), "--parts", "5,1", "--only", "fresh-", timeout=900)
+    join = ("--address", ray.get_runtime_context().gcs_address)  # the tests' Ray, not one of its own
+    done = _smoke(
+        "gpu_campaign.py", "--out", str(out), "--parts", "5,1", "--only", "fresh-", *join, timeout=900
+    )
     assert done.stdout.index("part 1:") < done.stdout.index("part 5:"), done.stdout
     steps = json.loads(next(out.glob("gpu_campaign_*_steps.json")).read_text())
     assert [s["label"] for s in steps["shapes"]] == ["fresh-t-d128"]
