@@ -87,9 +87,12 @@ def test_threads_smoke():
     assert lines[3].startswith("d64 L1 ff128 mha"), done.stdout  # the tiny space's smallest shape
 
 
-def test_search_quality_smoke(tmp_path):
+def test_search_quality_smoke(tmp_path, ray_session):
+    import ray
+
     cache = tmp_path / "outcomes.jsonl"
-    done = _smoke("search_quality.py", "--samplers", "tpe,random", "--cache", str(cache), timeout=600)
+    join = ("--address", ray.get_runtime_context().gcs_address)  # the tests' Ray, not one of its own
+    done = _smoke("search_quality.py", "--samplers", "tpe,random", "--cache", str(cache), *join, timeout=600)
     out = done.stdout
     assert "2 searches of examples/tiny.toml at 4,096 proxy tokens, no pruning" in out, out
     lines = out.splitlines()
