@@ -823,6 +823,8 @@ def _run_search(args: argparse.Namespace, db: Path, files: Files, budget: Budget
     if _is_cuda(args.device):
         argv += ["--gpus-per-trial", f"{args.gpus_per_trial:g}"]
     print("+ " + " ".join(["archsearch", *argv[3:]]), flush=True)
+    if args.address:  # not in the command shown: the study's record is the same either way
+        argv += ["--address", args.address]
     finished_before = finished()
     proc = subprocess.Popen(argv, cwd=ROOT)
     next_copy = time.monotonic() + SNAPSHOT_EVERY_S
@@ -982,7 +984,7 @@ def part_fidelity(args: argparse.Namespace, info: Any, files: Files, budget: Bud
     files.event("part 5 start", recorded=len(record.runs()))
     try:
         runs = gpu_campaign_fidelity.run(
-            info, record, fidelity_space(args, corpus), corpus, budget, args.smoke
+            info, record, fidelity_space(args, corpus), corpus, budget, args.smoke, args.address
         )
     except ValueError as exc:  # another plan recorded in these records
         raise CampaignError(str(exc)) from None
@@ -1146,6 +1148,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--search-trials", type=int, help="part 2's finished trials (8)")
     parser.add_argument(
         "--gpus-per-trial", type=float, default=1.0, help="part 2 on CUDA: Ray GPUs per trial"
+    )
+    parser.add_argument(
+        "--address", help="a Ray cluster parts 2 and 5 join (default: each starts a local one)"
     )
     parser.add_argument("--retry-failed", action="store_true", help="part 1: measure failed shapes again")
     parser.add_argument("--only", help="part 1: measure only the shapes whose label starts so (fresh3-)")

@@ -174,10 +174,11 @@ def makespan(runs: list[Run], estimates: dict[str, float], concurrency: int) -> 
 
 
 def run(
-    info: Any, record: Any, spec_text: str, corpus: dict[str, Any], budget: Any, smoke: bool
-) -> list[dict[str, Any]]:
-    """Train the runs `record` (`Record`) lacks, within `budget`; each recorded as it finishes.
-    Returns every run line recorded."""
+    info: Any, record: Any, spec_text: str, corpus: dict[str, Any], budget: Any, smoke: bool,
+    address: str | None = None,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Train the runs `record` (`Record`) lacks, within `budget`, on a local Ray (or the cluster at
+    `address`); each recorded as it finishes. Returns every run line recorded."""
     device = "cpu" if info.type == "cpu" else record.model
     concurrency = SMOKE["concurrency"] if smoke else CONCURRENCY
     shapes, runs = plan(spec_text, smoke)
@@ -193,13 +194,13 @@ def run(
         flush=True,
     )
     if todo:
-        _train(todo, estimates, info, record, corpus["path"], concurrency, budget)
+        _train(todo, estimates, info, record, corpus["path"], concurrency, budget, address)
     return record.runs()
 
 
 def _train(
     todo: list[Run], estimates: dict[str, float], info: Any, record: Any, data: str, concurrency: int,
-    budget: Any,
+    budget: Any, address: str | None,
 ) -> None:  # fmt: skip
     import ray
 
@@ -213,10 +214,13 @@ def _train(
         return
     cuda = info.type == "cuda"
     with bounded(start_bound()):
-        # A new local Ray ("local"): without an address Ray joins whichever it finds running on the
-        # machine (another search's, a test's), which refuses num_cpus and num_gpus.
-        ray.init(address="local", num_cpus=concurrency, num_gpus=1 if cuda else 0, include_dashboard=False,
-                 log_to_driver=False)  # fmt: skip
+        if address:  # a cluster's resources are its own: num_cpus and num_gpus are refused there
+            ray.init(address=address, log_to_driver=False)
+        else:
+            # A new local Ray ("local"): without an address Ray joins whichever it finds running on
+            # the machine (another search's, a test's), which refuses num_cpus and num_gpus.
+            ray.init(address="local", num_cpus=concurrency, num_gpus=1 if cuda else 0,
+                     include_dashboard=False, log_to_driver=False)  # fmt: skip
     try:
         task = ray.remote(long_run).options(
             num_cpus=1, num_gpus=round(1 / concurrency, 4) if cuda else 0, max_retries=0

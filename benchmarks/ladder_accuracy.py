@@ -45,7 +45,9 @@ trained as usual), so a partial campaign can be read while the rest waits.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import multiprocessing
 import os
 import shlex
 import subprocess
@@ -165,7 +167,10 @@ def real_runs(
     print(f"real runs: {len(todo)} {'to train' if train else 'left out'}, {len(requests) - len(todo)} "
           "recorded", flush=True)  # fmt: skip
     if todo and train:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        # Spawned, not forked: a fork of a driver with Ray's threads running (the smoke's Ray, or
+        # any joined here) can hang in the child on a lock one of those threads held.
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=spawn) as pool:
             futures = {pool.submit(_real_run, r): k for k, r in todo.items()}
             for future in as_completed(futures):
                 key, result = futures[future], future.result()
@@ -224,6 +229,18 @@ def _cpu_description() -> str:
     return f"{cpu.units}-core {cpu.name}"
 
 
+def _start_ray(stack: contextlib.ExitStack, cpus: int) -> str:
+    """A local Ray, shut down when `stack` closes: the address the steps join (`--address`)."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+
+    from archsearch.search.pool import start_local_ray
+
+    start_local_ray(cpus, log_to_driver=False)
+    stack.callback(ray.shutdown)
+    return str(ray.get_runtime_context().gcs_address)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     # The example as the committed study was searched (before it turned promotion on), so it resumes.
@@ -256,6 +273,10 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument(
+        "--address", default=None, help="a Ray cluster the search and the ladder join (default: each "
+        "starts its own; --smoke starts one for both)"
+    )  # fmt: skip
+    parser.add_argument(
         "--out", type=Path, default=None, help=f"the record (default {OUT.relative_to(ROOT)})"
     )
     parser.add_argument("--smoke", action="store_true", help="a toy space and tiny budgets")
@@ -287,9 +308,15 @@ def main() -> None:
     url = f"sqlite:///{db}"
     workers = str(args.workers)
     commands: list[str] = []
+    # The smoke's steps join one Ray rather than each starting its own: a local start is most of a
+    # tiny step's time. The recorded commands leave the address out.
+    ray_up = contextlib.ExitStack()
+    join = ["--address", args.address] if args.address else []
+    if args.smoke and not args.address:
+        join = ["--address", _start_ray(ray_up, args.workers)]
 
     def step(argv: list[str]) -> None:
-        run(argv)
+        run(argv + join)
         commands.append(shlex.join(["archsearch", *argv[3:]]))
 
     step(archsearch(
@@ -357,6 +384,7 @@ def main() -> None:
         *(["--spacing", str(args.spacing)] if args.spacing != 2.0 else []),
         "--tokens-per-param", f"{ratio:g}", *batch, "--workers", workers,
     ))  # fmt: skip
+    ray_up.close()
 
     seed_noise = []  # each replicated design: its two real losses
     for trial, (key, again) in replicas.items():

@@ -59,6 +59,9 @@ def main() -> None:
     parser.add_argument("--sampler", default="random", help="random keeps both runs on the same shapes")
     parser.add_argument("--min-trials", type=int, default=4, help="trials at a rung before it prunes")
     parser.add_argument("--smoke", action="store_true", help="a tiny run that checks the script works")
+    parser.add_argument(
+        "--address", help="a Ray cluster both runs join (default: each starts its own; --smoke starts one)"
+    )
     args = parser.parse_args()
     if args.smoke:
         args.trials, args.tokens, args.min_trials = 2, 4096, 1
@@ -82,7 +85,10 @@ def main() -> None:
         f"{args.trials} trials of examples/tiny.toml, {args.tokens:,} tokens, {args.sampler} sampler, seed 0"
     )
     with contextlib.ExitStack() as stack:
-        if args.smoke:  # one Ray for both runs (each search joins it): the smoke run times nothing
+        if args.address:
+            __import__("ray").init(address=args.address, log_to_driver=False)
+            stack.callback(__import__("ray").shutdown)
+        elif args.smoke:  # one Ray for both runs (each search joins it): the smoke run times nothing
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
             start_local_ray(2, log_to_driver=False)
             stack.callback(__import__("ray").shutdown)

@@ -117,6 +117,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=30_000, help="proxy tokens per real trial")
     parser.add_argument("--storage", default=None, help="database URL (default: a temporary SQLite file)")
     parser.add_argument("--smoke", action="store_true", help="a tiny run that checks the script works")
+    parser.add_argument("--address", help="a Ray cluster to join (default: a local one started here, 2 CPUs)")
     args = parser.parse_args()
     if args.smoke:
         args.trials, args.real_trials, args.tokens = 3, 1, 2048
@@ -125,10 +126,14 @@ def main() -> None:
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     start = time.perf_counter()
-    ray.init(
-        address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False
-    )
-    print(f"ray start: {time.perf_counter() - start:.2f} s (once, not charged to trials)")
+    if args.address:
+        ray.init(address=args.address, log_to_driver=False, configure_logging=False)
+    else:
+        ray.init(
+            address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False
+        )
+    how = "join" if args.address else "start"
+    print(f"ray {how}: {time.perf_counter() - start:.2f} s (once, not charged to trials)")
     with tempfile.TemporaryDirectory() as tmp:
 
         def url(name: str) -> str:

@@ -186,6 +186,9 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="shared outcome cache (JSON lines)")
     parser.add_argument("--save", type=Path, help="write the runs and curves here as JSON")
     parser.add_argument("--no-pruning", dest="pruning", action="store_false")
+    parser.add_argument(
+        "--address", help="a Ray cluster the searches join (default: one local Ray started here)"
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny runs that check the script works")
     args = parser.parse_args()
     samplers = args.samplers.split(",")
@@ -211,7 +214,11 @@ def main() -> None:
     default = SearchOptions(study="x", trials=1).sampler
     runs = []
     with contextlib.ExitStack() as ray_up:
-        start_local_ray(max(os.cpu_count() or 1, args.workers), log_to_driver=False)
+        if args.address:  # the cluster's workers were not started from here: they get the cache's path
+            env = {"env_vars": {CACHE_ENV: os.environ[CACHE_ENV]}}
+            __import__("ray").init(address=args.address, log_to_driver=False, runtime_env=env)
+        else:
+            start_local_ray(max(os.cpu_count() or 1, args.workers), log_to_driver=False)
         ray_up.callback(__import__("ray").shutdown)  # one Ray for every search
         with tempfile.TemporaryDirectory() as tmp:
             for sampler in samplers:

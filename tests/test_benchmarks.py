@@ -87,9 +87,12 @@ def test_threads_smoke():
     assert lines[3].startswith("d64 L1 ff128 mha"), done.stdout  # the tiny space's smallest shape
 
 
-def test_search_quality_smoke(tmp_path):
+def test_search_quality_smoke(tmp_path, ray_session):
+    import ray
+
     cache = tmp_path / "outcomes.jsonl"
-    done = _smoke("search_quality.py", "--samplers", "tpe,random", "--cache", str(cache), timeout=600)
+    join = ("--address", ray.get_runtime_context().gcs_address)  # the tests' Ray, not one of its own
+    done = _smoke("search_quality.py", "--samplers", "tpe,random", "--cache", str(cache), *join, timeout=600)
     out = done.stdout
     assert "2 searches of examples/tiny.toml at 4,096 proxy tokens, no pruning" in out, out
     lines = out.splitlines()
@@ -108,7 +111,6 @@ SMOKES = {
     "cost_model": ["cost model, 50 random configs:", "build + FlopCounterMode on meta"],
     "profiler_accuracy": ["fitting set: 8 GEMMs", "held-out:", "median relative error"],
     "gpu_model_accuracy": ["measured on NVIDIA H100 80GB HBM3"],
-    "pruning": ["2 trials of examples/tiny.toml", "front, pruning"],
     "public_runs": [
         "1. ranking from a short run: 22 Gemstones shapes",
         "objective ",
@@ -129,7 +131,6 @@ SMOKES = {
         "5. the loss objective's constants: size_beta [0.0, 0.15] x extrapolate [0.0, 2.0]",
         "by the rule: ",
     ],
-    "search_overhead": ["1. overhead: 3 no-work trials", "speed-up of 2 workers over 1"],
     "serve_accuracy": [
         "serve accuracy on",
         "d128-L4-gqa",
@@ -139,10 +140,27 @@ SMOKES = {
 }
 
 
+# The same for the benchmarks that run searches on Ray: they join the tests' Ray (`--address`)
+# rather than start one each, a start being much of a smoke run's time.
+RAY_SMOKES = {
+    "pruning": ["2 trials of examples/tiny.toml", "front, pruning"],
+    "search_overhead": ["1. overhead: 3 no-work trials", "speed-up of 2 workers over 1"],
+}
+
+
 @pytest.mark.parametrize("name", sorted(SMOKES))
 def test_every_benchmark_runs_in_smoke_mode(name):
     done = _smoke(f"{name}.py", timeout=600)
     for line in SMOKES[name]:
+        assert line in done.stdout, done.stdout[-3000:]
+
+
+@pytest.mark.parametrize("name", sorted(RAY_SMOKES))
+def test_every_ray_benchmark_runs_in_smoke_mode_on_the_tests_ray(name, ray_session):
+    import ray
+
+    done = _smoke(f"{name}.py", "--address", ray.get_runtime_context().gcs_address, timeout=600)
+    for line in RAY_SMOKES[name]:
         assert line in done.stdout, done.stdout[-3000:]
 
 
@@ -321,7 +339,11 @@ def _campaign(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-def test_gpu_campaign_smoke_records_every_part_and_a_second_run_resumes_measuring_nothing(tmp_path):
+def test_gpu_campaign_smoke_records_every_part_and_a_second_run_resumes_measuring_nothing(
+    tmp_path, ray_session
+):
+    import ray
+
     out = tmp_path / "records"
     # Cut off: a budget spent before the first shape stops part 1 cleanly, with the fit set kept.
     cut = _smoke("gpu_campaign.py", "--out", str(out), "--part", "1", "--budget-s", "0.001", timeout=300)
@@ -331,7 +353,9 @@ def test_gpu_campaign_smoke_records_every_part_and_a_second_run_resumes_measurin
     cut_run = json.loads(steps_file.read_text())
     assert cut_run["shapes"] == [] and len(cut_run["fit_gemms"]) == 5
     # The whole campaign resumes it: the fit set is not timed again, every shape is measured once.
-    done = _smoke("gpu_campaign.py", "--out", str(out), timeout=900)
+    # Part 2's search joins the tests' Ray rather than start one (the command shown leaves it out).
+    join = ("--address", ray.get_runtime_context().gcs_address)
+    done = _smoke("gpu_campaign.py", "--out", str(out), *join, timeout=900)
     assert "part 1: resumed" in done.stdout, done.stdout
     assert "0 of 7 shapes recorded, 7 to measure" in done.stdout, done.stdout
     run = json.loads(steps_file.read_text())
@@ -431,12 +455,19 @@ def test_gpu_corpus_smoke_builds_a_bpe_corpus_that_loads_as_uint32():
     assert found and int(found[1].replace(",", "")) > 10 * int(found[2].replace(",", "")) > 0, done.stdout
 
 
-def test_gpu_campaign_fidelity_smoke_runs_in_order_records_each_run_and_resumes_training_nothing(tmp_path):
+def test_gpu_campaign_fidelity_smoke_runs_in_order_records_each_run_and_resumes_training_nothing(
+    tmp_path, ray_session
+):
     """Part 5 after part 1's --only shapes, whatever order they are named in; every run recorded
     and scored; again, nothing trained; --report scores the records."""
+    import ray
+
     pytest.importorskip("tokenizers")
     out = tmp_path / "records"
-    done = _smoke("gpu_campaign.py", "--out", str(out), "--parts", "5,1", "--only", "fresh-", timeout=900)
+    join = ("--address", ray.get_runtime_context().gcs_address)  # the tests' Ray, not one of its own
+    done = _smoke(
+        "gpu_campaign.py", "--out", str(out), "--parts", "5,1", "--only", "fresh-", *join, timeout=900
+    )
     assert done.stdout.index("part 1:") < done.stdout.index("part 5:"), done.stdout
     steps = json.loads(next(out.glob("gpu_campaign_*_steps.json")).read_text())
     assert [s["label"] for s in steps["shapes"]] == ["fresh-t-d128"]
@@ -639,12 +670,19 @@ def test_gpu_campaign_times_steps_again_in_passes_and_resumes_a_cut_pass(campaig
     assert timed == [(cfg, 4, "fp32")] * 4 and json.loads(files.steps.read_text()) == raw
 
 
-def test_ladder_accuracy_smoke_predicts_the_real_runs_and_resumes_without_training_again(tmp_path):
+def test_ladder_accuracy_smoke_predicts_the_real_runs_and_resumes_without_training_again(
+    tmp_path, ray_session
+):
     import os
+
+    import ray
 
     env = {**os.environ, "ARCHSEARCH_LADDER_DIR": str(tmp_path)}
     out = tmp_path / "record.json"
-    done = _smoke("ladder_accuracy.py", "--out", str(out), timeout=900, env=env)
+    # Its three runs' searches and ladders join the tests' Ray rather than start one each: a start
+    # is most of a step's time.
+    join = ("--address", ray.get_runtime_context().gcs_address)
+    done = _smoke("ladder_accuracy.py", "--out", str(out), *join, timeout=900, env=env)
     assert "3 designs; law: E " in done.stdout, done.stdout[-3000:]
     assert "median abs error" in done.stdout and "Spearman against the real ranking: ladder" in done.stdout
     record = json.loads(out.read_text())
@@ -659,7 +697,7 @@ def test_ladder_accuracy_smoke_predicts_the_real_runs_and_resumes_without_traini
     assert noise["seed_1"] != noise["seed_0"] and noise["difference"] > 0
     assert f"trial {noise['trial']}: real runs with seeds 0 and 1" in done.stdout
     # Again: the ladder finds every rung stored and the real runs recorded; nothing is trained.
-    again = _smoke("ladder_accuracy.py", "--out", str(out), timeout=900, env=env)
+    again = _smoke("ladder_accuracy.py", "--out", str(out), *join, timeout=900, env=env)
     assert "real runs: 0 to train, 4 recorded" in again.stdout, again.stdout[-3000:]
     assert "0 rungs trained, 9 reused from earlier runs" in again.stderr, again.stderr[-3000:]
     assert [r["real"] for r in json.loads(out.read_text())["rows"]] == [r["real"] for r in rows]
@@ -671,6 +709,7 @@ def test_ladder_accuracy_smoke_predicts_the_real_runs_and_resumes_without_traini
         "--rung-batch-size",
         "2",
         "--recorded-only",
+        *join,
         timeout=900,
         env=env,
     )
