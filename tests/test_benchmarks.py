@@ -199,7 +199,9 @@ def test_trainer_throughput_smoke_trains_in_the_precision_auto_resolves_to(cpu_b
 
 def test_every_benchmark_has_a_smoke_test():
     scripts = {p.stem for p in (ROOT / "benchmarks").glob("*.py")}
-    tested = set(SMOKES) | {"query_speed", "proxy_fidelity", "step_time_accuracy", "threads"}
+    tested = (
+        set(SMOKES) | set(RAY_SMOKES) | {"query_speed", "proxy_fidelity", "step_time_accuracy", "threads"}
+    )
     tested |= {"search_quality", "trainer_throughput", "calibration", "gpu_campaign", "ladder_accuracy"}
     tested |= {"gpu_campaign_serve"}  # gpu_campaign's part 3, run by its smoke test
     tested |= {"gpu_campaign_fidelity", "gpu_campaign_plan", "gpu_corpus"}  # part 5, its --dry-run, corpus
