@@ -219,12 +219,17 @@ def trial_target(db: Path, study: str, shapes: list[dict[str, Any]]) -> int:
     return finished - len(have) + len(shapes)
 
 
-def _recorded_commands(out: Path) -> list[str]:
-    """The commands an earlier run wrote to `out` (kept by a checkpoint), or none."""
+def _recorded(out: Path, key: str) -> Any:
+    """What an earlier run wrote to `out` under `key` (kept by a checkpoint), or None."""
     try:
-        return list(json.loads(out.read_text()).get("commands", []))
+        return json.loads(out.read_text()).get(key)
     except (OSError, ValueError):
-        return []
+        return None
+
+
+def _recorded_commands(out: Path) -> list[str]:
+    """The commands an earlier run wrote to `out`, or none."""
+    return list(_recorded(out, "commands") or [])
 
 
 def second_seed_trials(numbers: list[int], k: int) -> list[int]:
@@ -235,8 +240,11 @@ def second_seed_trials(numbers: list[int], k: int) -> list[int]:
     return [numbers[round(i * step)] for i in range(k)]
 
 
-def record(db: Path, blocks: tuple[Block, ...], out: Path, commands: list[str]) -> dict[str, Any]:
-    """Every recorded shape: its proxies (one per seed) and long runs, matched by shape."""
+def record(
+    db: Path, blocks: tuple[Block, ...], out: Path, commands: list[str], promote: str | None = None
+) -> dict[str, Any]:
+    """Every recorded shape: its proxies (one per seed) and long runs, matched by shape; `promote`,
+    the `[search] promote` line its promotions were trained with (None: kept from `out`)."""
     import torch
 
     from archsearch import __version__
@@ -282,6 +290,7 @@ def record(db: Path, blocks: tuple[Block, ...], out: Path, commands: list[str]) 
             for b in blocks
         },
         "commands": commands,
+        "promote": promote if promote is not None else _recorded(out, "promote"),
         "shapes": shapes,
     }
     from archsearch.fileio import write_atomic
@@ -410,6 +419,8 @@ def report(data: dict[str, Any], min_shapes: int = MIN_SHAPES, partial: bool = F
             for name, rows in values.items()
         }
     out["promotion"] = promotion_report(shapes, blocks, seeds, target, flops, noise)
+    if out["promotion"]:
+        out["promotion"]["settings"] = data.get("promote")
     tenx = np.mean([next(r["tokens"] for r in s["references"] if r["seed"] == 0) for s in shapes])
     runs = [(p, s) for s in shapes for p in s["proxies"]]
     spent = [p["val_curve"][-1][0] * (1.5 if p["retried"] else 1.0) for p, _ in runs]
@@ -464,7 +475,7 @@ def print_promotion(r: dict[str, Any]) -> None:
     noise = r.get("reference_noise", 0.0)
     held = [0, 0, 0, 0]  # recall before (held, of), after (held, of)
     for block, rows in r.items():
-        if block == "reference_noise":
+        if block in ("reference_noise", "settings"):
             continue
         before, after = rows["before"], rows["after"]
         for i, when in enumerate((before, after)):
@@ -510,8 +521,9 @@ def print_report(r: dict[str, Any]) -> None:
         ]  # fmt: skip
         print(f"{name:<26}" + "".join(f"{c:>21}" for c in cells))
     if r.get("promotion"):
-        print("promotion (the tiny example's [search] promote; before: the first pass by the study's "
-              "loss objective, beta 0.15; after: as the promoted front ranks):")  # fmt: skip
+        settings = r["promotion"].get("settings") or "settings not recorded"
+        print(f"promotion ({settings}; before: the first pass by the study's loss objective, beta 0.15; "
+              "after: as the promoted front ranks):")  # fmt: skip
         print_promotion(r["promotion"])
     for block, predictors in r.get("blocks", {}).items():
         print(f"block {block}:")
@@ -731,16 +743,18 @@ def main() -> None:
     if args.smoke:
         join = ["--address", _start_ray(ray_up, args.workers)]
 
+    promote = example_promote(args.promote_from) if "promote" in stages else None
+
     def step(argv: list[str]) -> None:
         run(argv + join)
         if (command := shlex.join(["archsearch", *argv[3:]])) not in commands:
             commands.append(command)
         snapshot(db, args.snapshot)
-        record(db, blocks, args.out, commands)
+        record(db, blocks, args.out, commands, promote)
 
     with ray_up:
         steps(args, stages, blocks, tokens, multiplier, second, work, db, step)
-    data = record(db, blocks, args.out, commands)
+    data = record(db, blocks, args.out, commands, promote)
     refs = sum(len(s["references"]) for s in data["shapes"])
     proxies = sum(len(s["proxies"]) for s in data["shapes"])
     print(f"recorded {len(data['shapes'])} shapes, {proxies} proxies, {refs} long runs in {args.out}")
