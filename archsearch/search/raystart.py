@@ -51,15 +51,15 @@ def start_bound() -> float:
 # Ray's own waits inside one C++ call, which no Python signal handler interrupts: a GCS connection
 # attempt (5 s by default) and the wait for the GCS's first answer (30 s; a join measured 44 s
 # under a 3 s bound with them), with Ray's defaults. `shorten_ray_waits` cuts each to fit.
-_CPP_WAITS = {"RAY_gcs_rpc_server_connect_timeout_s": 5, "RAY_py_gcs_connect_timeout_s": 30}
+CPP_WAITS = {"RAY_gcs_rpc_server_connect_timeout_s": 5, "RAY_py_gcs_connect_timeout_s": 30}
 
 
 def shorten_ray_waits(seconds: float) -> None:
-    """Cut Ray's C++ waits (`_CPP_WAITS`) to a quarter of the bound where that is shorter (at least
+    """Cut Ray's C++ waits (`CPP_WAITS`) to a quarter of the bound where that is shorter (at least
     1 s), so that a call returns in time for the bound to end it; a value set in the environment
     is kept. Ray reads them once, on import: call this before `import ray` (else it changes
     nothing). The default bound leaves Ray's defaults as they are."""
-    for name, default in _CPP_WAITS.items():
+    for name, default in CPP_WAITS.items():
         os.environ.setdefault(name, str(max(1, min(default, int(seconds // 4)))))
 
 
