@@ -280,7 +280,7 @@ def record(
             "Third proxy-fidelity set (issue 21): per shape, the search's proxy at seeds 0-2 and "
             f"{MULTIPLIER}x reference runs (validate's cosine retraining, seed 0; a second seed for "
             f"{SECOND_SEED_PER_BLOCK} shapes per block); a proxy's `promotions`: its study resumed "
-            "with the tiny example's [search] promote, the contenders trained on at longer budgets. "
+            "with the [search] promote line under `promote`, the contenders trained on at longer budgets. "
             "Losses in nats/token on the bundled corpus."
         ),
         "measured": f"archsearch {__version__}, torch {torch.__version__}, {_cpu_description()}",
@@ -428,9 +428,6 @@ def report(data: dict[str, Any], min_shapes: int = MIN_SHAPES, partial: bool = F
     return out
 
 
-PROMOTED = "promoted"  # the report's name of the ranking after the example's promotion
-
-
 def promotion_report(
     shapes: list[dict[str, Any]], blocks: np.ndarray, seeds: list[int], target: np.ndarray,
     flops: np.ndarray, noise: float,
@@ -473,14 +470,9 @@ def promotion_report(
 def print_promotion(r: dict[str, Any]) -> None:
     """The before/after lines of `promotion_report`, one per promoted block, and the blocks together."""
     noise = r.get("reference_noise", 0.0)
-    held = [0, 0, 0, 0]  # recall before (held, of), after (held, of)
-    for block, rows in r.items():
-        if block in ("reference_noise", "settings"):
-            continue
+    blocks = {block: rows for block, rows in r.items() if block not in ("reference_noise", "settings")}
+    for block, rows in blocks.items():
         before, after = rows["before"], rows["after"]
-        for i, when in enumerate((before, after)):
-            held[2 * i] += sum(x[0] for x in when["front_recall"])
-            held[2 * i + 1] += sum(x[1] for x in when["front_recall"])
         trained = np.array(after["first_pass_tokens"]) + np.array(after["promotion_tokens"])
         spent = ", ".join(f"{x:.3f}" for x in trained / after["reference_tokens"])
         recall = f"{_frac(_sum(before['front_recall']))} -> {_frac(_sum(after['front_recall']))}"
@@ -491,8 +483,12 @@ def print_promotion(r: dict[str, Any]) -> None:
             f"{', '.join(map(str, after['contenders']))} contenders; trained {spent} of the"
             " references' tokens"
         )
-    if held[1]:
-        print(f"  together: front recall {_frac(held[:2])} -> {_frac(held[2:])}")
+    if blocks:
+        together = [
+            _sum([x for rows in blocks.values() for x in rows[when]["front_recall"]])
+            for when in ("before", "after")
+        ]
+        print(f"  together: front recall {_frac(together[0])} -> {_frac(together[1])}")
 
 
 def _sum(pairs: list[list[int]]) -> list[int]:
