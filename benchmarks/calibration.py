@@ -442,11 +442,16 @@ def promotion_report(
     for block in PROMOTED_BLOCKS:
         inside = np.flatnonzero(blocks == block)
         mine = [shapes[i] for i in inside]
-        if not mine or not all("ranked" in p for s in mine for p in s["proxies"]):
+        # The seeds whose study was promoted (every proxy of it ranked); a smoke run promotes one.
+        promoted = [
+            seed for seed in seeds
+            if all("ranked" in p for s in mine for p in s["proxies"] if p["seed"] == seed)
+        ]  # fmt: skip
+        if not mine or not promoted:
             continue
         t, f = target[inside], flops[inside]
         rows: dict[str, dict[str, list[Any]]] = {"before": {}, "after": {}}
-        for seed in seeds:
+        for seed in promoted:
             proxies = [next(p for p in s["proxies"] if p["seed"] == seed) for s in mine]
             before = [_objective(s, p, 0.0) for s, p in zip(mine, proxies, strict=True)]
             after = [p["ranked"]["objective"] for p in proxies]
@@ -660,8 +665,8 @@ def steps(
     if "promote" in stages:
         # Each seed's finished study resumed with promotion: its first pass is kept, and only the
         # contenders train (afresh at each longer budget: the blocks' proxy sets its warm-up as a
-        # fraction, so no final state is resumable).
-        for seed in proxy_seeds:
+        # fraction, so no final state is resumable). A smoke run promotes the first seed's only.
+        for seed in proxy_seeds[:1] if args.smoke else proxy_seeds:
             for block in blocks:
                 if block.name in PROMOTED_BLOCKS and complete_trials(db, study_name(block, seed)):
                     step(search(block, seed, promoted_space(block, seed, work, tokens, args.promote_from)))

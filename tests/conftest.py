@@ -25,7 +25,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     so one head starts (a module fixture starts one per worker that runs its tests); the browser
     tests run in one worker, so at most one installs Chromium (two apt-get runs at once fail on
     dpkg's lock). Run before xdist's own hook, which reads the marks into the node ids it
-    schedules by."""
+    schedules by.
+
+    The tests marked `long` (the ones that take tens of seconds) are collected first, so that
+    xdist hands them out at the start and the short ones fill the workers in at the end: collected
+    in file order, a 100-second test that began last ran alone for over a minute after the other
+    worker had finished."""
     for item in items:
         if "ray_session" in item.fixturenames:
             # Two groups, split by module: one Ray serialised every in-process search of the run
@@ -36,6 +41,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("ray-head"))
         elif "chromium" in item.fixturenames:
             item.add_marker(pytest.mark.xdist_group("chromium"))
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)  # stable: file order within
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -224,16 +224,18 @@ def test_calibration_smoke_records_every_stage_and_resumes_without_training_agai
     assert all(sorted(r["seed"] for r in s["references"]) == [0, 1] for s in shapes), shapes
     assert all(r["multiplier"] == 2 and r["tokens"] > 2 * 4096 * 0.9 for s in shapes for r in s["references"])
     assert "archsearch validate --study cal3-tiny-p0" in "\n".join(data["commands"])
-    # Promotion: each seed's study resumed with the tiny example's settings; its contenders' runs at
-    # 2x the proxy recorded, and every proxy ranked as the promoted front ranks it.
-    assert "tiny-p1-promote.toml --study cal3-tiny-p1" in "\n".join(data["commands"])
-    for seed in (0, 1):
-        proxies = [next(p for p in s["proxies"] if p["seed"] == seed) for s in shapes]
-        promoted = [p for p in proxies if p.get("promotions")]
-        assert len(promoted) >= 2, proxies
-        assert all(q["tokens"] == 2 * 4096 for p in promoted for q in p["promotions"]), promoted
-        assert all(p["ranked"]["estimated"] == (p not in promoted) for p in proxies), proxies
-        assert {p["ranked"]["tokens"] for p in proxies} == {2 * 4096}
+    # Promotion: the first seed's study resumed with the tiny example's settings (the smoke run
+    # promotes one seed's; a full run every seed's); its contenders' runs at 2x the proxy recorded,
+    # and every proxy of it ranked as the promoted front ranks it; the other seed's left as it was.
+    commands = "\n".join(data["commands"])
+    assert "tiny-p0-promote.toml --study cal3-tiny-p0" in commands and "tiny-p1-promote" not in commands
+    proxies = [next(p for p in s["proxies"] if p["seed"] == 0) for s in shapes]
+    promoted = [p for p in proxies if p.get("promotions")]
+    assert len(promoted) >= 2, proxies
+    assert all(q["tokens"] == 2 * 4096 for p in promoted for q in p["promotions"]), promoted
+    assert all(p["ranked"]["estimated"] == (p not in promoted) for p in proxies), proxies
+    assert {p["ranked"]["tokens"] for p in proxies} == {2 * 4096}
+    assert not any("ranked" in p or "promotions" in p for s in shapes for p in s["proxies"] if p["seed"] == 1)
     assert snap.exists()
     # Again on the same database: every search resumes a finished study, validate finds every
     # long run stored; nothing is trained, the records are the same.
@@ -257,7 +259,7 @@ def test_calibration_smoke_records_every_stage_and_resumes_without_training_agai
     assert set(report["blocks"]) == {"tiny"} and set(report["blocks"]["tiny"]) == set(report["predictors"])
     promotion = report["promotion"]["tiny"]
     for when in ("before", "after"):
-        assert len(promotion[when]["front_recall"]) == len(promotion[when]["knee_regret"]) == 2, promotion
+        assert len(promotion[when]["front_recall"]) == len(promotion[when]["knee_regret"]) == 1, promotion
     assert promotion["after"]["reference_tokens"] == sum(
         r["tokens"] for s in shapes for r in s["references"] if r["seed"] == 0
     )
