@@ -67,6 +67,7 @@ def tiny_config(tmp_path):
     return path
 
 
+@pytest.mark.long
 def test_cpu_measures_prefill_and_decode_with_the_local_prediction_beside(tiny_config):
     args = (
         "profile",

@@ -82,6 +82,7 @@ def _reaper_started(pid: int) -> bool:
     return False
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(
     ("signum", "code", "name"), [(signal.SIGINT, 130, "SIGINT"), (signal.SIGTERM, 143, "SIGTERM")]
 )

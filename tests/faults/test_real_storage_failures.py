@@ -111,6 +111,7 @@ def test_a_postgresql_server_stopped_mid_search_ends_in_one_line_and_a_resume_fi
         resume_search(cluster.url, lease_s=LEASE_S)  # exactly N, nothing running in either table
 
 
+@pytest.mark.long
 def test_a_postgresql_server_that_is_there_and_never_answers_is_bounded(monkeypatch):
     """Every server process stopped (SIGSTOP, as a frozen VM): its kernel still acknowledges TCP, so
     keepalives never fire, and a command waited without end; the statement's bound ends it."""

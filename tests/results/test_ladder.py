@@ -526,6 +526,7 @@ def test_ladder_options_are_checked_before_anything_runs():
 
 
 # --- one real ladder through the CLI ------------------------------------------------------------
+@pytest.mark.long
 def test_a_real_ladder_trains_stores_fits_and_a_rerun_trains_nothing(url, ray_session, tmp_path):
     args = ("--study", "tiny", "--trial", "0", "--trial", "1", "--rungs", "3", "--tokens-per-param", "0.01",
             "--workers", "2", "--storage", url, "--json")  # fmt: skip

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.postgres import postgres_database
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,6 +28,7 @@ def _overlap(trials: list[dict]) -> int:
     return most
 
 
+@pytest.mark.long
 def test_a_search_on_a_three_node_cluster_uses_every_node_and_queues_gpu_trials(tmp_path):
     with postgres_database() as url:
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(ROOT)}

@@ -34,6 +34,7 @@ def db(tmp_path):
         yield storage
 
 
+@pytest.mark.long
 def test_contenders_resume_to_the_loss_of_one_longer_run_and_are_stored_once(db, monkeypatch):
     spec = tiny_spec(proxy=FREE, search=SEARCH.format(cap=4, margin=0.5))
     kept_before: dict[int, bool] = {}  # each contender's first-pass state, there when promotion starts
