@@ -419,6 +419,8 @@ def report(data: dict[str, Any], min_shapes: int = MIN_SHAPES, partial: bool = F
             for name, rows in values.items()
         }
     out["promotion"] = promotion_report(shapes, blocks, seeds, target, flops, noise)
+    if out["promotion"] and len(seeds) > 1:
+        out["seed_repeats"] = seed_repeats(shapes, blocks, seeds, target, flops)
     if out["promotion"]:
         out["promotion"]["settings"] = data.get("promote")
     tenx = np.mean([next(r["tokens"] for r in s["references"] if r["seed"] == 0) for s in shapes])
@@ -470,6 +472,79 @@ def promotion_report(
     if out:
         out["reference_noise"] = noise
     return out
+
+
+def seed_repeats(
+    shapes: list[dict[str, Any]], blocks: np.ndarray, seeds: list[int], target: np.ndarray, flops: np.ndarray
+) -> dict[str, Any]:
+    """Promotion by seed repeats instead of longer budgets, replayed from the record: in each
+    promoted block, each seed's study's contenders (`promotion.contenders` under the example's
+    margin and bound, on the study's loss objective) ranked by their mean loss objective over every
+    recorded proxy seed, the other shapes placed by the contenders' median change, as a promoted
+    front places them; with the loss objective as the blocks' studies computed it (no
+    extrapolation) and as the tiny example does (`EXTRAPOLATE`). Exact, not modelled: the proxy is
+    pinned to fp32, so a contender trained again at another seed is that seed's study's trial.
+    Costs one proxy run per contender and extra seed."""
+    from archsearch.search import fidelity_stats as fs
+    from archsearch.search.promotion import contenders
+    from archsearch.search.spec import load_spec
+
+    settings = load_spec(EXAMPLE).defaults.promote
+    assert settings is not None  # example_promote refuses an example without
+    out: dict[str, Any] = {}
+    for extrapolate in (0.0, EXTRAPOLATE):
+        rows: dict[str, Any] = {}
+        for block in PROMOTED_BLOCKS:
+            inside = np.flatnonzero(blocks == block)
+            mine = [shapes[i] for i in inside]
+            if not mine:
+                continue
+            t, f = target[inside], flops[inside]
+            value = np.array([
+                [_objective(s, next(p for p in s["proxies"] if p["seed"] == seed), extrapolate) for s in mine]
+                for seed in seeds
+            ])  # fmt: skip
+            mean = value.mean(axis=0)
+            row: dict[str, list[Any]] = {"before": [], "after": [], "regret_before": [], "regret_after": []}
+            for k in range(len(seeds)):
+                first = value[k]
+                numbers = list(range(len(mine)))
+                chosen = contenders(
+                    numbers, np.column_stack([first, np.log10(f)]), ["loss", "flops"], settings.margin_nats,
+                    settings.max_contenders,
+                )  # fmt: skip
+                change = float(np.median([mean[i] - first[i] for i in chosen]))
+                after = np.array([mean[i] if i in chosen else first[i] + change for i in numbers])
+                row["before"].append(list(fs.front_recall(first, t, f)))
+                row["after"].append(list(fs.front_recall(after, t, f)))
+                row["regret_before"].append(fs.knee_regret(first, t, f))
+                row["regret_after"].append(fs.knee_regret(after, t, f))
+                row.setdefault("contenders", []).append(len(chosen))
+                row.setdefault("shapes", []).append(len(mine))
+            rows[block] = row
+        out[f"{extrapolate:g}"] = rows
+    return out
+
+
+def print_seed_repeats(r: dict[str, Any], seeds: int, noise: float) -> None:
+    print(
+        f"seed repeats, replayed (each study's contenders ranked by their mean over the {seeds} proxy seeds):"
+    )
+    for extrapolate, rows in r.items():
+        together = [_sum([x for row in rows.values() for x in row[when]]) for when in ("before", "after")]
+        parts = [
+            f"{block} regret {_regrets(row['regret_before'])} -> {_regrets(row['regret_after'])}"
+            for block, row in rows.items()
+        ]
+        studies = [
+            (c, n) for row in rows.values() for c, n in zip(row["contenders"], row["shapes"], strict=True)
+        ]
+        more = max((seeds - 1) * c / n for c, n in studies)
+        print(
+            f"  extrapolate {extrapolate}: front recall {_frac(together[0])} -> {_frac(together[1])}; "
+            f"{'; '.join(parts)} (reference noise {noise:.4f}); at most {more:.0%} more proxy runs than a "
+            "study's first pass"
+        )
 
 
 def print_promotion(r: dict[str, Any]) -> None:
@@ -526,6 +601,8 @@ def print_report(r: dict[str, Any]) -> None:
         print(f"promotion ({settings}; before: the first pass by the study's loss objective, beta 0.15; "
               "after: as the promoted front ranks):")  # fmt: skip
         print_promotion(r["promotion"])
+    if r.get("seed_repeats"):
+        print_seed_repeats(r["seed_repeats"], len(r["proxy_seeds"]), r["reference_noise"])
     for block, predictors in r.get("blocks", {}).items():
         print(f"block {block}:")
         for name, p in predictors.items():

@@ -263,6 +263,16 @@ def test_calibration_smoke_records_every_stage_and_resumes_without_training_agai
     assert promotion["after"]["reference_tokens"] == sum(
         r["tokens"] for s in shapes for r in s["references"] if r["seed"] == 0
     )
+    # Seed repeats replayed: every seed's study, with and without the example's extrapolation; at
+    # seed 0 without it, the first pass is the one the promotion lines start from.
+    repeats = report["seed_repeats"]
+    assert set(repeats) == {"0", "2"}, repeats
+    for rows in repeats.values():
+        row = rows["tiny"]
+        assert len(row["before"]) == len(row["after"]) == len(row["regret_after"]) == 2, row
+        assert all(1 <= c <= 4 for c in row["contenders"]), row
+    assert repeats["0"]["tiny"]["before"][0] == promotion["before"]["front_recall"][0]
+    assert repeats["0"]["tiny"]["regret_before"][0] == promotion["before"]["knee_regret"][0]
 
 
 def _bad_set(tmp_path, shapes: list[dict], *args: str) -> subprocess.CompletedProcess:
