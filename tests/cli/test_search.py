@@ -371,8 +371,9 @@ def test_a_signal_stops_cleanly_and_resume_finishes_exactly_n(tmp_path, signum, 
 
 
 def test_the_search_bar_counts_running_trials_shows_an_eta_and_keeps_the_final_counts(tmp_path):
-    # Seconds budgets keep the first trial running long enough for the terminal to draw it.
-    space = _space(tmp_path, trials=2, seconds=2.0)
+    # Seconds budgets keep each trial running long enough for the terminal to draw it (rich redraws
+    # ten times a second; the first trial's worker also imports torch before it trains).
+    space = _space(tmp_path, trials=2, seconds=1.0)
     args = ["search", "--space", str(space), "--study", "s", "--storage", f"sqlite:///{tmp_path / 't.db'}"]
     code, stdout, shown = under_a_terminal([*args, "--json"], tmp_path)
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown)  # the bar's colours and cursor moves
@@ -389,10 +390,11 @@ def test_the_search_bar_counts_running_trials_shows_an_eta_and_keeps_the_final_c
 
 def test_a_worker_killed_with_sigkill_is_retried_and_the_search_completes(tmp_path):
     # Holds under load: the kill waits for the state it needs (the trial running in the database
-    # and a worker of this driver executing it), comes at once (a poll of 0.1 s), and the victim
-    # trains for 2.5 s of a budget in seconds, which a busy machine stretches rather than shortens.
+    # and a worker of this driver executing it), comes at once (a poll of 0.1 s), and the victim,
+    # the first trial of a fresh worker, imports torch (seconds) before it trains for 1 s of a
+    # budget in seconds, which a busy machine stretches rather than shortens.
     url = f"sqlite:///{tmp_path / 't.db'}"
-    space = _space(tmp_path, trials=2, seconds=2.5)
+    space = _space(tmp_path, trials=2, seconds=1.0)
     proc = start_archsearch(
         "search", "--space", str(space), "--study", "s", "--storage", url, "--retries", "1", cwd=tmp_path
     )
@@ -440,10 +442,12 @@ def ray_head() -> Iterator[tuple[str, dict[str, str]]]:
     # Ray >= 2.59 authenticates with a token: the head and the drivers share one.
     env = {**archsearch_env(), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
     # Ray's command line by its module: a virtual environment made with --system-site-packages
-    # has Ray importable but no `ray` script of its own.
+    # has Ray importable but no `ray` script of its own. A CPU for each of the three drivers'
+    # trials: with two, the third driver's worker started only once another's first trial had
+    # ended, and the other two then waited on its trial's lease (about ten seconds of the test).
     head = subprocess.Popen(
         [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}",
-         "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"],
+         "--num-cpus=3", "--include-dashboard=false", "--disable-usage-stats"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     try:
@@ -456,10 +460,11 @@ def ray_head() -> Iterator[tuple[str, dict[str, str]]]:
         yield f"127.0.0.1:{port}", env
     finally:
         # Its drivers are done: SIGKILL after a short grace, as a clean stop of the head's
-        # processes was half a minute of the test's time under load.
+        # processes was half a minute of the test's time under load (its raylet was still up 5 s
+        # after the SIGTERM). The head's processes are all in its group.
         os.killpg(head.pid, signal.SIGTERM)
         try:
-            head.wait(timeout=5)
+            head.wait(timeout=1)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(head.pid, signal.SIGKILL)
@@ -484,7 +489,12 @@ def test_parallel_drivers_share_one_study_and_finish_exactly_n(tmp_path, ray_hea
 def _drivers_share_one_study(
     tmp_path: Path, url: str, head: tuple[str, dict[str, str]], n_drivers: int, n_trials: int
 ) -> None:
-    wide = 'd_model = [64, 128, 192, 256]\naspect_ratio = [16, 32, 64]\nactivation = ["gelu", "swiglu"]'
+    # 32 shapes, so that drivers sampling at once seldom repeat one, each of one or two layers 64
+    # wide: a trial is over in a second or two (up to 16 layers 256 wide, one took about ten).
+    wide = (
+        'd_model = [64]\naspect_ratio = [32, 64]\nactivation = ["gelu", "swiglu"]\nbias = [true, false]\n'
+        "qk_norm = [true, false]\ntie_embeddings = [true, false]"
+    )
     space = _space(tmp_path, trials=n_trials, model=f"vocab_size = 256\nseq_len = 32\nhead_dim = 32\n{wide}")
     address, env = head
     args = ["search", "--space", str(space), "--study", "s", "--storage", url, "--resume",

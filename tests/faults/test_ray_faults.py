@@ -35,8 +35,9 @@ from tests.specs import tiny_spec, tiny_toml
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers need not import tests/
 
 # Trials long enough for the raylet's kill to land in one (it follows the state it waits for
-# at once), short enough for the resume to train both again in a few seconds.
-SLOW_PROXY = 'seconds = 3\nbatch_size = 4\nevals = 2\neval_batches = 1\ndevice = "cpu"'
+# at once, and a fresh worker imports torch for seconds before its first trial trains), short
+# enough for the resume to train both again in a few seconds.
+SLOW_PROXY = 'seconds = 1\nbatch_size = 4\nevals = 2\neval_batches = 1\ndevice = "cpu"'
 
 
 def _counts(url: str) -> dict[str, int]:
