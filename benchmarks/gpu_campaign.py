@@ -713,6 +713,9 @@ def search_space(args: argparse.Namespace, model: str) -> dict[str, Any]:
         shrink_for_smoke(spec)
         spec["profile"]["min_run_time"] = 0.01
         spec["search"]["prune_min_trials"] = 1
+        # Promotion exercised on the fewest shapes and one step up: the example's 8 to 4x took 7x
+        # the first pass's tokens, most of the smoke's search.
+        spec["search"]["promote"] = {"cap": 2, "max_contenders": 2}
     return spec
 
 

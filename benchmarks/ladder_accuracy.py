@@ -154,10 +154,11 @@ def _real_run(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def real_runs(
-    requests: dict[str, dict[str, Any]], cache: Path, workers: int, train: bool = True
+    requests: dict[str, dict[str, Any]], cache: Path, workers: int, train: bool = True, here: bool = False
 ) -> dict[str, dict[str, Any]]:
     """Each request's result by key, trained unless `cache` holds it (or `train` is False);
-    appended as each finishes."""
+    appended as each finishes. `here`: one after another in this process (the smoke's runs take a
+    second or two each, less than a spawned worker's start, torch's import most of it)."""
     done: dict[str, dict[str, Any]] = {}
     if cache.exists():
         for line in cache.read_text().splitlines():
@@ -166,24 +167,29 @@ def real_runs(
     todo = {k: r for k, r in requests.items() if k not in done}
     print(f"real runs: {len(todo)} {'to train' if train else 'left out'}, {len(requests) - len(todo)} "
           "recorded", flush=True)  # fmt: skip
-    if todo and train:
-        # Spawned, not forked: a fork of a driver with Ray's threads running (the smoke's Ray, or
-        # any joined here) can hang in the child on a lock one of those threads held.
-        spawn = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=spawn) as pool:
-            futures = {pool.submit(_real_run, r): k for k, r in todo.items()}
-            for future in as_completed(futures):
-                key, result = futures[future], future.result()
-                if result["status"] != "complete":
-                    print(f"real run {key[:12]} failed: {result['reason']}", flush=True)
-                    continue
-                with cache.open("a") as f:
-                    f.write(json.dumps({"key": key, "result": result}) + "\n")
-                done[key] = result
-                print(
-                    f"real run {key[:12]}: {result['val_loss']:.4f} ({result['wall_time_s']:.0f} s)",
-                    flush=True,
-                )
+    if not (todo and train):
+        return done
+
+    def record(key: str, result: dict[str, Any]) -> None:
+        if result["status"] != "complete":
+            print(f"real run {key[:12]} failed: {result['reason']}", flush=True)
+            return
+        with cache.open("a") as f:
+            f.write(json.dumps({"key": key, "result": result}) + "\n")
+        done[key] = result
+        print(f"real run {key[:12]}: {result['val_loss']:.4f} ({result['wall_time_s']:.0f} s)", flush=True)
+
+    if here:
+        for key, request in todo.items():
+            record(key, _real_run(request))
+        return done
+    # Spawned, not forked: a fork of a driver with Ray's threads running (the smoke's Ray, or
+    # any joined here) can hang in the child on a lock one of those threads held.
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=spawn) as pool:
+        futures = {pool.submit(_real_run, r): k for k, r in todo.items()}
+        for future in as_completed(futures):
+            record(futures[future], future.result())
     return done
 
 
@@ -301,7 +307,9 @@ def main() -> None:
     if args.smoke:
         space = work / "ladder-smoke.toml"
         space.write_text(SMOKE_SPACE)
-        trials, designs, rungs, top, real_size, ratio = 10, 3, 3, 100_000, 400_000, 0.05
+        # The real runs at 2x the top rung, not the full mode's 4x: still past every rung, at a
+        # quarter of the compute (half the parameters, half the tokens), the smoke's longest step.
+        trials, designs, rungs, top, real_size, ratio = 10, 3, 3, 100_000, 200_000, 0.05
         out = args.out or work / "ladder_accuracy_smoke.json"
         args.study = "ladder-smoke"
     db = work / f"{args.study}.db"
@@ -373,7 +381,7 @@ def main() -> None:
     started = time.monotonic()
     results = real_runs(
         {**requests, **seed_1}, work / f"{args.study}-real_runs.jsonl", args.workers,
-        train=not args.recorded_only,
+        train=not args.recorded_only, here=args.smoke,
     )  # fmt: skip
     print(f"real runs: {time.monotonic() - started:.0f} s", flush=True)
 
