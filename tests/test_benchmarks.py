@@ -87,6 +87,7 @@ def test_threads_smoke():
     assert lines[3].startswith("d64 L1 ff128 mha"), done.stdout  # the tiny space's smallest shape
 
 
+@pytest.mark.long
 def test_search_quality_smoke(tmp_path, ray_session):
     import ray
 
@@ -148,6 +149,7 @@ RAY_SMOKES = {
 }
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", sorted(SMOKES))
 def test_every_benchmark_runs_in_smoke_mode(name):
     done = _smoke(f"{name}.py", timeout=600)
@@ -155,6 +157,7 @@ def test_every_benchmark_runs_in_smoke_mode(name):
         assert line in done.stdout, done.stdout[-3000:]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", sorted(RAY_SMOKES))
 def test_every_ray_benchmark_runs_in_smoke_mode_on_the_tests_ray(name, ray_session):
     import ray
@@ -209,6 +212,7 @@ def test_every_benchmark_has_a_smoke_test():
     assert scripts == tested
 
 
+@pytest.mark.long
 def test_calibration_smoke_records_every_stage_and_resumes_without_training_again(tmp_path):
     import os
 
@@ -353,6 +357,7 @@ def _campaign(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+@pytest.mark.long
 def test_gpu_campaign_smoke_records_every_part_and_a_second_run_resumes_measuring_nothing(
     tmp_path, ray_session
 ):
@@ -469,6 +474,7 @@ def test_gpu_corpus_smoke_builds_a_bpe_corpus_that_loads_as_uint32():
     assert found and int(found[1].replace(",", "")) > 10 * int(found[2].replace(",", "")) > 0, done.stdout
 
 
+@pytest.mark.long
 def test_gpu_campaign_fidelity_smoke_runs_in_order_records_each_run_and_resumes_training_nothing(
     tmp_path, ray_session
 ):
@@ -684,6 +690,7 @@ def test_gpu_campaign_times_steps_again_in_passes_and_resumes_a_cut_pass(campaig
     assert timed == [(cfg, 4, "fp32")] * 4 and json.loads(files.steps.read_text()) == raw
 
 
+@pytest.mark.long
 def test_ladder_accuracy_smoke_predicts_the_real_runs_and_resumes_without_training_again(
     tmp_path, ray_session
 ):

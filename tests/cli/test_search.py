@@ -328,6 +328,7 @@ def test_every_example_space_is_valid_and_feasible(example):
 
 
 # --- real processes --------------------------------------------------------------------------------
+@pytest.mark.long
 @pytest.mark.parametrize(
     ("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["int", "term"]
 )
@@ -370,6 +371,7 @@ def test_a_signal_stops_cleanly_and_resume_finishes_exactly_n(tmp_path, signum, 
     assert list(elsewhere.iterdir()) == []  # nothing written where the command ran
 
 
+@pytest.mark.long
 def test_the_search_bar_counts_running_trials_shows_an_eta_and_keeps_the_final_counts(tmp_path):
     # Seconds budgets keep each trial running long enough for the terminal to draw it (rich redraws
     # ten times a second; the first trial's worker also imports torch before it trains).
@@ -388,6 +390,7 @@ def test_the_search_bar_counts_running_trials_shows_an_eta_and_keeps_the_final_c
     assert last.startswith("search: 2/2 finished: 2 complete") and "0 running" in last, text[-2000:]
 
 
+@pytest.mark.long
 def test_a_worker_killed_with_sigkill_is_retried_and_the_search_completes(tmp_path):
     # Holds under load: the kill waits for the state it needs (the trial running in the database
     # and a worker of this driver executing it), comes at once (a poll of 0.1 s), and the victim,
@@ -414,6 +417,7 @@ def test_a_worker_killed_with_sigkill_is_retried_and_the_search_completes(tmp_pa
     _no_running(url)
 
 
+@pytest.mark.long
 def test_a_local_ray_does_not_outlive_a_sigkilled_driver(tmp_path):
     # Ray's agents used to live on for 60-90 s after the driver died by SIGKILL.
     url = f"sqlite:///{tmp_path / 't.db'}"
@@ -473,6 +477,7 @@ def ray_head() -> Iterator[tuple[str, dict[str, str]]]:
 
 # Three drivers prove what eight did: more than two processes claim, ask and tell at once on one
 # study, and there are twice as many trials as drivers, so each driver comes back for more.
+@pytest.mark.long
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_parallel_drivers_share_one_study_and_finish_exactly_n(tmp_path, ray_head, backend):
     """Drivers started together on one study (`--resume`), each a process of its own: no lock or
@@ -522,6 +527,7 @@ PROMOTED_PROXY = (
 )
 
 
+@pytest.mark.long
 @pytest.mark.usefixtures("ray_session")
 def test_parallel_drivers_promote_each_contender_once(tmp_path, monkeypatch):
     """Two drivers (processes) resuming one SQLite study whose first pass is done race for the same

@@ -81,6 +81,7 @@ def _kill_its_raylet(proc: subprocess.Popen, busy, work: str, database: Path) ->
 
 
 # --- the local node dies mid-search ------------------------------------------------------------------
+@pytest.mark.long
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="the watcher's witness needs pidfd_open (Linux)")
 def test_a_ray_node_that_dies_mid_search_ends_it_in_one_line_and_the_hint_finishes_exactly_n(tmp_path):
     (tmp_path / "db").mkdir()
@@ -111,6 +112,7 @@ def test_a_ray_node_that_dies_mid_search_ends_it_in_one_line_and_the_hint_finish
     assert list(elsewhere.iterdir()) == []
 
 
+@pytest.mark.long
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="the watcher's witness needs pidfd_open (Linux)")
 def test_a_ray_node_that_dies_under_validate_ends_it_in_one_line_and_keeps_the_database(tmp_path):
     """validate (and ladder, on the same pool loop) check the node as the search does: before, a
