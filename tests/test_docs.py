@@ -16,8 +16,7 @@ def code_lines() -> list[str]:
 def test_readme_opens_with_the_two_fresh_machine_commands():
     main_job, tests = code_lines()[:2]
     assert "pip install -e ." in main_job and "archsearch " in main_job
-    assert 'pip install --no-compile -e ".[test]"' in tests
-    assert tests.endswith("python -m pytest -q -n 2 --dist loadgroup")
+    assert 'pip install -e ".[test]"' in tests and tests.endswith("python -m pytest -q -n 2 --dist loadgroup")
 
 
 def test_ci_runs_the_readme_test_command():
