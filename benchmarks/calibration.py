@@ -505,10 +505,12 @@ def seed_repeats(
                 for seed in seeds
             ])  # fmt: skip
             mean = value.mean(axis=0)
-            row: dict[str, list[Any]] = {"before": [], "after": [], "regret_before": [], "regret_after": []}
-            for k in range(len(seeds)):
-                first = value[k]
-                numbers = list(range(len(mine)))
+            numbers = list(range(len(mine)))
+            row: dict[str, Any] = {
+                "shapes": len(mine), "contenders": [], "before": [], "after": [], "regret_before": [],
+                "regret_after": [],
+            }  # fmt: skip
+            for first in value:
                 chosen = contenders(
                     numbers, np.column_stack([first, np.log10(f)]), ["loss", "flops"], settings.margin_nats,
                     settings.max_contenders,
@@ -519,8 +521,7 @@ def seed_repeats(
                 row["after"].append(list(fs.front_recall(after, t, f)))
                 row["regret_before"].append(fs.knee_regret(first, t, f))
                 row["regret_after"].append(fs.knee_regret(after, t, f))
-                row.setdefault("contenders", []).append(len(chosen))
-                row.setdefault("shapes", []).append(len(mine))
+                row["contenders"].append(len(chosen))
             rows[block] = row
         out[f"{extrapolate:g}"] = rows
     return out
@@ -536,10 +537,7 @@ def print_seed_repeats(r: dict[str, Any], seeds: int, noise: float) -> None:
             f"{block} regret {_regrets(row['regret_before'])} -> {_regrets(row['regret_after'])}"
             for block, row in rows.items()
         ]
-        studies = [
-            (c, n) for row in rows.values() for c, n in zip(row["contenders"], row["shapes"], strict=True)
-        ]
-        more = max((seeds - 1) * c / n for c, n in studies)
+        more = max((seeds - 1) * c / row["shapes"] for row in rows.values() for c in row["contenders"])
         print(
             f"  extrapolate {extrapolate}: front recall {_frac(together[0])} -> {_frac(together[1])}; "
             f"{'; '.join(parts)} (reference noise {noise:.4f}); at most {more:.0%} more proxy runs than a "
