@@ -104,7 +104,8 @@ def search(
     if promotion is not None and not as_json:
         budgets = ", ".join(f"{b:,}" for b in promotion.budgets) or "none"
         promoted = ", ".join(map(str, promotion.contenders))
-        typer.echo(f"promoted trials {promoted} to {budgets} tokens ({promotion.stopped})", err=True)
+        seeds = f" at {promotion.seeds} seeds each" if promotion.seeds > 1 else ""
+        typer.echo(f"promoted trials {promoted} to {budgets} tokens{seeds} ({promotion.stopped})", err=True)
         typer.echo(cost_line(promotion), err=True)
     if summary.signal is not None:
         typer.echo(

@@ -37,7 +37,6 @@ from archsearch.space.objectives import (
     LOG_OBJECTIVES,
     OBJECTIVE_COLUMNS,
     LossRule,
-    curve_change,
     parse_objectives,
 )
 
@@ -307,11 +306,15 @@ class StudyFront:
     def ranking_dict(self) -> dict[str, Any]:
         """JSON-ready, for a study with promotions: {"ranking": the contenders, the budget they
         are ranked at (None: the proxy's) and the proxy's tokens, at which every other trial is
-        ranked}; else nothing, so a study without promotions reads as it always did."""
+        ranked, and where the contenders were trained at more than one proxy seed, how many ("seeds":
+        their values are the means over them)}; else nothing, so a study without promotions reads as
+        it always did."""
         r = self.ranking
         if r is None:
             return {}
         said = {"contenders": list(r.contenders), "ranked_at": r.budget, "proxy_tokens": r.proxy_tokens}
+        if r.seeds > 1:  # the contenders' values are means over seed repeats; one seed reads as it did
+            said["seeds"] = r.seeds
         return {"ranking": said}
 
 
@@ -363,9 +366,11 @@ def promoted(
 ) -> tuple[np.ndarray, np.ndarray, PromotionRanking | None]:
     """`values` and `changes` (rows of `numbers`) with each promoted contender's proxy loss and
     curve change replaced by its promotion's at the budget the study ranks it at
-    (`Storage.promotion_ranking`), so every loss measure ranks it there; and that ranking, None
-    for a study without promotions (its values returned as they are). The other trials keep their
-    first pass: `placed` then estimates them at that budget in the measure the front ranks."""
+    (`Storage.promotion_ranking`; the means over its seeds where it was trained at several, and
+    every loss measure, linear in both, then ranks the mean), so every loss measure ranks it there;
+    and that ranking, None for a study without promotions (its values returned as they are). The
+    other trials keep their first pass: `placed` then estimates them at that budget in the measure
+    the front ranks."""
     ranking = storage.promotion_ranking(study)
     if ranking is None or not ranking.ranked or "loss" not in objectives:
         return values, changes, ranking
@@ -374,7 +379,7 @@ def promoted(
     for i, number in enumerate(numbers):
         p = ranking.ranked.get(number)
         if p is not None and p.val_loss is not None:
-            values[i, column], changes[i] = p.val_loss, curve_change(p.val_curve)
+            values[i, column], changes[i] = p.val_loss, p.loss_change
     return values, changes, ranking
 
 

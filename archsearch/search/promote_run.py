@@ -1,6 +1,8 @@
 """Running promotion: once a search's trials are finished, its contenders (`promotion.contenders`)
 are trained on at 2x, 4x, ... the proxy's tokens on the search's Ray pool, a rung at a time, until
-their ranking holds (`promotion.RULES`) or the cap is reached.
+their ranking holds (`promotion.RULES`) or the cap is reached; with seed repeats, at every seed of
+`PromoteSettings.seed_list` at each rung, the first of them at the proxy's own budget (the first
+pass being its first seed), each contender valued at its mean over them.
 
 Every promotion is a row of the database (`Storage.claim_promotion`), inserted as its claim before
 it trains and finished in place with its loss, loss objective and curve, so:
@@ -13,11 +15,14 @@ it trains and finished in place with its loss, loss objective and curve, so:
 A contender resumes from the final state its first-pass trial kept (`worker.kept_state_path`; a
 promotion keeps its own for the next rung) where the proxy is budget-free (`TrainSettings
 .budget_free`: the constant schedule with a warm-up in tokens); else it is trained afresh at the
-longer budget. Kept states on this machine are deleted once promotion ends.
+longer budget. The state is its seed's: the settings' seed is part of the key, so a seed repeat
+at 2x goes on from its own run at the proxy's budget, which trained from step 0. Kept states on
+this machine are deleted once promotion ends.
 
 Optuna's view stays the first pass: the values its trials were told are never changed, and as
 Optuna refuses attributes on a finished trial, each rung is recorded on the Optuna study instead,
-as the user attribute `promoted_loss_<tokens>` (`OPTUNA_ATTR`): {trial number: loss objective}.
+as the user attribute `promoted_loss_<tokens>` (`OPTUNA_ATTR`): {trial number: loss objective},
+the mean over the seeds with seed repeats.
 """
 
 from __future__ import annotations
@@ -55,8 +60,9 @@ OPTUNA_ATTR = "promoted_loss_{tokens}"  # the Optuna study's user attribute of o
 
 @dataclass(frozen=True)
 class PromotionSummary:
-    """What promotion did: its contenders, the budgets trained (tokens, a rung each), the largest
-    budget every contender completed (the proxy's when none), and why it stopped."""
+    """What promotion did: its contenders, the budgets trained (tokens, a rung each; with seed
+    repeats the proxy's own first), the largest budget every contender completed at every seed
+    (the proxy's when none), and why it stopped."""
 
     contenders: tuple[int, ...]
     budgets: tuple[int, ...]
@@ -71,16 +77,17 @@ class PromotionSummary:
     resumed: int = 0
     afresh: int = 0
     unknown: int = 0
+    seeds: int = 1  # proxy seeds each contender was trained at (`PromoteSettings.seeds`)
 
 
 @dataclass(frozen=True)
 class PromotionProgress:
     """A snapshot for progress displays while promotion runs: the search's last (`search`) with the
-    promotions done, running and planned (every contender at every rung begun so far: PASHA's rule
-    decides at the end of each whether another runs), the rung's budget, the seconds left to the
-    end of that rung (`eta_s`; None until a time per token is known), and the rung's place among
-    the `rungs` the cap allows. `finished` and `target` count trials and promotions together, so a
-    display counting work moves as promotions end."""
+    promotions done, running and planned (every contender at every seed of every rung begun so
+    far: PASHA's rule decides at the end of each whether another runs), the rung's budget, the
+    seconds left to the end of that rung (`eta_s`; None until a time per token is known), and the
+    rung's place among the `rungs` the cap allows. `finished` and `target` count trials and
+    promotions together, so a display counting work moves as promotions end."""
 
     search: Any  # the driver's `SearchProgress` (the driver imports this module)
     done: int
@@ -90,6 +97,7 @@ class PromotionProgress:
     eta_s: float | None
     rung: int = 1
     rungs: int = 1
+    seeds: int = 1  # proxy seeds per contender at a longer rung (one fewer at the proxy's budget)
 
     @property
     def finished(self) -> int:
@@ -105,9 +113,10 @@ class PromotionProgress:
 
     @property
     def promotion_line(self) -> str:
+        seeds = f", {self.seeds} seeds" if self.seeds > 1 else ""
         return (
             f"promotions {self.done}/{self.planned} done, {self.running} running at {self.budget:,} tokens "
-            f"(rung {self.rung} of at most {self.rungs})"
+            f"(rung {self.rung} of at most {self.rungs}{seeds})"
         )
 
 
@@ -129,6 +138,14 @@ class _Promoter:
         self.renewed = time.monotonic()
         self.progress, self.on_update = progress, on_update
         self.running, self.budget = 0, 0
+        settings = spec.defaults.promote
+        assert settings is not None  # checked by the caller
+        self.seeds = settings.seed_list(spec.proxy.seed)  # the first pass's first
+
+    def seeds_at(self, budget: int) -> tuple[int, ...]:
+        """The seeds promotions train at `budget`: every seed, but the first pass's at the proxy's
+        own budget (that run is the trial)."""
+        return self.seeds[1:] if budget == self.spec.proxy.tokens else self.seeds
 
     def _update(self, chosen: Sequence[int]) -> None:
         """Tell the display where promotion stands (`PromotionProgress`)."""
@@ -136,14 +153,15 @@ class _Promoter:
             return
         settings, proxy = self.spec.defaults.promote, self.spec.proxy.tokens
         assert settings is not None and proxy is not None  # checked by the spec
-        rungs = [whole(proxy * m) for m in settings.multiples]
+        rungs = [whole(proxy * m) for m in settings.rungs]
         # Only the rungs begun: PASHA's rule may stop at the end of any, so a later one is not
         # counted until it starts (before the first starts, the first).
         begun = [b for b in rungs if b <= self.budget] or rungs[:1]
         stored = self.storage.promotions(self.study)
-        ended = {(p.trial_number, p.budget_tokens) for p in stored if p.status != RUNNING}
+        ended = {(p.trial_number, p.budget_tokens, p.seed) for p in stored if p.status != RUNNING}
         chosen_set = set(chosen)
-        done = sum(1 for n, b in ended if n in chosen_set and b in begun)
+        planned = [(n, b, seed) for n in chosen for b in begun for seed in self.seeds_at(b)]
+        done = sum(1 for key in planned if key in ended)
         # Seconds per token: the promotions' own (each ran from step 0 to its budget), else the
         # first pass's mean wall time over the proxy's tokens.
         own = [p.wall_time_s / p.budget_tokens for p in stored if p.status == COMPLETE and p.wall_time_s]
@@ -151,19 +169,21 @@ class _Promoter:
         first = search.wall_times_s
         per_token = (sum(own) / len(own)) if own else (sum(first) / len(first) / proxy) if first else None
         left = 0
-        for n in chosen:
+        for n in chosen_set:
             resumed = n in self.records and trial_settings(self.spec, self.records[n]).budget_free
-            previous = proxy
-            for budget in begun:
-                if (n, budget) not in ended:
-                    left += budget - previous if resumed else budget
-                previous = budget
+            for seed in self.seeds:
+                # A seed repeat starts from step 0 at the proxy's budget; the first pass's seed
+                # goes on from its trial.
+                previous = proxy if seed == self.seeds[0] else 0
+                for budget in begun:
+                    if seed in self.seeds_at(budget) and (n, budget, seed) not in ended:
+                        left += budget - previous if resumed else budget
+                    previous = budget
         eta = None if per_token is None else per_token * left / max(1, self.options.workers)
-        self.on_update(
-            PromotionProgress(
-                search, done, self.running, len(chosen) * len(begun), self.budget, eta, len(begun), len(rungs)
-            )
+        said = PromotionProgress(
+            search, done, self.running, len(planned), self.budget, eta, len(begun), len(rungs), settings.seeds
         )
+        self.on_update(said)
 
     def run(self) -> PromotionSummary | None:
         settings = self.spec.defaults.promote
@@ -196,7 +216,7 @@ class _Promoter:
         first_pass, spent, tenfold = self._cost()
         return PromotionSummary(
             tuple(chosen), done.budgets, ranked_at, done.stopped, first_pass, spent.tokens, tenfold,
-            spent.resumed, spent.afresh, spent.unknown,
+            spent.resumed, spent.afresh, spent.unknown, settings.seeds,
         )  # fmt: skip
 
     def _cost(self) -> tuple[int, Any, int]:
@@ -216,19 +236,24 @@ class _Promoter:
         return first, spent_tokens(proxy, complete, resumable), TENFOLD * proxy * shapes
 
     def _rung(self, chosen: list[int] | tuple[int, ...], budget: int) -> dict[int, float]:
-        """Train every contender at `budget` that no driver has (here, or waiting for another
-        driver's); their loss objectives there, of those complete."""
+        """Train every contender at `budget` and each seed there (`seeds_at`) that no driver has
+        (here, or waiting for another driver's); the loss objectives there of those complete at
+        every seed, each its mean over them (`Storage.seed_means`: the first pass stands for the
+        first seed at the proxy's budget)."""
+        seeds = self.seeds_at(budget)
         while self.stop.signum is None:
-            stored = {p.trial_number: p for p in self._at(budget)}
+            stored = {(p.trial_number, p.seed): p for p in self._at(budget)}
             now = time.time()
-            todo = [n for n in chosen if n not in stored or self._free(stored[n], now)]
+            wanted = [(n, seed) for n in chosen for seed in seeds]
+            todo = [key for key in wanted if key not in stored or self._free(stored[key], now)]
             if todo:
                 self._train(todo, budget)
-            elif any(stored[n].status == RUNNING for n in chosen):
+            elif any(stored[key].status == RUNNING for key in wanted):
                 time.sleep(WAIT_S)  # another driver trains them: its results are read back
             else:
                 break
-        return {p.trial_number: p.objective for p in self._at(budget) if p.status == COMPLETE}
+        means = self.storage.seed_means(self.study, budget, self.seeds)
+        return {n: m.objective for n, m in means.items() if n in self.records and m.objective is not None}
 
     def _at(self, budget: int) -> list[PromotionRecord]:
         return [
@@ -243,20 +268,24 @@ class _Promoter:
         mine = promotion.host == self.storage.host
         return promotion.status == RUNNING and (mine or lease is None or lease <= now)
 
-    def _train(self, todo: list[int], budget: int) -> None:
+    def _train(self, todo: list[tuple[int, int]], budget: int) -> None:
+        """Train each (trial number, seed) of `todo` at `budget`, those no other driver claims."""
         rows: dict[int, int] = {}
 
         def admit(index: int) -> bool:
-            record = self.records[todo[index]]
-            if self.storage.claim_promotion(self.study, record.id, budget, self.options.lease_s) is not None:
+            number, seed = todo[index]
+            record = self.records[number]
+            claim = self.storage.claim_promotion(self.study, record.id, budget, self.options.lease_s, seed)
+            if claim is not None:
                 return False  # finished or taken by another driver since it was listed
-            rows[index] = self.storage.promotion_id(record.id, budget)  # type: ignore[assignment]
+            rows[index] = self.storage.promotion_id(record.id, budget, seed)  # type: ignore[assignment]
             self.running += 1
             self._update(list(self.records))
             return True
 
         def done(index: int, result: dict[str, Any] | None, reason: str | None) -> None:
-            self._store(rows[index], self.records[todo[index]], result, reason)
+            number, seed = todo[index]
+            self._store(rows[index], self.records[number], seed, result, reason)
             self.running -= 1
             self._update(list(self.records))
 
@@ -265,7 +294,9 @@ class _Promoter:
                 self.storage.renew_promotions(self.options.lease_s)
                 self.renewed = time.monotonic()
 
-        requests = [(f"trial {n} at {budget:,} tokens", self._request(self.records[n], budget)) for n in todo]
+        requests = [
+            (self._what(n, seed, budget), self._request(self.records[n], budget, seed)) for n, seed in todo
+        ]
         try:
             self.pool.run_each(
                 requests, retries=self.options.retries, stop=self.stop, done=done, admit=admit, tick=tick,
@@ -275,11 +306,15 @@ class _Promoter:
             if self.stop.signum is not None:  # what ran here is taken at once by `--resume`
                 self.storage.release_promotions()
 
-    def _request(self, record: TrialRecord, budget: int) -> dict[str, Any]:
+    def _what(self, number: int, seed: int, budget: int) -> str:
+        """A promotion as logs name it: "trial 3 at 4,096 tokens" (", seed 8" for a seed repeat)."""
+        return f"trial {number} at {budget:,} tokens" + (f", seed {seed}" if seed != self.seeds[0] else "")
+
+    def _request(self, record: TrialRecord, budget: int, seed: int) -> dict[str, Any]:
         assert record.config is not None
         settings = trial_settings(self.spec, record)
-        path = self.kept_state(record) if settings.budget_free else None
-        longer = dataclasses.replace(settings, tokens=budget)
+        path = self.kept_state(record, seed) if settings.budget_free else None
+        longer = dataclasses.replace(settings, tokens=budget, seed=seed)
         return dict(
             config=record.config.to_dict(), settings=dataclasses.asdict(longer),
             data=self.spec.data, cpus=self.options.cpus_per_trial,
@@ -287,12 +322,13 @@ class _Promoter:
         )  # fmt: skip
 
     def _store(
-        self, row: int, record: TrialRecord, result: dict[str, Any] | None, reason: str | None
+        self, row: int, record: TrialRecord, seed: int, result: dict[str, Any] | None, reason: str | None
     ) -> None:
         if result is None or result["status"] != COMPLETE:
             why = reason if result is None else result.get("reason")
             self.storage.finish_promotion(row, status=FAILED, reason=why or "no result")
-            log.warning("promotion of trial %d failed: %s", record.number, why)
+            assert record.number is not None
+            log.warning("promotion of %s failed: %s", self._what(record.number, seed, self.budget), why)
             return
         assert record.config is not None
         curve = result["val_curve"]
@@ -303,19 +339,24 @@ class _Promoter:
             wall_time_s=result.get("wall_time_s"), resumed_tokens=result.get("resumed_tokens"),
         )  # fmt: skip
 
-    def kept_state(self, record: TrialRecord) -> Path:
-        """Where `record`'s first pass kept its final state (`worker.kept_state_path`)."""
+    def kept_state(self, record: TrialRecord, seed: int | None = None) -> Path:
+        """Where `record`'s run at `seed` (None: the first pass's) kept its final state
+        (`worker.kept_state_path`): the first pass's own, or a seed repeat's, whose settings differ
+        from the trial's by the seed alone."""
         assert record.config is not None and record.number is not None
         settings = trial_settings(self.spec, record)
+        if seed is not None:
+            settings = dataclasses.replace(settings, seed=seed)
         return kept_state_path(
             self.study, self.created_at, record.number, record.config, settings, self.spec.data
         )
 
     def _forget(self, records: Any) -> None:
-        """Delete the kept states of `records` on this machine: no longer promoted."""
+        """Delete the kept states of `records` on this machine, at every seed: no longer promoted."""
         for record in records:
             if record.config is not None:
-                self.kept_state(record).unlink(missing_ok=True)
+                for seed in self.seeds:
+                    self.kept_state(record, seed).unlink(missing_ok=True)
 
 
 def tell_optuna(storage: Storage, study: str, budget: int, objectives: dict[int, float]) -> None:

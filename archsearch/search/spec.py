@@ -61,9 +61,10 @@ Every table and key is optional unless marked; unknown tables or keys are errors
     prune = true
     rungs = [0.25, 0.5]    # fractions of the proxy budget where losses are compared
     prune_min_trials = 4   # trials that must reach a rung before any is pruned there
-    promote = { cap = 4, rule = "pasha", margin = "auto", max_contenders = 8 }  # then train the
-                           # front's contenders (at most 8, nearest the knee) on at 2x, 4x the
-                           # proxy's tokens until their order holds; left out: off
+    promote = { cap = 4, rule = "pasha", margin = "auto", max_contenders = 8, seeds = 1 }
+                           # then train the front's contenders (at most 8, nearest the knee) on
+                           # at 2x, 4x the proxy's tokens until their order holds, each at
+                           # `seeds` proxy seeds (their mean ranks them); left out: off
 
 Every error is one line: `space.toml: [model].d_model: ...`. A budget no config can meet is not
 an error here; `spec.space.check_feasible()` finds it at search start.
@@ -550,13 +551,16 @@ KEY_DOCS: dict[str, str] = {
     "search.prune_min_trials": "Trials that must reach a rung before it prunes any.",
     "search.promote": (
         "After the trials, train the front's contenders at 2x, 4x, ... the proxy's tokens until "
-        'their ranking holds: { cap = 4, rule = "pasha", margin = "auto", max_contenders = 8 }. '
+        'their ranking holds: { cap = 4, rule = "pasha", margin = "auto", max_contenders = 8, seeds = 1 }. '
         "cap: the largest multiple, >= 1; rule: pasha (stop once no two contenders swap by more "
         "than the margin); "
         'margin: nats of the loss objective that count as a tie, "auto" = 0.063 (the tiny proxy\'s '
         "seed noise); max_contenders: the most shapes promoted, the knee and those nearest it, "
-        '>= 2, default 8. Needs [proxy].tokens; resumes exactly with schedule = "constant" and '
-        "warmup_tokens. Left out: off."
+        ">= 2, default 8; seeds: proxy seeds each contender is trained at, at every rung, its value "
+        "the mean over them (the first pass is the first; the others are [proxy].seed + 1, + 2, ... "
+        "and train at the proxy's own budget first), 1 to 64, default 1; seeds = 3 with cap = 1 "
+        "ranks by seed repeats alone, for 2 proxy runs per contender. Needs [proxy].tokens; resumes "
+        'exactly with schedule = "constant" and warmup_tokens. Left out: off.'
     ),
 }
 

@@ -578,7 +578,7 @@ def _report(storage: Storage, options: ValidateOptions, chosen: list[TrialRecord
     if ranking is not None:
         report["promotion"] = {
             "contenders": list(ranking.contenders), "ranked_at": ranking.budget,
-            "proxy_tokens": ranking.proxy_tokens, "said": ranking_line(ranking),
+            "proxy_tokens": ranking.proxy_tokens, "seeds": ranking.seeds, "said": ranking_line(ranking),
         }  # fmt: skip
     return report
 

@@ -14,6 +14,7 @@ from archsearch.errors import quoted
 from archsearch.space.objectives import curve_change
 from archsearch.storage import schema
 from archsearch.storage.errors import StorageError
+from archsearch.storage.records import study_proxy_seed
 from archsearch.storage.schema import SCHEMA_VERSION
 
 # The tables Optuna's RDB storage makes: a SQLite file holding only these (and archsearch's) may
@@ -74,6 +75,8 @@ def check_or_create(conn: Any, *, create: bool, read_only: bool, display_url: st
             _fill_loss_changes(conn)
         if found < schema.LADDER_BATCH_SINCE:
             _rebuild_ladder_rungs(conn)
+        if found < schema.PROMOTION_SEED_SINCE:
+            _rebuild_promotions(conn)
         conn.execute(
             update(schema.Meta.__table__)
             .where(schema.Meta.key == "schema_version")
@@ -158,5 +161,31 @@ def _rebuild_ladder_rungs(conn: Any) -> None:
         except (ValueError, AttributeError):
             batch = None
         row["batch_size"] = batch if isinstance(batch, int) and batch > 0 else _V6_DEFAULT_BATCH
+    if rows:
+        conn.execute(table.insert(), rows)
+
+
+def _rebuild_promotions(conn: Any) -> None:
+    """Give an older database's promotions their seed (schema version 11): each was trained at its
+    study's proxy seed (`study_proxy_seed`), the only seed a promotion had, in the rebuilt table
+    whose key includes it (a unique constraint cannot be altered on SQLite). As
+    `_rebuild_ladder_rungs`: read, dropped, made again, in the caller's transaction; the rows keep
+    their order and get new ids, so the id sequence of PostgreSQL stays ahead of them."""
+    table = schema.Promotion.__table__
+    if "seed" in {c["name"] for c in conn.dialect.get_columns(conn, table.name)}:
+        return  # made by `create_all` just now, from an older version without promotions
+    rows = [dict(r) for r in conn.execute(text(f"SELECT * FROM {table.name} ORDER BY id")).mappings()]
+    studies = schema.Study.__table__
+    seeds: dict[str, int] = {}
+    for name, spec_json in conn.execute(select(studies.c.name, studies.c.spec_json)):
+        try:
+            seeds[name] = study_proxy_seed(json.loads(spec_json))
+        except (TypeError, ValueError):
+            seeds[name] = 0
+    table.drop(conn)
+    table.create(conn)
+    for row in rows:
+        row.pop("id")
+        row["seed"] = seeds.get(row["study"], 0)
     if rows:
         conn.execute(table.insert(), rows)

@@ -1,33 +1,49 @@
-"""Promotions: a study's contenders claimed, trained on at longer budgets and read back;
-`Storage`'s promotion methods."""
+"""Promotions: a study's contenders claimed, trained on at longer budgets or at more proxy seeds,
+and read back, averaged over their seeds; `Storage`'s promotion methods."""
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 from sqlalchemy import select, update
 
+from archsearch.space.objectives import curve_change
 from archsearch.storage import schema
 from archsearch.storage.core import StorageCore
 from archsearch.storage.errors import StorageError
-from archsearch.storage.records import PromotionRanking, PromotionRecord
+from archsearch.storage.records import PromotionRanking, PromotionRecord, SeedMean, study_proxy_seed
 from archsearch.storage.rows import DamagedValue, checked, json_of
 from archsearch.trial import COMPLETE, FAILED, RUNNING, check_state
 
 CLAIMED = "claimed"  # `claim_promotion`'s answer when another driver holds a live lease on it
 
 
-class PromotionStore(StorageCore):
-    """Contenders promoted to longer budgets: one row per (trial, budget), which is also the claim
-    that keeps two drivers from training it twice."""
+class FirstPass(NamedTuple):
+    """A complete trial's own run, at the proxy's budget and the study's proxy seed: its held-out
+    loss, curve change (0 where none is stored) and loss objective (None where it cannot be
+    computed: a non-finite loss, or no size for a rule that credits size)."""
 
-    def claim_promotion(self, study: str, trial_id: int, budget_tokens: int, lease_s: float) -> str | None:
-        """Claim trial `trial_id`'s run at `budget_tokens` for this storage's driver (`host`), for
-        `lease_s` seconds, in one transaction holding the study's row locked: of two drivers racing
-        for it, the first wins.
+    loss: float
+    change: float
+    objective: float | None
+
+
+class PromotionStore(StorageCore):
+    """Contenders promoted to longer budgets or more seeds: one row per (trial, budget, seed), which
+    is also the claim that keeps two drivers from training it twice."""
+
+    def claim_promotion(
+        self, study: str, trial_id: int, budget_tokens: int, lease_s: float, seed: int | None = None
+    ) -> str | None:
+        """Claim trial `trial_id`'s run at `budget_tokens` and proxy `seed` (None: the study's
+        `[proxy].seed`, the trial's own) for this storage's driver (`host`), for `lease_s` seconds,
+        in one transaction holding the study's row locked: of two drivers racing for it, the first
+        wins.
 
         Returns:
             None when claimed (a new row, one this driver held, or one whose lease lapsed, taken
@@ -39,20 +55,26 @@ class PromotionStore(StorageCore):
         """
         now = time.time()
         with self._session() as s:
-            s.execute(select(schema.Study.name).where(schema.Study.name == study).with_for_update())
+            spec_json = s.scalar(
+                select(schema.Study.spec_json).where(schema.Study.name == study).with_for_update()
+            )
             trial = s.get(schema.Trial, trial_id)
             if trial is None or trial.study != study or trial.number is None:
                 raise StorageError(f"no trial row {trial_id} with a number in study {study!r}")
+            if seed is None:
+                seed = _proxy_seed(spec_json)
             row = s.scalar(
                 select(schema.Promotion).where(
-                    schema.Promotion.trial_id == trial_id, schema.Promotion.budget_tokens == budget_tokens
+                    schema.Promotion.trial_id == trial_id,
+                    schema.Promotion.budget_tokens == budget_tokens,
+                    schema.Promotion.seed == seed,
                 )
             )
             if row is None:
                 s.add(schema.Promotion(
                     study=study, trial_id=trial_id, trial_number=trial.number,
-                    budget_tokens=int(budget_tokens), status=RUNNING, host=self.host, claimed_at=now,
-                    lease_expires_at=now + lease_s,
+                    budget_tokens=int(budget_tokens), seed=int(seed), status=RUNNING, host=self.host,
+                    claimed_at=now, lease_expires_at=now + lease_s,
                 ))  # fmt: skip
                 return None
             if row.status != RUNNING:
@@ -119,30 +141,38 @@ class PromotionStore(StorageCore):
             row.lease_expires_at, row.finished_at = None, time.time()
 
     def promotions(self, study: str, status: str | None = None) -> list[PromotionRecord]:
-        """`study`'s promotions (of one state, or all), by trial number and budget."""
+        """`study`'s promotions (of one state, or all), by trial number, budget and seed."""
         with self._session(read_only=True) as s:
             q = select(schema.Promotion).where(schema.Promotion.study == study)
             if status is not None:
                 q = q.where(schema.Promotion.status == status)
-            q = q.order_by(schema.Promotion.trial_number, schema.Promotion.budget_tokens)
+            p = schema.Promotion
+            q = q.order_by(p.trial_number, p.budget_tokens, p.seed)
             return [_record(r) for r in s.scalars(q).all()]
 
-    def promotion_id(self, trial_id: int, budget_tokens: int) -> int | None:
-        """The row id of trial `trial_id`'s promotion at `budget_tokens`, or None."""
+    def promotion_id(self, trial_id: int, budget_tokens: int, seed: int | None = None) -> int | None:
+        """The row id of trial `trial_id`'s promotion at `budget_tokens` and proxy `seed` (None: its
+        study's `[proxy].seed`), or None."""
         with self._session(read_only=True) as s:
+            if seed is None:
+                seed = _proxy_seed(
+                    s.scalar(
+                        select(schema.Study.spec_json)
+                        .join(schema.Trial, schema.Trial.study == schema.Study.name)
+                        .where(schema.Trial.id == trial_id)
+                    )
+                )
             return s.scalar(
                 select(schema.Promotion.id).where(
-                    schema.Promotion.trial_id == trial_id, schema.Promotion.budget_tokens == budget_tokens
+                    schema.Promotion.trial_id == trial_id,
+                    schema.Promotion.budget_tokens == budget_tokens,
+                    schema.Promotion.seed == seed,
                 )
             )
 
-    def ranked_objectives(self, study: str) -> dict[int, tuple[float | None, int | None, bool]]:
-        """Each complete trial's loss objective as a front ranks it (`PromotionRanking.place`), the
-        tokens it is ranked at and whether it is estimated there: a contender's measured at the
-        largest budget every contender completed, any other trial's estimated at that budget from
-        its proxy run (the study's loss rule over its stored loss, curve change and size); each at
-        its proxy run when no such budget exists; (None, tokens, False) where the loss is missing. By
-        trial number.
+    def first_passes(self, study: str) -> dict[int, FirstPass | None]:
+        """Each complete trial's own run (`FirstPass`), by trial number; None where its loss is
+        missing.
 
         Raises:
             UnknownNameError: no study of that name.
@@ -151,18 +181,59 @@ class PromotionStore(StorageCore):
         trial = schema.Trial
         with self._session(read_only=True) as s:
             rows = s.execute(
-                select(
-                    trial.number, trial.loss, trial.loss_change, trial.params_total, trial.tokens_trained
-                ).where(trial.study == study, trial.status == COMPLETE, trial.number.is_not(None))
+                select(trial.number, trial.loss, trial.loss_change, trial.params_total).where(
+                    trial.study == study, trial.status == COMPLETE, trial.number.is_not(None)
+                )
             ).all()
-        first: dict[int, float | None] = {}
-        tokens: dict[int, int | None] = {}
-        for number, loss, change, params, trained in rows:
-            usable = (
-                loss is not None and math.isfinite(loss) and (rule.size_beta is None or (params or 0) > 0)
-            )
-            first[number] = rule.value(loss, change, params) if usable else None
-            tokens[number] = trained
+        out: dict[int, FirstPass | None] = {}
+        for number, loss, change, params in rows:
+            if loss is None:
+                out[number] = None
+                continue
+            usable = math.isfinite(loss) and (rule.size_beta is None or (params or 0) > 0)
+            out[number] = FirstPass(loss, change or 0.0, rule.value(loss, change, params) if usable else None)
+        return out
+
+    def seed_means(
+        self, study: str, budget_tokens: int, seeds: Sequence[int] | None = None
+    ) -> dict[int, SeedMean]:
+        """`study`'s trials at `budget_tokens` (`SeedMean`), each the mean over `seeds` (default:
+        the study's proxy seed and every seed its promotions trained at), of those with a complete
+        run at every one of them: a complete promotion, or at the proxy's budget and the study's
+        proxy seed, the trial's own first pass. By trial number.
+
+        Raises:
+            UnknownNameError: no study of that name.
+        """
+        record = self.require_study(study)  # type: ignore[attr-defined]
+        complete = self.promotions(study, COMPLETE)
+        primary = record.proxy_seed
+        if seeds is None:
+            seeds = study_seeds(primary, self.promotions(study))
+        first = self.first_passes(study)
+        return seed_means(complete, budget_tokens, seeds, first, primary, record.proxy_tokens)
+
+    def ranked_objectives(self, study: str) -> dict[int, tuple[float | None, int | None, bool]]:
+        """Each complete trial's loss objective as a front ranks it (`PromotionRanking.place`), the
+        tokens it is ranked at and whether it is estimated there: a contender's measured at the
+        largest budget every contender completed at every seed (its mean over them), any other
+        trial's estimated at that budget from its proxy run (the study's loss rule over its stored
+        loss, curve change and size); each at its proxy run when no such budget exists; (None,
+        tokens, False) where the loss is missing. By trial number.
+
+        Raises:
+            UnknownNameError: no study of that name.
+        """
+        trial = schema.Trial
+        with self._session(read_only=True) as s:
+            rows = s.execute(
+                select(trial.number, trial.tokens_trained).where(
+                    trial.study == study, trial.status == COMPLETE, trial.number.is_not(None)
+                )
+            ).all()
+        tokens: dict[int, int | None] = dict(rows)  # type: ignore[arg-type]
+        passes = self.first_passes(study)
+        first = {n: None if f is None else f.objective for n, f in passes.items()}
         ranking = self.promotion_ranking(study)
         if ranking is None or ranking.budget is None:
             return {n: (v, tokens[n], False) for n, v in first.items()}
@@ -178,6 +249,10 @@ class PromotionStore(StorageCore):
         that the front, `export`, `report`, `validate` and `trials` share. None when the study has
         no promotion (every trial is ranked at its first pass).
 
+        The budget is the largest that every contender completed at every seed of the study (its
+        proxy seed and every seed a promotion of it trained at), and each contender's value there
+        is its mean over them (`seed_means`).
+
         Raises:
             UnknownNameError: no study of that name.
         """
@@ -186,25 +261,104 @@ class PromotionStore(StorageCore):
         if not every:
             return None
         complete = [p for p in every if p.status == COMPLETE]
-        budget = ranked_at(every, complete)
-        tokens = (record.spec.get("proxy") or {}).get("tokens")
+        primary, proxy = record.proxy_seed, record.proxy_tokens
+        seeds = study_seeds(primary, every)
+        first = self.first_passes(study)
+        budget = ranked_at(every, complete, seeds, first, primary, proxy)
+        means = {} if budget is None else seed_means(complete, budget, seeds, first, primary, proxy)
+        contenders = tuple(sorted({p.trial_number for p in every}))
         return PromotionRanking(
-            contenders=tuple(sorted({p.trial_number for p in every})),
+            contenders=contenders,
             budget=budget,
-            proxy_tokens=int(tokens) if isinstance(tokens, int | float) else None,
-            ranked={p.trial_number: p for p in complete if p.budget_tokens == budget},
+            proxy_tokens=proxy,
+            ranked={n: means[n] for n in contenders if n in means},
+            seeds=len(seeds),
         )
 
 
-def ranked_at(every: Sequence[PromotionRecord], complete: Sequence[PromotionRecord]) -> int | None:
-    """The largest budget at which every promoted trial (every trial of `every`) has a complete
-    promotion in `complete`; None when there is none."""
-    contenders = {p.trial_number for p in every}
-    done: dict[int, set[int]] = {}
+def study_seeds(primary: int, every: Sequence[PromotionRecord]) -> tuple[int, ...]:
+    """The proxy seeds a study with promotions `every` ranks its contenders over: its own
+    (`primary`, the first pass's), then every other seed a promotion of it trained at, ascending."""
+    return (primary, *sorted({p.seed for p in every} - {primary}))
+
+
+def seed_means(
+    complete: Sequence[PromotionRecord],
+    budget: int,
+    seeds: Sequence[int],
+    first: Mapping[int, FirstPass | None] | None = None,
+    primary: int | None = None,
+    proxy_tokens: int | None = None,
+) -> dict[int, SeedMean]:
+    """Each trial's `SeedMean` at `budget` over `seeds`, of the trials with a run at every one of
+    them: a promotion in `complete` at (`budget`, seed), or, where `budget` is `proxy_tokens` and
+    the seed `primary`, the trial's first pass (`first`, by trial number). The means are
+    `statistics.fmean`'s (a correctly rounded sum: the order of the seeds does not change them);
+    one seed's mean is that run's value exactly. By trial number, ascending."""
+    at: dict[int, dict[int, PromotionRecord]] = {}
     for p in complete:
-        done.setdefault(p.budget_tokens, set()).add(p.trial_number)
-    reached = [budget for budget, numbers in done.items() if numbers >= contenders]
-    return max(reached) if contenders and reached else None
+        if p.budget_tokens == budget:
+            at.setdefault(p.trial_number, {})[p.seed] = p
+    numbers = set(at)
+    at_proxy = budget == proxy_tokens and first is not None and primary in seeds
+    if at_proxy:
+        assert first is not None
+        numbers |= {n for n, f in first.items() if f is not None}
+    out: dict[int, SeedMean] = {}
+    for n in sorted(numbers):
+        runs = at.get(n, {})
+        values: list[tuple[float | None, float | None, float]] = []
+        for seed in seeds:
+            if seed in runs:
+                p = runs[seed]
+                values.append((p.val_loss, p.objective, curve_change(p.val_curve)))
+            elif at_proxy and seed == primary and (f := first.get(n)) is not None:  # type: ignore[union-attr]
+                values.append((f.loss, f.objective, f.change))
+            else:
+                break
+        else:
+            out[n] = SeedMean(
+                trial_number=n, budget_tokens=budget, seeds=tuple(seeds),
+                val_loss=_mean(v[0] for v in values), objective=_mean(v[1] for v in values),
+                loss_change=statistics.fmean(v[2] for v in values),
+                runs=tuple(runs[s] for s in seeds if s in runs),
+            )  # fmt: skip
+    return out
+
+
+def ranked_at(
+    every: Sequence[PromotionRecord],
+    complete: Sequence[PromotionRecord],
+    seeds: Sequence[int] | None = None,
+    first: Mapping[int, FirstPass | None] | None = None,
+    primary: int | None = None,
+    proxy_tokens: int | None = None,
+) -> int | None:
+    """The largest budget of the promotions `every` at which every promoted trial (every trial of
+    `every`) has a run at each of `seeds` (default: the seeds of `every`), as `seed_means` counts
+    them; None when there is none."""
+    contenders = {p.trial_number for p in every}
+    if seeds is None:
+        seeds = sorted({p.seed for p in every})
+    for budget in sorted({p.budget_tokens for p in every}, reverse=True):
+        means = seed_means(complete, budget, seeds, first, primary, proxy_tokens)
+        if contenders and contenders <= set(means):
+            return budget
+    return None
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    """The mean of `values`; None where one of them is None."""
+    listed = list(values)
+    return None if any(v is None for v in listed) else statistics.fmean(listed)  # type: ignore[arg-type]
+
+
+def _proxy_seed(spec_json: str | None) -> int:
+    """The study's proxy seed (`study_proxy_seed`) from its stored spec's JSON."""
+    try:
+        return study_proxy_seed(json.loads(spec_json or "{}"))
+    except ValueError:
+        return 0
 
 
 def _record(row: schema.Promotion) -> PromotionRecord:
@@ -221,5 +375,5 @@ def _record(row: schema.Promotion) -> PromotionRecord:
         budget_tokens=row.budget_tokens, status=row.status, reason=row.reason, val_loss=row.val_loss,
         objective=row.objective, val_curve=curve, wall_time_s=row.wall_time_s, host=row.host,
         claimed_at=row.claimed_at, lease_expires_at=row.lease_expires_at, finished_at=row.finished_at,
-        resumed_tokens=row.resumed_tokens,
+        resumed_tokens=row.resumed_tokens, seed=row.seed,
     )  # fmt: skip

@@ -43,6 +43,25 @@ class StudyRecord:
         extrapolate (0 in studies from before it existed)."""
         return LossRule(self.size_beta, float(self.spec.get("extrapolate") or 0.0))
 
+    @property
+    def proxy_seed(self) -> int:
+        """The proxy seed the study's trials trained at (`study_proxy_seed`)."""
+        return study_proxy_seed(self.spec)
+
+    @property
+    def proxy_tokens(self) -> int | None:
+        """The proxy's budget in tokens as the study's spec states it; None: not in tokens."""
+        tokens = (self.spec.get("proxy") or {}).get("tokens")
+        return int(tokens) if isinstance(tokens, int | float) and not isinstance(tokens, bool) else None
+
+
+def study_proxy_seed(spec: Any) -> int:
+    """The proxy seed a study's trials trained at, from its stored spec (`SearchSpec.to_dict`):
+    `[proxy].seed`, 0 (`TrainSettings`' default) where the spec names none or not a whole number."""
+    proxy = spec.get("proxy") if isinstance(spec, dict) else None
+    seed = proxy.get("seed") if isinstance(proxy, dict) else None
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0 else 0
+
 
 @dataclass(frozen=True)
 class TrialRecord:
@@ -200,19 +219,46 @@ class PromotionRecord:
     finished_at: float | None
     # Tokens the run took over from a kept state (0: trained from step 0); None: not known.
     resumed_tokens: int | None = None
+    # The proxy seed it trained at: the study's `[proxy].seed` (its trials' own, and that of every
+    # promotion stored before seeds were recorded) or a seed repeat's (`PromoteSettings.seed_list`).
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class SeedMean:
+    """A contender's value at one budget: the mean, over the seeds it was trained at there, of its
+    held-out loss, loss objective and curve change. At the proxy's budget the first pass is one of
+    them (its trial's own run, at the study's proxy seed); at one seed, that run's values as stored.
+
+    The loss objective is linear in the loss and the change at a fixed size (`LossRule.value`), so
+    the mean objective is the objective of the mean loss and change, and a reader that recomputes
+    another loss measure from `val_loss` and `loss_change` ranks the same mean.
+    """
+
+    trial_number: int
+    budget_tokens: int
+    seeds: tuple[int, ...]  # in the order averaged
+    val_loss: float | None  # mean held-out nats per token; None where a run's is missing
+    objective: float | None  # mean loss objective; None where a run's is missing
+    loss_change: float  # mean last change of the held-out curves (`curve_change`; 0 for none)
+    runs: tuple[PromotionRecord, ...]  # the promotions averaged (a first pass is not one)
 
 
 @dataclass(frozen=True)
 class PromotionRanking:
     """Where a study with promotions ranks its trials (`Storage.promotion_ranking`): its contenders
-    at `budget`, the largest budget every one of them completed, each by its promotion there
-    (`ranked`); every other trial placed at `budget` too, estimated (`place`); every trial by its
-    first pass at the proxy's tokens when `budget` is None."""
+    at `budget`, the largest budget every one of them completed at every seed, each by its mean
+    over those seeds there (`ranked`; one seed: its promotion's values); every other trial placed
+    at `budget` too, estimated (`place`); every trial by its first pass at the proxy's tokens when
+    `budget` is None."""
 
     contenders: tuple[int, ...]  # the promoted trial numbers
-    budget: int | None  # tokens; None: no longer budget was completed by every contender
+    # Tokens; None: no budget was completed by every contender at every seed (with seed repeats
+    # the proxy's own budget is one, its first seed the first pass).
+    budget: int | None
     proxy_tokens: int | None  # the proxy's budget as the study's spec states it; None: not in tokens
-    ranked: dict[int, PromotionRecord]  # contender number -> its complete promotion at `budget`
+    ranked: dict[int, SeedMean]  # contender number -> its value at `budget`, over `seeds` seeds
+    seeds: int = 1  # the proxy seeds each contender's value at `budget` is the mean of
 
     @staticmethod
     def place(

@@ -37,8 +37,9 @@ from sqlalchemy.types import TypeDecorator
 # archsearch_trials.loss_change (older rows filled from their stored held-out curves on opening); 7:
 # archsearch_ladder_rungs.batch_size, part of a rung's key (the table is rebuilt on opening, each row's
 # batch read from its stored settings), archsearch_ladder_fits.batch_size; 8: archsearch_ladder_claims;
-# 9: archsearch_promotions; 10: archsearch_promotions.resumed_tokens
-SCHEMA_VERSION = 10
+# 9: archsearch_promotions; 10: archsearch_promotions.resumed_tokens; 11: archsearch_promotions.seed,
+# part of a promotion's key (the table is rebuilt on opening, each row given its study's proxy seed)
+SCHEMA_VERSION = 11
 ADDITIVE_SINCE = 1  # versions 1 .. SCHEMA_VERSION - 1 differ from this one only by missing tables
 # ... and by these nullable columns, added to existing tables on opening: (table, column).
 ADDED_COLUMNS = (
@@ -50,6 +51,7 @@ ADDED_COLUMNS = (
 )
 LOSS_CHANGE_SINCE = 6  # a database older than this gets loss_change from its curves when opened
 LADDER_BATCH_SINCE = 7  # ... and its ladder rungs' table rebuilt with their batch sizes
+PROMOTION_SEED_SINCE = 11  # ... and its promotions' table rebuilt with their seeds
 
 
 class Real(TypeDecorator[float]):
@@ -335,18 +337,20 @@ class Promotion(Base):
     """One contender of a study's front trained on at a longer budget than the proxy's.
 
     The row is the claim: it is inserted `running` by the driver that trains it, under a lease it
-    renews, and finished in place; the unique (trial, budget) means two drivers never train the same
-    promotion, and a lapsed lease (a killed driver) lets another take it over.
+    renews, and finished in place; the unique (trial, budget, seed) means two drivers never train
+    the same promotion, and a lapsed lease (a killed driver) lets another take it over.
     """
 
     __tablename__ = "archsearch_promotions"
-    __table_args__ = (UniqueConstraint("trial_id", "budget_tokens"),)
+    __table_args__ = (UniqueConstraint("trial_id", "budget_tokens", "seed"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     study: Mapped[str] = mapped_column(ForeignKey("archsearch_studies.name", ondelete="CASCADE"), index=True)
     trial_id: Mapped[int] = mapped_column(ForeignKey("archsearch_trials.id", ondelete="CASCADE"), index=True)
     trial_number: Mapped[int] = mapped_column(Integer)
     budget_tokens: Mapped[int] = mapped_column(BigInteger)  # the budget asked for
+    # The proxy seed it trains at: the study's `[proxy].seed` (the trial's own), or a seed repeat's.
+    seed: Mapped[int] = mapped_column(BigInteger)
     status: Mapped[str] = mapped_column(String(16))  # running, then complete or failed
     reason: Mapped[str | None] = mapped_column(Text)  # why it failed
     val_loss: Mapped[float | None] = mapped_column(Real)  # held-out nats per token at the end

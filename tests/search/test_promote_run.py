@@ -41,8 +41,8 @@ def test_contenders_resume_to_the_loss_of_one_longer_run_and_are_stored_once(db,
     promote = promote_run._Promoter._train
 
     def seeing_kept_states(self, todo, budget):
-        for n in todo:
-            kept_before.setdefault(n, self.kept_state(self.records[n]).exists())
+        for n, seed in todo:  # (trial number, seed): one seed here, the first pass's
+            kept_before.setdefault(n, self.kept_state(self.records[n], seed).exists())
         return promote(self, todo, budget)
 
     monkeypatch.setattr(promote_run._Promoter, "_train", seeing_kept_states)
@@ -87,8 +87,8 @@ def test_a_contender_whose_kept_state_is_gone_trains_from_step_0_and_is_counted_
     promote = promote_run._Promoter._train
 
     def losing_kept_states(self, todo, budget):
-        for n in todo:  # as on another machine, or after the cache was cleared
-            self.kept_state(self.records[n]).unlink(missing_ok=True)
+        for n, seed in todo:  # as on another machine, or after the cache was cleared
+            self.kept_state(self.records[n], seed).unlink(missing_ok=True)
         return promote(self, todo, budget)
 
     monkeypatch.setattr(promote_run._Promoter, "_train", losing_kept_states)
@@ -99,8 +99,10 @@ def test_a_contender_whose_kept_state_is_gone_trains_from_step_0_and_is_counted_
     assert promotion.promotion_tokens == 4096 * len(stored)  # each its whole budget, not 2,048 more
 
 
-def test_a_signal_mid_promotion_loses_nothing_and_a_resume_repeats_nothing(db, monkeypatch):
-    spec = tiny_spec(proxy=FREE, search=SEARCH.format(cap=2, margin=1.0))
+@pytest.mark.parametrize("seeds", [1, 2], ids=["one-seed", "seed-repeats"])
+def test_a_signal_mid_promotion_loses_nothing_and_a_resume_repeats_nothing(db, monkeypatch, seeds):
+    search = SEARCH.format(cap=2, margin=1.0).replace("margin = 1.0", f"margin = 1.0, seeds = {seeds}")
+    spec = tiny_spec(proxy=FREE, search=search)
     store = promote_run._Promoter._store
 
     def store_then_interrupt(self, *args):
@@ -126,6 +128,11 @@ def test_a_signal_mid_promotion_loses_nothing_and_a_resume_repeats_nothing(db, m
     )
     kept = next(p for p in after if p.id == done[0].id)
     assert kept == done[0]  # stored once: not trained again
+    # Every contender at every seed of every rung, each once: at 2x, and with seed repeats the
+    # second seed at the proxy's budget too.
+    keys = [(p.trial_number, p.budget_tokens, p.seed) for p in after]
+    rungs = [(2048, 1), (4096, 0), (4096, 1)] if seeds == 2 else [(4096, 0)]
+    assert sorted(keys) == sorted((n, b, s) for n in resumed.promotion.contenders for b, s in rungs)
 
 
 def test_the_cli_says_what_was_promoted_and_what_it_cost_and_trials_gives_the_ranked_objectives(tmp_path):
@@ -179,3 +186,81 @@ def test_the_cli_says_what_was_promoted_and_what_it_cost_and_trials_gives_the_ra
             assert (record["budget_tokens"], record["estimated"]) == (4096, True)
             shift = statistics.median(promoted[n].objective - records[n]["loss"] for n in promoted)
             assert record["objective"] == pytest.approx(record["loss"] + shift)
+
+
+SEEDED = PROXY + "seed = 5\nthreads = 1"  # trained afresh at each budget (a warm-up fraction)
+
+
+@pytest.mark.long
+def test_seed_repeats_train_each_contender_at_two_more_seeds_and_rank_by_the_mean(db):
+    """cap = 1, seeds = 3: each contender trained again at the proxy's budget at seeds 6 and 7
+    (the study's 5 being its first pass), each run the very trial a study at that seed trains, and
+    the front ranks the mean of the three."""
+    spec = tiny_spec(
+        proxy=SEEDED, search="trials = 4\nprune = false\nseed = 3\npromote = { cap = 1, seeds = 3 }"
+    )
+    promotion = run_search(spec, db, SearchOptions(study="s", trials=4, workers=2)).promotion
+    assert promotion is not None and promotion.contenders and promotion.seeds == 3
+    assert (promotion.budgets, promotion.ranked_at, promotion.stopped) == ((2048,), 2048, "cap")
+    stored = db.promotions("s")
+    assert len(stored) == 2 * len(promotion.contenders) and {p.status for p in stored} == {"complete"}
+    assert sorted((p.trial_number, p.budget_tokens, p.seed) for p in stored) == sorted(
+        (n, 2048, seed) for n in promotion.contenders for seed in (6, 7)
+    )
+    assert {p.resumed_tokens for p in stored} == {0}  # no kept state: every repeat from step 0
+    assert promotion.promotion_tokens == 2048 * len(stored) and promotion.afresh == len(stored)
+    # Ranked at the proxy's budget by the mean over seeds 5 (the trial), 6 and 7.
+    ranking = db.promotion_ranking("s")
+    assert (ranking.budget, ranking.seeds, ranking.contenders) == (2048, 3, promotion.contenders)
+    trials = {r.number: r for r in db.trials("s", "complete")}
+    ranked = db.ranked_objectives("s")
+    for n in promotion.contenders:
+        runs = [trials[n]["loss"], *(p.objective for p in stored if p.trial_number == n)]
+        assert ranked[n] == (statistics.fmean(runs), 2048, False)
+    assert all(ranked[n][1:] == (2048, True) for n in trials if n not in promotion.contenders)
+    # A seed repeat is the trial a study at that proxy seed trains: the same shapes (the sampler's
+    # seed is the same), seed 6, no promotion.
+    at_6 = tiny_spec(
+        proxy=SEEDED.replace("seed = 5", "seed = 6"), search="trials = 4\nprune = false\nseed = 3"
+    )
+    run_search(at_6, db, SearchOptions(study="at6", trials=4, workers=2))
+    by_shape = {r.config: r["loss"] for r in db.trials("at6", "complete")}
+    repeats = {trials[p.trial_number].config: p.val_loss for p in stored if p.seed == 6}
+    assert repeats.keys() <= by_shape.keys()
+    for shape, loss in repeats.items():
+        assert loss == pytest.approx(by_shape[shape], rel=1e-6, abs=0)
+
+
+def test_a_seed_repeat_resumes_from_its_own_seeds_state(db, monkeypatch):
+    """With kept states, a seed repeat at 2x goes on from its own run at the proxy's budget (seed
+    4), the first seed from its trial's (seed 3), never from another seed's."""
+    spec = tiny_spec(
+        proxy=FREE + "\nseed = 3", search=SEARCH.format(cap=2, margin=1.0).replace("}", ", seeds = 2 }")
+    )
+    promote = promote_run._Promoter._train
+    kept_before: dict[tuple[int, int, int], bool] = {}
+
+    def seeing_kept_states(self, todo, budget):
+        for n, seed in todo:
+            kept_before[(n, budget, seed)] = self.kept_state(self.records[n], seed).exists()
+        return promote(self, todo, budget)
+
+    monkeypatch.setattr(promote_run._Promoter, "_train", seeing_kept_states)
+    promotion = run_search(spec, db, SearchOptions(study="s", trials=3, workers=2)).promotion
+    assert promotion is not None and promotion.budgets == (2048, 4096)
+    stored = db.promotions("s", "complete")
+    assert len(stored) == 3 * len(promotion.contenders)
+    # Before 1x the second seed has no state; before 2x each seed has its own.
+    assert kept_before == {
+        **{(n, 2048, 4): False for n in promotion.contenders},
+        **{(n, 4096, seed): True for n in promotion.contenders for seed in (3, 4)},
+    }
+    took_over = {(2048, 4): 0, (4096, 3): 2048, (4096, 4): 2048}
+    assert sorted((p.trial_number, p.budget_tokens, p.seed, p.resumed_tokens) for p in stored) == sorted(
+        (n, budget, seed, tokens)
+        for n in promotion.contenders
+        for (budget, seed), tokens in took_over.items()
+    )
+    # 1x at seed 4 from step 0, then 2,048 more at each seed.
+    assert promotion.promotion_tokens == 3 * 2048 * len(promotion.contenders)
+    assert promotion.ranked_at == 4096 and db.promotion_ranking("s").seeds == 2

@@ -75,6 +75,42 @@ def test_rungs_double_up_to_the_cap(cap, multiples):
     assert PromoteSettings(cap=cap).multiples == multiples
 
 
+def test_seed_repeats_add_the_proxys_own_budget_as_the_first_rung_at_consecutive_seeds():
+    assert PromoteSettings().seeds == 1 and PromoteSettings().rungs == (2.0, 4.0)  # as before seeds
+    assert PromoteSettings(cap=1).rungs == ()  # nothing to train: one seed at the proxy's budget
+    assert PromoteSettings(cap=1, seeds=3).rungs == (1.0,)  # seed repeats alone
+    assert PromoteSettings(cap=4, seeds=2).rungs == (1.0, 2.0, 4.0)
+    assert PromoteSettings(seeds=3).seed_list(5) == (5, 6, 7)  # the first pass's seed first
+    assert PromoteSettings(seeds=3).seed_list(2**32 - 1) == (2**32 - 1, 0, 1)  # Optuna's range wraps
+    assert PromoteSettings(seeds=1).seed_list(5) == (5,)
+    assert PromoteSettings(seeds=3).to_dict()["seeds"] == 3
+
+
+def test_climb_with_seed_repeats_trains_the_proxys_budget_first_and_tests_the_order_after_it():
+    from archsearch.search.promotion import CAPPED, HELD, Climb, climb
+
+    first = {0: 1.0, 1: 1.1}
+    means = {0: 1.2, 1: 1.1}  # at 3 seeds the proxy's budget orders them the other way
+
+    def budget(multiple: float) -> int:
+        return int(100 * multiple)
+
+    asked: list[int] = []
+
+    def train(b: int) -> dict[int, float]:
+        asked.append(b)
+        return dict(means)
+
+    # Cap 1: the seed repeats alone, ranked at the proxy's budget; no order test against one seed.
+    assert climb(PromoteSettings(cap=1, seeds=3, margin=0.01), first, budget, train) == Climb(
+        (100,), 100, CAPPED
+    )
+    # Cap 2: the 2x rung is compared with the means at 1x (the same order: held), not with `first`.
+    asked.clear()
+    held = climb(PromoteSettings(cap=4, seeds=3, margin=0.01), first, budget, train)
+    assert held == Climb((100, 200), 200, HELD) and asked == [100, 200]
+
+
 def test_auto_margin_is_the_documented_seed_noise():
     assert PromoteSettings().margin_nats == AUTO_MARGIN == 0.063
     assert PromoteSettings(margin=0.02).margin_nats == 0.02
@@ -94,6 +130,12 @@ def test_auto_margin_is_the_documented_seed_noise():
         (dict(max_contenders=1), "max_contenders: must be a whole number >= 2"),
         (dict(max_contenders=True), "max_contenders: must be a whole number >= 2"),
         (dict(max_contenders=8.0), "max_contenders: must be a whole number >= 2"),
+        (dict(seeds=0), "seeds: must be a whole number from 1 to 64"),
+        (dict(seeds=1.5), "seeds: must be a whole number from 1 to 64"),
+        (dict(seeds=3.0), "seeds: must be a whole number from 1 to 64"),
+        (dict(seeds="3"), "seeds: must be a whole number from 1 to 64"),
+        (dict(seeds=True), "seeds: must be a whole number from 1 to 64"),
+        (dict(seeds=65), "seeds: must be a whole number from 1 to 64"),
     ],
 )
 def test_bad_settings_are_refused(settings, match):
@@ -114,6 +156,16 @@ def test_the_ranking_line_says_the_budget_and_how_the_rest_are_placed():
     )
     unknown = PromotionRanking(contenders=(1, 2), budget=4000, proxy_tokens=None, ranked={})
     assert ranking_line(unknown).startswith("ranked at 4,000 tokens for the 2 promoted contenders")
+    repeated = PromotionRanking(contenders=(2, 5), budget=2048, proxy_tokens=2048, ranked={}, seeds=3)
+    assert ranking_line(repeated).startswith(
+        "ranked at 2,048 tokens (1x the proxy), each the mean of 3 seeds, for the 2 promoted contenders "
+        "(trials 2, 5); the other trials estimated there"
+    )
+    unrepeated = PromotionRanking(contenders=(7,), budget=None, proxy_tokens=2048, ranked={}, seeds=3)
+    assert ranking_line(unrepeated) == (
+        "ranked at the proxy's 2,048 tokens for every trial: no budget at all 3 seeds was completed by "
+        "all of the 1 promoted contender (trial 7)"
+    )
 
 
 def test_promotion_tokens_count_what_each_run_trained():

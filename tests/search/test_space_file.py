@@ -108,6 +108,8 @@ def test_a_cache_folder_that_cannot_exist_is_refused_before_any_trial(tmp_path, 
 
 
 MOST = "[search].promote.max_contenders: must be a whole number >= 2 (the most shapes promoted)"
+SEEDS = "[search].promote.seeds: must be a whole number from 1 to 64 (the proxy seeds each contender is "
+SEEDS += "trained at)"
 
 
 @pytest.mark.parametrize("command", ["check", "search"])
@@ -128,9 +130,15 @@ MOST = "[search].promote.max_contenders: must be a whole number >= 2 (the most s
         ),
         ('{ rule = "hyperband" }', "[search].promote.rule: unknown rule 'hyperband'; valid: pasha"),
         ("{ margin = -0.1 }", '[search].promote.margin: must be "auto" or a number of nats >= 0, got -0.1'),
-        ("{ caps = 4 }", "[search].promote.caps: unknown key; valid: cap, rule, margin, max_contenders"),
+        (
+            "{ caps = 4 }",
+            "[search].promote.caps: unknown key; valid: cap, rule, margin, max_contenders, seeds",
+        ),
         ("{ max_contenders = 1 }", f"{MOST}, got 1"),
         ("{ max_contenders = 4.5 }", f"{MOST}, got 4.5"),
+        ("{ seeds = 0 }", f"{SEEDS}, got 0"),
+        ("{ seeds = 1.5 }", f"{SEEDS}, got 1.5"),
+        ('{ seeds = "x" }', f"{SEEDS}, got 'x'"),
     ],
     ids=[
         "cap-below-1",
@@ -141,6 +149,9 @@ MOST = "[search].promote.max_contenders: must be a whole number >= 2 (the most s
         "unknown-key",
         "one-contender",
         "fractional-contenders",
+        "no-seeds",
+        "fractional-seeds",
+        "seeds-text",
     ],
 )
 def test_a_bad_promotion_setting_is_refused_in_one_line(tmp_path, monkeypatch, command, promote, message):

@@ -164,3 +164,139 @@ def test_a_study_without_promotions_is_ranked_at_its_proxy(storage):
     _trial(storage, 0)
     assert storage.ranked_objectives("s") == {0: (2.0, 1000, False)}
     assert storage.promotion_ranking("s") is None
+
+
+SEEDED = dict(SPEC, spec={"proxy": {"tokens": 1000, "seed": 3}})  # trials trained 1,000 tokens at seed 3
+
+
+def _seeded_trial(db: Storage, number: int, loss: float) -> int:
+    slot = db.claim_trial("t", 100, lease_s=60)
+    db.assign_trial(slot, number=number, optuna_trial_id=100 + number, params={}, config=CFG)
+    db.finish_trial(slot, TrialOutcome(status="complete", train={"val_loss": loss, "tokens": 1000}))
+    return slot
+
+
+def _finish(db: Storage, trial: int, budget: int, seed: int, loss: float) -> None:
+    assert db.claim_promotion("t", trial, budget, lease_s=60, seed=seed) is None
+    curve = [(budget // 2, loss + 0.2), (budget, loss)]
+    row = db.promotion_id(trial, budget, seed)
+    db.finish_promotion(row, status="complete", val_loss=loss, objective=loss, val_curve=curve)
+
+
+def test_a_promotion_is_one_row_per_seed_and_defaults_to_the_studys_proxy_seed(storage):
+    storage.create_study("t", **SEEDED)
+    trial = _seeded_trial(storage, 0, 2.0)
+    assert storage.claim_promotion("t", trial, 2000, lease_s=60) is None  # the study's seed, 3
+    assert storage.claim_promotion("t", trial, 2000, lease_s=60, seed=4) is None  # another seed: another row
+    assert storage.promotion_id(trial, 2000) == storage.promotion_id(trial, 2000, 3) is not None
+    assert storage.promotion_id(trial, 2000, 4) not in (None, storage.promotion_id(trial, 2000))
+    assert storage.promotion_id(trial, 2000, 5) is None
+    storage.finish_promotion(storage.promotion_id(trial, 2000, 4), status="failed", reason="oom")
+    assert storage.claim_promotion("t", trial, 2000, lease_s=60, seed=4) == "failed"  # never trained twice
+    assert [(p.budget_tokens, p.seed, p.status) for p in storage.promotions("t")] == [
+        (2000, 3, "running"), (2000, 4, "failed"),
+    ]  # fmt: skip
+    # A study of no stated seed trained at TrainSettings' default, 0.
+    first = _trial(storage, 0)
+    storage.claim_promotion("s", first, 2000, lease_s=60)
+    assert [p.seed for p in storage.promotions("s")] == [0]
+
+
+def test_seed_repeats_rank_each_contender_by_its_mean_with_the_first_pass_as_its_first_seed(storage):
+    storage.create_study("t", **SEEDED)
+    a, b, _ = _seeded_trial(storage, 0, 2.0), _seeded_trial(storage, 1, 2.2), _seeded_trial(storage, 2, 2.4)
+    # Seed repeats at the proxy's 1,000 tokens (seeds 4 and 5), then 2,000 tokens at all three,
+    # where trial 1 lacks seed 5: the contenders are ranked at 1,000 tokens, each by its mean.
+    for trial, losses in ((a, (2.3, 2.3)), (b, (2.0, 2.0))):
+        for seed, loss in zip((4, 5), losses, strict=True):
+            _finish(storage, trial, 1000, seed, loss)
+    for trial, seeds in ((a, (3, 4, 5)), (b, (3, 4))):
+        for seed in seeds:
+            _finish(storage, trial, 2000, seed, 1.5)
+    ranking = storage.promotion_ranking("t")
+    assert (ranking.contenders, ranking.budget, ranking.proxy_tokens, ranking.seeds) == (
+        (0, 1),
+        1000,
+        1000,
+        3,
+    )
+    mean_a, mean_b = (2.0 + 2.3 + 2.3) / 3, (2.2 + 2.0 + 2.0) / 3
+    assert {n: m.objective for n, m in ranking.ranked.items()} == {
+        0: pytest.approx(mean_a),
+        1: pytest.approx(mean_b),
+    }
+    seeded = ranking.ranked[0]
+    assert (seeded.seeds, seeded.val_loss, [p.seed for p in seeded.runs]) == (
+        (3, 4, 5),
+        seeded.objective,
+        [4, 5],
+    )
+    # The first pass's curve change is 0 (none stored), each repeat's -0.2: the mean of the three.
+    assert seeded.loss_change == pytest.approx(-0.4 / 3)
+    # Trial 2, not promoted, is placed by the contenders' median change, (0.2 + -0.133) / 2.
+    ranked = storage.ranked_objectives("t")
+    shift = ((mean_a - 2.0) + (mean_b - 2.2)) / 2
+    assert ranked == {
+        0: (pytest.approx(mean_a), 1000, False), 1: (pytest.approx(mean_b), 1000, False),
+        2: (pytest.approx(2.4 + shift), 1000, True),
+    }  # fmt: skip
+    # Once trial 1 completes seed 5 at 2,000 tokens, both are ranked there, by their means.
+    _finish(storage, b, 2000, 5, 1.2)
+    ranking = storage.promotion_ranking("t")
+    assert ranking.budget == 2000 and ranking.ranked[1].objective == pytest.approx((1.5 + 1.5 + 1.2) / 3)
+    assert storage.seed_means("t", 2000, (3,)).keys() == {0, 1}  # one seed: each its own promotion
+    assert storage.seed_means("t", 2000, (3,))[1].objective == 1.5
+    assert storage.seed_means("t", 1000, (3,)).keys() == {0, 1, 2}  # the first passes, at their budget
+
+
+def test_a_version_10_database_gives_its_promotions_their_studys_proxy_seed(backend_url):
+    with Storage.open(backend_url) as st:
+        st.create_study("t", **SEEDED)
+        st.create_study("s", **SPEC)
+        trial, other = _seeded_trial(st, 0, 2.0), _trial(st, 0)
+    engine = create_engine(backend_url)
+    with engine.begin() as conn:  # what version 10 wrote: no seed, a key of (trial, budget)
+        conn.execute(text("DROP TABLE archsearch_promotions"))
+        v10 = _v10_promotions_table()
+        v10.create(conn)
+        for study, trial_id, budget, status in (("t", trial, 2000, "complete"), ("t", trial, 4000, "running"),
+                                                ("s", other, 2000, "complete")):  # fmt: skip
+            conn.execute(v10.insert().values(
+                study=study, trial_id=trial_id, trial_number=0, budget_tokens=budget, status=status,
+                val_loss=1.5 if status == "complete" else None,
+                objective=1.5 if status == "complete" else None,
+                val_curve_json="[]", host="h:1", claimed_at=0.0, resumed_tokens=1000,
+            ))  # fmt: skip
+        conn.execute(text("UPDATE archsearch_meta SET value = '10'"))
+    engine.dispose()
+    with Storage.open(backend_url) as st:
+        kept = st.promotions("t")
+        assert [(p.budget_tokens, p.seed, p.status, p.val_loss, p.resumed_tokens) for p in kept] == [
+            (2000, 3, "complete", 1.5, 1000), (4000, 3, "running", None, 1000),
+        ]  # fmt: skip
+        assert [p.seed for p in st.promotions("s")] == [0]  # a study whose spec names no seed: 0
+        assert st.promotion_ranking("t").budget == 2000
+        assert st.claim_promotion("t", trial, 2000, lease_s=60) == "complete"  # the same run: not again
+        assert st.claim_promotion("t", trial, 2000, lease_s=60, seed=4) is None  # a seed repeat: new
+        # Claimed at a second seed, the contender is ranked once it completes both.
+        assert st.promotion_ranking("t").budget is None
+    engine = create_engine(backend_url)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT value FROM archsearch_meta")).scalar_one() == str(SCHEMA_VERSION)
+    engine.dispose()
+
+
+def _v10_promotions_table():
+    """archsearch_promotions as schema version 10 made it: no seed, a key of (trial, budget) (and,
+    here, no foreign keys: this table lives in a metadata of its own)."""
+    from sqlalchemy import Column, MetaData, Table, UniqueConstraint
+
+    from archsearch.storage.schema import Promotion
+
+    now = Promotion.__table__
+    columns = [
+        Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
+        for c in now.columns
+        if c.name != "seed"
+    ]
+    return Table(now.name, MetaData(), *columns, UniqueConstraint("trial_id", "budget_tokens"))
