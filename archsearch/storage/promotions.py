@@ -224,6 +224,7 @@ class PromotionStore(StorageCore):
         Raises:
             UnknownNameError: no study of that name.
         """
+        passes = self.first_passes(study)  # first: a trial finishing meanwhile has its tokens below
         trial = schema.Trial
         with self._session(read_only=True) as s:
             rows = s.execute(
@@ -232,7 +233,6 @@ class PromotionStore(StorageCore):
                 )
             ).all()
         tokens: dict[int, int | None] = dict(rows)  # type: ignore[arg-type]
-        passes = self.first_passes(study)
         first = {n: None if f is None else f.objective for n, f in passes.items()}
         ranking = self.promotion_ranking(study)
         if ranking is None or ranking.budget is None:
