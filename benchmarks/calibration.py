@@ -105,7 +105,9 @@ def example_promote(source: Path = EXAMPLE) -> str:
     margin = f'"{settings.margin}"' if isinstance(settings.margin, str) else f"{settings.margin!r}"
     return (
         f'promote = {{ cap = {settings.cap!r}, rule = "{settings.rule}", margin = {margin}, '
-        f"max_contenders = {settings.max_contenders} }}"
+        f"max_contenders = {settings.max_contenders}"
+        + (f", seeds = {settings.seeds}" if settings.seeds > 1 else "")
+        + " }"
     )
 
 
