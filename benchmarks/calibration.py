@@ -173,7 +173,7 @@ def ranked(db: Path, study: str) -> dict[int, dict[str, Any]]:
 
 
 def promotions(db: Path, study: str) -> dict[int, list[dict[str, Any]]]:
-    """The study's complete promotions (budget, loss, curve, wall time), by trial number."""
+    """The study's complete promotions (budget, proxy seed, loss, curve, wall time), by trial number."""
     from archsearch.storage import Storage
 
     with Storage.open(f"sqlite:///{db}", create=False) as storage:
@@ -182,7 +182,7 @@ def promotions(db: Path, study: str) -> dict[int, list[dict[str, Any]]]:
         out: dict[int, list[dict[str, Any]]] = {}
         for p in storage.promotions(study, status="complete"):
             out.setdefault(p.trial_number, []).append({
-                "tokens": p.budget_tokens, "val_loss": p.val_loss,
+                "tokens": p.budget_tokens, "seed": p.seed, "val_loss": p.val_loss,
                 "val_curve": [list(x) for x in p.val_curve], "wall_time_s": p.wall_time_s,
                 "resumed_tokens": p.resumed_tokens,
             })  # fmt: skip
