@@ -103,6 +103,17 @@ def run(argv: list[str]) -> None:
         raise SystemExit(f"ladder_accuracy: `{shlex.join(argv)}` exited {done.returncode}")
 
 
+def run_here(argv: list[str]) -> None:
+    """`run` in this process (the smoke's steps): the steps share one torch import and, on the Ray
+    this process joined, one Ray job, whose workers import torch once rather than once a step."""
+    from archsearch.cli import app
+
+    print("+ " + shlex.join(argv), flush=True)
+    code = app(argv[3:], prog_name="archsearch", standalone_mode=False)
+    if code:  # None or 0: the command ended normally
+        raise SystemExit(f"ladder_accuracy: `{shlex.join(argv)}` exited {code}")
+
+
 def archsearch(*args: str) -> list[str]:
     return [sys.executable, "-m", "archsearch", *args]
 
@@ -235,16 +246,19 @@ def _cpu_description() -> str:
     return f"{cpu.units}-core {cpu.name}"
 
 
-def _start_ray(stack: contextlib.ExitStack, cpus: int) -> str:
-    """A local Ray, shut down when `stack` closes: the address the steps join (`--address`)."""
+def _start_ray(stack: contextlib.ExitStack, cpus: int, address: str | None) -> None:
+    """A local Ray in this process (or the cluster at `address` joined), shut down (left) when
+    `stack` closes: the steps run here use it."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
     from archsearch.search.pool import start_local_ray
 
-    start_local_ray(cpus, log_to_driver=False)
+    if address:
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
+    else:
+        start_local_ray(cpus, log_to_driver=False)
     stack.callback(ray.shutdown)
-    return str(ray.get_runtime_context().gcs_address)
 
 
 def main() -> None:
@@ -316,15 +330,15 @@ def main() -> None:
     url = f"sqlite:///{db}"
     workers = str(args.workers)
     commands: list[str] = []
-    # The smoke's steps join one Ray rather than each starting its own: a local start is most of a
-    # tiny step's time. The recorded commands leave the address out.
+    # The smoke's steps run in this process, on one Ray started (or joined) here rather than one
+    # each: a local start is most of a tiny step's time. The recorded commands leave the address out.
     ray_up = contextlib.ExitStack()
-    join = ["--address", args.address] if args.address else []
-    if args.smoke and not args.address:
-        join = ["--address", _start_ray(ray_up, args.workers)]
+    join = ["--address", args.address] if args.address and not args.smoke else []
+    if args.smoke:
+        _start_ray(ray_up, args.workers, args.address)
 
     def step(argv: list[str]) -> None:
-        run(argv + join)
+        (run_here if args.smoke else run)(argv + join)
         commands.append(shlex.join(["archsearch", *argv[3:]]))
 
     step(archsearch(
