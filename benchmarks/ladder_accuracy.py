@@ -291,7 +291,7 @@ def main() -> None:
         "--replicate", type=int, action="append", default=[], metavar="TRIAL",
         help="also a real run of this design with seed 1 (repeatable): the real loss's seed noise",
     )  # fmt: skip
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=None, help="runs at once (default 2; --smoke 1)")
     parser.add_argument(
         "--address", default=None, help="a Ray cluster the search and the ladder join (default: each "
         "starts its own; --smoke starts one for both)"
@@ -301,6 +301,10 @@ def main() -> None:
     )
     parser.add_argument("--smoke", action="store_true", help="a toy space and tiny budgets")
     args = parser.parse_args()
+    if args.workers is None:
+        # The smoke's trials and rungs take a second each: a second worker would save little of that,
+        # and its first task pays torch's import again (seconds of CPU on a shared host).
+        args.workers = 1 if args.smoke else 2
 
     from archsearch.fileio import write_atomic
     from archsearch.results.ladder import fit_study_ladders
