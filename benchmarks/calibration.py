@@ -765,7 +765,7 @@ def main() -> None:
     parser.add_argument("--snapshot", type=Path, default=SNAPSHOT)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)}")
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=None, help="trials at once (default 2; --smoke 1)")
     parser.add_argument(
         "--promote-from", type=Path, default=EXAMPLE,
         help="the space file whose [search] promote the promote stage uses (default: the tiny example)",
@@ -783,6 +783,10 @@ def main() -> None:
         "--sweep", action="store_true", help="--report: the loss objective's size_beta x extrapolate grid"
     )
     args = parser.parse_args()
+    if args.workers is None:
+        # The smoke's trials take a second each: a second worker would save little of that, and its
+        # first trial pays torch's import and the step counts again (seconds of CPU on a shared host).
+        args.workers = 1 if args.smoke else 2
     if args.report:
         min_shapes = 4 if args.smoke else MIN_SHAPES
         try:
