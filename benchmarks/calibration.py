@@ -14,11 +14,12 @@ same sampler seed alone does not give the same shapes), each by the worker's pat
 included. The set is the seed-0 study's shapes; any other shape a later seed's study holds is left
 out of the records.
 The seed-0 study's complete trials are then retrained at 10x (seed 0: the reference), and a spread
-of 5 per block at a second seed (the reference's own ceiling). Every step is the real CLI command,
-printed before it runs, on one SQLite database; a search resumes its study and `validate` trains
-only the long runs not yet stored, so a stopped run loses only what was in flight and nothing is
-trained twice. After each step the database is copied (SQLite's online backup) to `--snapshot`
-and the records are written to `--out` as JSON, so committing those two files keeps the progress:
+of 5 per block at a second seed (the reference's own ceiling). Every step is the real CLI command
+(the smoke run's, in this process), printed before it runs, on one SQLite database; a search
+resumes its study and `validate` trains only the long runs not yet stored, so a stopped run loses
+only what was in flight and nothing is trained twice. After each step the database is copied
+(SQLite's online backup) to `--snapshot` and the records are written to `--out` as JSON, so
+committing those two files keeps the progress:
 
     python benchmarks/calibration.py                  # resumes from the committed snapshot
     python benchmarks/calibration.py --stages proxies # only the proxies (3 seeds, every block)
@@ -127,6 +128,18 @@ def run(argv: list[str]) -> None:
     done = subprocess.run(argv, cwd=ROOT)
     if done.returncode != 0:
         raise SystemExit(f"calibration: `{shlex.join(argv)}` exited {done.returncode}")
+
+
+def run_here(argv: list[str]) -> None:
+    """`run` in this process (the smoke run's steps): the steps share one torch import and, on the
+    Ray this process joined, one Ray job, whose workers import torch once rather than once a step
+    (a tiny step's first trial took seconds more than its others, most of the step)."""
+    from archsearch.cli import app
+
+    print("+ " + shlex.join(argv), flush=True)
+    code = app(argv[3:], prog_name="archsearch", standalone_mode=False)
+    if code:  # None or 0: the command ended normally
+        raise SystemExit(f"calibration: `{shlex.join(argv)}` exited {code}")
 
 
 def archsearch(*args: str) -> list[str]:
@@ -681,8 +694,8 @@ def _frac(pair: list[int]) -> str:
     return f"{right}/{n} ({right / n:.0%})" if n else "-"
 
 
-def _start_ray(stack: contextlib.ExitStack, cpus: int) -> str:
-    """A local Ray, shut down when `stack` closes: the address its steps join (`--address`)."""
+def _start_ray(stack: contextlib.ExitStack, cpus: int) -> None:
+    """A local Ray in this process, shut down when `stack` closes: the steps run here use it."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
@@ -690,7 +703,6 @@ def _start_ray(stack: contextlib.ExitStack, cpus: int) -> str:
 
     start_local_ray(cpus, log_to_driver=False)
     stack.callback(ray.shutdown)
-    return str(ray.get_runtime_context().gcs_address)
 
 
 def steps(
@@ -755,7 +767,7 @@ def main() -> None:
     parser.add_argument("--snapshot", type=Path, default=SNAPSHOT)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)}")
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=None, help="trials at once (default 2; --smoke 1)")
     parser.add_argument(
         "--promote-from", type=Path, default=EXAMPLE,
         help="the space file whose [search] promote the promote stage uses (default: the tiny example)",
@@ -773,6 +785,10 @@ def main() -> None:
         "--sweep", action="store_true", help="--report: the loss objective's size_beta x extrapolate grid"
     )
     args = parser.parse_args()
+    if args.workers is None:
+        # The smoke's trials take a second each: a second worker would save little of that, and its
+        # first trial pays torch's import and the step counts again (seconds of CPU on a shared host).
+        args.workers = 1 if args.smoke else 2
     if args.report:
         min_shapes = 4 if args.smoke else MIN_SHAPES
         try:
@@ -814,17 +830,17 @@ def main() -> None:
         print(f"checkpoint: {len(data['shapes'])} shapes, {refs} long runs in {args.out} and {args.snapshot}")
         return
 
-    # The smoke run's steps join one Ray started here rather than each starting its own: a local
-    # start is most of a tiny step's time. The recorded commands leave the address out.
+    # The smoke run's steps run in this process, on one Ray started here rather than one each: a
+    # local start is most of a tiny step's time. On a database that exists (a resume) no Ray starts
+    # first: a step whose work is all stored needs none, and one that has work starts its own.
     ray_up = contextlib.ExitStack()
-    join: list[str] = []
-    if args.smoke:
-        join = ["--address", _start_ray(ray_up, args.workers)]
+    if args.smoke and not db.exists():
+        _start_ray(ray_up, args.workers)
 
     promote = example_promote(args.promote_from) if "promote" in stages else None
 
     def step(argv: list[str]) -> None:
-        run(argv + join)
+        (run_here if args.smoke else run)(argv)
         if (command := shlex.join(["archsearch", *argv[3:]])) not in commands:
             commands.append(command)
         snapshot(db, args.snapshot)

@@ -15,10 +15,11 @@ Parts (`--parts 1,2,3,4`, the default; `--part N` for one):
    are the rest) and scored on the shapes it never saw: median and worst held-out error, each
    fresh group apart.
 2. search: `archsearch search` on examples/gpu.toml end to end (Ray, the SQLite database, the
-   measured and modelled step times, pruning), as a real process, for a handful of trials at a
-   shortened proxy: the generated space file (the example with `[proxy] tokens` and `[search]
-   prune_min_trials` cut, this GPU's catalogued model added to `[profile] devices`; the trial
-   count is the command's) is kept beside the database so every resume runs the same study.
+   measured and modelled step times, pruning), as a real process (a smoke run's without a budget:
+   in this process), for a handful of trials at a shortened proxy: the generated space file (the
+   example with `[proxy] tokens` and `[search] prune_min_trials` cut, this GPU's catalogued model
+   added to `[profile] devices`; the trial count is the command's) is kept beside the database so
+   every resume runs the same study.
 3. serve: prefill and decode of 13 shapes at 3 scenarios measured in bf16 (eager, and the decode
    step replayed from a CUDA graph) against the serving model of the catalogued GPU, nothing
    fitted (benchmarks/gpu_campaign_serve.py); once every point is measured, each is measured again
@@ -806,8 +807,8 @@ def _study_counts(db: Path) -> dict[str, int]:
 def _run_search(args: argparse.Namespace, db: Path, files: Files, budget: Budget) -> int | None:
     """`archsearch search` as a real process, its output streamed; stopped with SIGTERM when the
     budget runs out (it re-queues the running trial), or when no trial has finished `FIRST_TRIAL_S`
-    after it started (a GPU trial Ray cannot place waits forever). Returns its exit status (None:
-    not run)."""
+    after it started (a GPU trial Ray cannot place waits forever); a smoke run's without a budget
+    runs in this process. Returns its exit status (None: not run)."""
     from archsearch.trial import FINISHED
 
     if not budget.allows(SEARCH_START_S + STOP_GRACE_S):
@@ -828,6 +829,12 @@ def _run_search(args: argparse.Namespace, db: Path, files: Files, budget: Budget
     print("+ " + " ".join(["archsearch", *argv[3:]]), flush=True)
     if args.address:  # not in the command shown: the study's record is the same either way
         argv += ["--address", args.address]
+    if args.smoke and budget.seconds is None:
+        # The same command in this process: without a budget there is nothing to stop it for, and a
+        # process of its own imported torch again (seconds of CPU on the shared host a smoke runs on).
+        from archsearch.cli import app
+
+        return int(app(argv[3:], prog_name="archsearch", standalone_mode=False) or 0)
     finished_before = finished()
     proc = subprocess.Popen(argv, cwd=ROOT)
     next_copy = time.monotonic() + SNAPSHOT_EVERY_S

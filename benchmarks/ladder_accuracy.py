@@ -63,6 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "benchmarks" / "data"
 OUT = DATA / "ladder_accuracy.json"
 STUDY = "ladder-tiny-hf"
+SMOKE_RESAMPLES = 50  # the bootstrap of the smoke's law: an interval to check, not to cite
 
 # A toy space for --smoke: MHA only, so the smallest rungs of every design exist at 25k parameters.
 SMOKE_SPACE = """
@@ -101,6 +102,17 @@ def run(argv: list[str]) -> None:
     done = subprocess.run(argv, cwd=ROOT)
     if done.returncode != 0:
         raise SystemExit(f"ladder_accuracy: `{shlex.join(argv)}` exited {done.returncode}")
+
+
+def run_here(argv: list[str]) -> None:
+    """`run` in this process (the smoke's steps): the steps share one torch import and, on the Ray
+    this process joined, one Ray job, whose workers import torch once rather than once a step."""
+    from archsearch.cli import app
+
+    print("+ " + shlex.join(argv), flush=True)
+    code = app(argv[3:], prog_name="archsearch", standalone_mode=False)
+    if code:  # None or 0: the command ended normally
+        raise SystemExit(f"ladder_accuracy: `{shlex.join(argv)}` exited {code}")
 
 
 def archsearch(*args: str) -> list[str]:
@@ -235,16 +247,19 @@ def _cpu_description() -> str:
     return f"{cpu.units}-core {cpu.name}"
 
 
-def _start_ray(stack: contextlib.ExitStack, cpus: int) -> str:
-    """A local Ray, shut down when `stack` closes: the address the steps join (`--address`)."""
+def _start_ray(stack: contextlib.ExitStack, cpus: int, address: str | None) -> None:
+    """A local Ray in this process (or the cluster at `address` joined), shut down (left) when
+    `stack` closes: the steps run here use it."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
     from archsearch.search.pool import start_local_ray
 
-    start_local_ray(cpus, log_to_driver=False)
+    if address:
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
+    else:
+        start_local_ray(cpus, log_to_driver=False)
     stack.callback(ray.shutdown)
-    return str(ray.get_runtime_context().gcs_address)
 
 
 def main() -> None:
@@ -277,7 +292,7 @@ def main() -> None:
         "--replicate", type=int, action="append", default=[], metavar="TRIAL",
         help="also a real run of this design with seed 1 (repeatable): the real loss's seed noise",
     )  # fmt: skip
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=None, help="runs at once (default 2; --smoke 1)")
     parser.add_argument(
         "--address", default=None, help="a Ray cluster the search and the ladder join (default: each "
         "starts its own; --smoke starts one for both)"
@@ -287,6 +302,10 @@ def main() -> None:
     )
     parser.add_argument("--smoke", action="store_true", help="a toy space and tiny budgets")
     args = parser.parse_args()
+    if args.workers is None:
+        # The smoke's trials and rungs take a second each: a second worker would save little of that,
+        # and its first task pays torch's import again (seconds of CPU on a shared host).
+        args.workers = 1 if args.smoke else 2
 
     from archsearch.fileio import write_atomic
     from archsearch.results.ladder import fit_study_ladders
@@ -316,15 +335,15 @@ def main() -> None:
     url = f"sqlite:///{db}"
     workers = str(args.workers)
     commands: list[str] = []
-    # The smoke's steps join one Ray rather than each starting its own: a local start is most of a
-    # tiny step's time. The recorded commands leave the address out.
+    # The smoke's steps run in this process, on one Ray started (or joined) here rather than one
+    # each: a local start is most of a tiny step's time. The recorded commands leave the address out.
     ray_up = contextlib.ExitStack()
-    join = ["--address", args.address] if args.address else []
-    if args.smoke and not args.address:
-        join = ["--address", _start_ray(ray_up, args.workers)]
+    join = ["--address", args.address] if args.address and not args.smoke else []
+    if args.smoke:
+        _start_ray(ray_up, args.workers, args.address)
 
     def step(argv: list[str]) -> None:
-        run(argv + join)
+        (run_here if args.smoke else run)(argv + join)
         commands.append(shlex.join(["archsearch", *argv[3:]]))
 
     step(archsearch(
@@ -409,7 +428,9 @@ def main() -> None:
         rungs_stored = [
             r for r in storage.ladder_rungs(args.study, ratio, rung_batch) if r.trial_number in shapes
         ]
-    fit = fit_study_ladders(rungs_stored)
+    # The smoke's intervals from 50 resamples, not the law's 200: each of its three runs fits the law
+    # again, and at 200 that fit was seconds of CPU on a loaded host (the CLI's own fit keeps 200).
+    fit = fit_study_ladders(rungs_stored, resamples=SMOKE_RESAMPLES if args.smoke else None)
     rows = []
     for t, key in zip(chosen, requests, strict=True):
         cfg = shapes[t.number]
