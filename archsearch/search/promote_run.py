@@ -19,6 +19,11 @@ longer budget. The state is its seed's: the settings' seed is part of the key, s
 at 2x goes on from its own run at the proxy's budget, which trained from step 0. Kept states on
 this machine are deleted once promotion ends.
 
+A seed repeat at the proxy's budget is the trial a study at its seed trains, stall rule included
+(`worker.stall_reason`): one that stalls is trained again with the stall retry's settings, its row
+holds the retry's result and a reason starting with `worker.STALLED`, as such a trial's does, and
+its longer rungs train with those settings (`_Promoter.settings_at`).
+
 Optuna's view stays the first pass: the values its trials were told are never changed, and as
 Optuna refuses attributes on a finished trial, each rung is recorded on the Optuna study instead,
 as the user attribute `promoted_loss_<tokens>` (`OPTUNA_ATTR`): {trial number: loss objective},
@@ -120,9 +125,10 @@ class PromotionProgress:
         )
 
 
-def trial_settings(spec: SearchSpec, record: TrialRecord) -> TrainSettings:
+def trial_settings(spec: SearchSpec, record: TrialRecord | PromotionRecord) -> TrainSettings:
     """The settings a trial's final run trained with: the proxy's, or the stall retry's where the
-    trial was trained again for stalling (its reason says so)."""
+    trial was trained again for stalling (its reason says so); so too for a seed repeat's
+    promotion at the proxy's budget, at the proxy's seed (the caller sets its own)."""
     return stall_retry(spec.proxy) if (record.reason or "").startswith(STALLED) else spec.proxy
 
 
@@ -310,15 +316,31 @@ class _Promoter:
         """A promotion as logs name it: "trial 3 at 4,096 tokens" (", seed 8" for a seed repeat)."""
         return f"trial {number} at {budget:,} tokens" + (f", seed {seed}" if seed != self.seeds[0] else "")
 
+    def settings_at(self, record: TrialRecord, seed: int) -> TrainSettings:
+        """The settings `record`'s shape trains with at `seed`, its seed among them: those its run
+        at the proxy's budget finished with, the trial's (`trial_settings`) at the first seed, a
+        seed repeat's at another (the proxy's, or the stall retry's where that repeat stalled). A
+        repeat not yet trained at the proxy's budget starts with the proxy's, as a trial does."""
+        if seed == self.seeds[0]:
+            return dataclasses.replace(trial_settings(self.spec, record), seed=seed)
+        proxy = self.spec.proxy.tokens
+        repeat = next(
+            (p for p in self._at(proxy or 0) if (p.trial_number, p.seed) == (record.number, seed)), None
+        )
+        settings = self.spec.proxy if repeat is None else trial_settings(self.spec, repeat)
+        return dataclasses.replace(settings, seed=seed)
+
     def _request(self, record: TrialRecord, budget: int, seed: int) -> dict[str, Any]:
         assert record.config is not None
-        settings = trial_settings(self.spec, record)
+        settings = self.settings_at(record, seed)
         path = self.kept_state(record, seed) if settings.budget_free else None
-        longer = dataclasses.replace(settings, tokens=budget, seed=seed)
+        longer = dataclasses.replace(settings, tokens=budget)
         return dict(
             config=record.config.to_dict(), settings=dataclasses.asdict(longer),
             data=self.spec.data, cpus=self.options.cpus_per_trial,
             checkpoint=str(path) if path is not None else None, keep=path is not None,
+            # A seed repeat at the proxy's budget is trained as a trial: stalled, it is retried.
+            stall=budget == self.spec.proxy.tokens and seed != self.seeds[0],
         )  # fmt: skip
 
     def _store(
@@ -334,29 +356,41 @@ class _Promoter:
         curve = result["val_curve"]
         params = param_counts(record.config).total
         objective = self.spec.loss_rule.value(result["val_loss"], curve_change(curve), params)
+        # A seed repeat trained again for stalling keeps the stall's note (`settings_at` reads it).
+        if result.get("reason"):
+            assert record.number is not None
+            log.info("%s: %s", self._what(record.number, seed, self.budget), result["reason"])
         self.storage.finish_promotion(
             row, status=COMPLETE, val_loss=result["val_loss"], objective=objective, val_curve=curve,
             wall_time_s=result.get("wall_time_s"), resumed_tokens=result.get("resumed_tokens"),
+            reason=result.get("reason"),
         )  # fmt: skip
 
-    def kept_state(self, record: TrialRecord, seed: int | None = None) -> Path:
+    def kept_state(
+        self, record: TrialRecord, seed: int | None = None, settings: TrainSettings | None = None
+    ) -> Path:
         """Where `record`'s run at `seed` (None: the first pass's) kept its final state
-        (`worker.kept_state_path`): the first pass's own, or a seed repeat's, whose settings differ
-        from the trial's by the seed alone."""
+        (`worker.kept_state_path`): the first pass's own, or a seed repeat's, each at the settings
+        that seed trains with (`settings_at`; or `settings`, at `seed`)."""
         assert record.config is not None and record.number is not None
-        settings = trial_settings(self.spec, record)
-        if seed is not None:
-            settings = dataclasses.replace(settings, seed=seed)
+        seed = self.seeds[0] if seed is None else seed
+        settings = (
+            self.settings_at(record, seed) if settings is None else dataclasses.replace(settings, seed=seed)
+        )
         return kept_state_path(
             self.study, self.created_at, record.number, record.config, settings, self.spec.data
         )
 
     def _forget(self, records: Any) -> None:
-        """Delete the kept states of `records` on this machine, at every seed: no longer promoted."""
+        """Delete the kept states of `records` on this machine, at every seed and at the proxy's
+        settings and the stall retry's: no longer promoted (a seed repeat that stalled kept its
+        stalled run's state)."""
+        variants = (self.spec.proxy, stall_retry(self.spec.proxy))
         for record in records:
             if record.config is not None:
                 for seed in self.seeds:
-                    self.kept_state(record, seed).unlink(missing_ok=True)
+                    for settings in variants:
+                        self.kept_state(record, seed, settings).unlink(missing_ok=True)
 
 
 def tell_optuna(storage: Storage, study: str, budget: int, objectives: dict[int, float]) -> None:

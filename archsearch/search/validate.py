@@ -267,32 +267,55 @@ def long_run(request: dict[str, Any]) -> dict[str, Any]:
             "checkpoint" (optional: a file where the run keeps its state every few minutes and
             from which a stopped run goes on, `evaluators.trainer.Checkpoint`; default
             `checkpoint_path(request)`, in the cache; False: none), "keep" (optional: leave the
-            complete run's final state in that file, for a longer run to go on from).
+            complete run's final state in that file, for a longer run to go on from), "stall"
+            (optional: follow a search's stall rule, as a trial at these settings is trained: a
+            run judged stalled, `worker.stall_reason`, is trained again with `worker.stall_retry`'s
+            settings, keeping no state, at its own `checkpoint_path` unless "checkpoint" is False).
 
     Returns:
-        status ("complete" or "failed"), reason, val_loss (nats per token), tokens, val_curve,
-        wall_time_s, corpus_fingerprint, device_fingerprint. Deterministic on CPU for one request.
+        status ("complete" or "failed"), reason (for a run trained again for stalling, the stall's
+        note first, as a trial's), val_loss (nats per token), tokens, val_curve, wall_time_s,
+        corpus_fingerprint, device_fingerprint: of the run that stands, the retry where there was
+        one. Deterministic on CPU for one request.
     """
     from archsearch.evaluators.settings import TrainSettings
     from archsearch.evaluators.trainer import Checkpoint, intra_op_threads, resolve_device, run_threads, train
-    from archsearch.search.worker import trial_cores, worker_dataset
+    from archsearch.search.worker import stall_reason, stall_retry, trial_cores, worker_dataset
     from archsearch.space.config import ArchConfig
 
     cfg = ArchConfig.from_dict(request["config"])
-    settings = TrainSettings(**request["settings"])
-    threads = run_threads(cfg, settings, trial_cores(request.get("cpus")))
-    if threads is not None:
-        settings = dataclasses.replace(settings, threads=threads)
-    data = worker_dataset(request.get("data"), cfg.vocab_size, settings.seq_len or cfg.seq_len)
-    with intra_op_threads(threads):  # so the device fingerprint counts the threads it trained on
-        path = request.get("checkpoint")
-        path = checkpoint_path(request) if path is None else path
-        keep = bool(request.get("keep"))
-        result = train(cfg, data, settings, checkpoint=Checkpoint(path, keep=keep) if path else None)
-        device = resolve_device(settings.device)
+    asked = TrainSettings(**request["settings"])
+    data = worker_dataset(request.get("data"), cfg.vocab_size, asked.seq_len or cfg.seq_len)
+
+    def run(what: dict[str, Any], wanted: TrainSettings) -> tuple[Any, Any]:
+        """Train `what` (a request) at `wanted`; its result and the device it trained on."""
+        threads = run_threads(cfg, wanted, trial_cores(what.get("cpus")))
+        settings = wanted if threads is None else dataclasses.replace(wanted, threads=threads)
+        with intra_op_threads(threads):  # so the device fingerprint counts the threads it trained on
+            path = what.get("checkpoint")
+            path = checkpoint_path(what) if path is None else path
+            keep = bool(what.get("keep"))
+            result = train(cfg, data, settings, checkpoint=Checkpoint(path, keep=keep) if path else None)
+            return result, resolve_device(settings.device)
+
+    result, device = run(request, asked)
+    stalled = None
+    if request.get("stall") and result.status == COMPLETE:
+        # The whole run is judged, not stopped at half its budget as a trial is: a run resumed
+        # from a checkpoint evaluates only its rest, and the verdict is the same either way.
+        stalled = stall_reason(cfg, asked, request.get("data"), result.val_curve)
+    if stalled is not None:
+        retry = stall_retry(asked)
+        # Its own checkpoint (none where the request has none), never the stalled run's kept state.
+        checkpoint = False if request.get("checkpoint") is False else None
+        again = dict(request, settings=dataclasses.asdict(retry), checkpoint=checkpoint, keep=False)
+        result, device = run(again, retry)
+    reason = result.reason
+    if stalled is not None:
+        reason = stalled if reason is None else f"{stalled}; {reason}"
     return dict(
         status=result.status,
-        reason=result.reason,
+        reason=reason,
         val_loss=result.val_loss,
         tokens=result.tokens,
         val_curve=[list(p) for p in result.val_curve],

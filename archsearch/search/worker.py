@@ -17,7 +17,8 @@ with the proxy's short warm-up some shapes (post-norm ReLU MLPs at the tiny exam
 that plateau for the whole run, yet train as well as their neighbours at 10x, whose warm-up is 10
 times longer. Such a run is stopped and trained again from scratch with a `STALL_WARMUP` warm-up
 (the warm-up of a 10x run of the tiny proxy); its result is the trial's, and its reason says so. A
-run stalled at that warm-up too is a shape that does not train at this rate, and stands.
+run stalled at that warm-up too is a shape that does not train at this rate, and stands. Promotion's
+seed repeats at the proxy's budget follow the same rule (`stall_reason`, judged on the whole run).
 
 Threads: a CPU trial trains and profiles on `[proxy] threads` torch threads, or on the count
 `settings.choose_threads` picks for its shape within the CPUs Ray gave it (`trial_cores`).
@@ -30,7 +31,7 @@ import functools
 import hashlib
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -170,6 +171,53 @@ def on_plateau(val_loss: float, unigram_loss: float, half_tokens: float, tokens_
     return long_enough and val_loss >= unigram_loss - STALL_MARGIN
 
 
+def stalls(fraction: float, tokens: int, val_loss: float, unigram_loss: float, tokens_per_step: int) -> bool:
+    """Whether a run is judged stalled at its evaluation at `fraction` of its budget (`tokens`
+    trained, `val_loss` there): at half its budget or later, on the plateau (`on_plateau`)."""
+    half_tokens = tokens * 0.5 / fraction
+    return fraction >= 0.5 and on_plateau(val_loss, unigram_loss, half_tokens, tokens_per_step)
+
+
+def stalled_at(
+    curve: Sequence[Sequence[float]], evals: int, unigram_loss: float, tokens_per_step: int
+) -> tuple[int, float] | None:
+    """Where a finished run is judged stalled, as `run_trial` judges it while it trains: the first
+    (tokens, held-out loss) of its `curve`, the i-th at (i + 1) / `evals` of its budget, that
+    `stalls`; None where none does. A run stopped there would have ended with the same verdict."""
+    for i, (tokens, loss) in enumerate(curve):
+        if stalls((i + 1) / evals, int(tokens), float(loss), unigram_loss, tokens_per_step):
+            return int(tokens), float(loss)
+    return None
+
+
+def stall_note(settings: TrainSettings, tokens: int, loss: float, unigram_loss: float) -> str:
+    """The reason of a run of `settings` stalled at `loss` after `tokens` and trained again: it
+    starts with `STALLED`, which is how a reader tells such a run's settings (`stall_retry`'s)."""
+    warmup = (
+        f"{settings.warmup:.0%}" if settings.warmup_tokens is None else f"{settings.warmup_tokens:,}-token"
+    )
+    return (
+        f"{STALLED} ({loss:.3f} nats after {tokens:,} tokens with a "
+        f"{warmup} warm-up; token frequencies alone score {unigram_loss:.3f}): "
+        f"trained again with a {STALL_WARMUP:.0%} warm-up"
+    )
+
+
+def stall_reason(
+    config: ArchConfig, settings: TrainSettings, data: str | None, curve: Sequence[Sequence[float]]
+) -> str | None:
+    """Why a complete run of `config` at `settings` on corpus `data` (None: the bundled one), whose
+    held-out curve is `curve`, is trained again with `stall_retry`'s settings, as a search's trial
+    is (`stall_note`); None where it is not: it left the plateau, it was too short to tell, or
+    its settings warm up as long as the retry (`may_stall`)."""
+    if not may_stall(settings):
+        return None
+    seq_len = settings.seq_len or config.seq_len
+    unigram = _unigram_loss(data, config.vocab_size, seq_len)
+    point = stalled_at(curve, settings.evals, unigram, settings.batch_size * seq_len)
+    return None if point is None else stall_note(settings, *point, unigram)
+
+
 @functools.lru_cache(maxsize=4)
 def worker_dataset(path: str | None, vocab_size: int, seq_len: int) -> Any:
     """One open dataset per worker process: Ray reuses workers, so later trials skip the scan."""
@@ -273,10 +321,10 @@ def _run_trial(
         judged["curve"].append((tokens, val_loss))
         fraction = judged["evals"] / settings.evals
         plateau = judged["unigram"]
+        if plateau is not None and stalls(fraction, tokens, val_loss, plateau, tokens_per_step):
+            judged["stalled"] = (tokens, val_loss)
+            return True
         if plateau is not None and on_plateau(val_loss, plateau, tokens * 0.5 / fraction, tokens_per_step):
-            if fraction >= 0.5:
-                judged["stalled"] = (tokens, val_loss)
-                return True
             return False  # on the plateau before half its budget: not judged on that loss
         if judge is None or not rungs:
             return False
@@ -306,7 +354,7 @@ def _run_trial(
             keep.path.unlink(missing_ok=True)
         result = train(cfg, data, run_settings, on_eval=on_eval, cache=cache, checkpoint=keep)
         if judged["stalled"] is None and plateau is not None and result.status == COMPLETE:
-            if on_plateau(result.val_loss, plateau, result.tokens * 0.5, tokens_per_step):
+            if stalls(1.0, result.tokens, result.val_loss, plateau, tokens_per_step):
                 judged["stalled"] = (result.tokens, result.val_loss)  # on the plateau to the end
         return result
 
@@ -314,17 +362,7 @@ def _run_trial(
     result = attempt(settings, unigram)
     note = None
     if judged["stalled"] is not None:
-        tokens, loss = judged["stalled"]
-        warmup = (
-            f"{settings.warmup:.0%}"
-            if settings.warmup_tokens is None
-            else f"{settings.warmup_tokens:,}-token"
-        )
-        note = (
-            f"{STALLED} ({loss:.3f} nats after {tokens:,} tokens with a "
-            f"{warmup} warm-up; token frequencies alone score {unigram:.3f}): "
-            f"trained again with a {STALL_WARMUP:.0%} warm-up"
-        )
+        note = stall_note(settings, *judged["stalled"], unigram)
         settings = stall_retry(settings)
         result = attempt(settings, None)
     reason = judged["reason"] if result.status == PRUNED else result.reason

@@ -352,7 +352,8 @@ class Promotion(Base):
     # The proxy seed it trains at: the study's `[proxy].seed` (the trial's own), or a seed repeat's.
     seed: Mapped[int] = mapped_column(BigInteger)
     status: Mapped[str] = mapped_column(String(16))  # running, then complete or failed
-    reason: Mapped[str | None] = mapped_column(Text)  # why it failed
+    # Why it failed; on a complete seed repeat, that it stalled and was trained again (as a trial's).
+    reason: Mapped[str | None] = mapped_column(Text)
     val_loss: Mapped[float | None] = mapped_column(Real)  # held-out nats per token at the end
     objective: Mapped[float | None] = mapped_column(Real)  # the study's loss objective of that run
     val_curve_json: Mapped[str | None] = mapped_column(Text)  # [[tokens, loss], ...]

@@ -13,10 +13,12 @@ import optuna
 import pytest
 
 from archsearch.evaluators.trainer import train
-from archsearch.search import promote_run
+from archsearch.search import promote_run, worker
 from archsearch.search.driver import SearchOptions, run_search
 from archsearch.search.pool import RayPool
-from archsearch.search.worker import kept_state_path, worker_dataset
+from archsearch.search.validate import long_run
+from archsearch.search.worker import kept_state_path, stall_retry, worker_dataset
+from archsearch.space.knobs import config_from_knobs
 from archsearch.storage import Storage
 from tests.specs import tiny_spec
 
@@ -264,3 +266,118 @@ def test_a_seed_repeat_resumes_from_its_own_seeds_state(db, monkeypatch):
     # 1x at seed 4 from step 0, then 2,048 more at each seed.
     assert promotion.promotion_tokens == 3 * 2048 * len(promotion.contenders)
     assert promotion.ranked_at == 4096 and db.promotion_ranking("s").seeds == 2
+
+
+@pytest.fixture
+def warmups(monkeypatch):
+    """The warm-up of every training run started in this process, in order."""
+    from archsearch.evaluators import trainer
+
+    seen, real = [], trainer.train
+
+    def spy(cfg, data, settings, **kwargs):
+        seen.append(settings.warmup)
+        return real(cfg, data, settings, **kwargs)
+
+    monkeypatch.setattr(trainer, "train", spy)
+    return seen
+
+
+REPEAT_CFG = config_from_knobs(d_model=64, n_layers=1, head_dim=32, vocab_size=256, seq_len=32)
+
+
+def _repeat_request(monkeypatch, unigram_loss: float) -> tuple[dict, object]:
+    """A seed repeat at the proxy's budget (seed 4, a 5% warm-up, so the stall rule applies) as
+    promotion asks for it, with token frequencies scoring `unigram_loss` nats and every run long
+    enough to be judged; and its settings."""
+    monkeypatch.setattr(worker, "_unigram_loss", lambda *args: unigram_loss)
+    monkeypatch.setattr(worker, "STALL_MIN_STEPS", 1)
+    monkeypatch.setattr(worker, "STALL_MIN_TOKENS", 1)
+    settings = tiny_spec(proxy=PROXY + "seed = 4\nthreads = 1").proxy
+    request = dict(
+        config=REPEAT_CFG.to_dict(), settings=dataclasses.asdict(settings), data=None, cpus=1.0,
+        checkpoint=False, stall=True,
+    )  # fmt: skip
+    return request, settings
+
+
+def test_a_seed_repeat_that_stalls_is_trained_again_with_the_stall_retrys_warm_up(monkeypatch, warmups):
+    # Token frequencies "score" 0 nats: every loss sits on the plateau.
+    request, settings = _repeat_request(monkeypatch, unigram_loss=0.0)
+    out = long_run(request)
+    assert warmups == [0.05, worker.STALL_WARMUP]  # stalled, then trained again
+    assert out["status"] == "complete" and out["tokens"] == 2048
+    assert out["reason"].startswith(worker.STALLED + " (") and "with a 5% warm-up" in out["reason"]
+    assert out["reason"].endswith("trained again with a 50% warm-up")
+    # Its result is the retry's: one run at the stall retry's settings, at the repeat's seed.
+    data = worker_dataset(None, REPEAT_CFG.vocab_size, REPEAT_CFG.seq_len)
+    retried = train(REPEAT_CFG, data, stall_retry(settings))
+    stalled = train(REPEAT_CFG, data, settings)
+    assert out["val_loss"] == pytest.approx(retried.val_loss, rel=1e-6, abs=0)
+    assert out["val_loss"] != pytest.approx(stalled.val_loss, rel=1e-6, abs=0)
+    assert out["val_curve"] == [list(p) for p in retried.val_curve]
+
+
+def test_a_seed_repeat_that_learns_or_is_not_a_repeat_is_trained_once(monkeypatch, warmups):
+    # Token frequencies "score" 100 nats: every run has left the plateau.
+    request, settings = _repeat_request(monkeypatch, unigram_loss=100.0)
+    out = long_run(request)
+    assert warmups == [0.05] and out["status"] == "complete" and out["reason"] is None
+    # On the plateau, but not asked to follow the stall rule (a longer rung, or `validate`).
+    monkeypatch.setattr(worker, "_unigram_loss", lambda *args: 0.0)
+    warmups.clear()
+    out = long_run({**request, "stall": False})
+    assert warmups == [0.05] and out["reason"] is None
+    # Already at the retry's warm-up: nothing longer to try, as for a trial.
+    warmups.clear()
+    out = long_run({**request, "settings": dataclasses.asdict(stall_retry(settings))})
+    assert warmups == [worker.STALL_WARMUP] and out["reason"] is None
+
+
+# A rate so small that every run sits on the unigram plateau, in runs long enough to be judged
+# (51,200 tokens and 100 steps by half the budget): every trial and seed repeat stalls, and is
+# trained again; the constant schedule with a warm-up in tokens, so a run that did not stall would
+# resume its kept state at 2x.
+STALLING = (
+    "tokens = 102400\nbatch_size = 16\nevals = 2\neval_batches = 1\ndevice = 'cpu'\nprecision = 'fp32'\n"
+    "lr = 1e-6\nschedule = 'constant'\nwarmup_tokens = 512\nthreads = 1\nseed = 3"
+)
+ONE_LAYER = (
+    "vocab_size = 256\nseq_len = 32\nd_model = [64]\naspect_ratio = [64]\n"
+    "activation = ['gelu', 'swiglu']\nhead_dim = [32]"
+)
+
+
+@pytest.mark.long
+def test_a_seed_repeat_that_stalls_is_retried_and_its_longer_rungs_train_as_the_retry(db):
+    """A seed repeat at the proxy's budget stalls as its trial did: it is trained again with the
+    stall retry's settings, its row says so and holds the retry's loss, and at 2x it trains with
+    those settings afresh, not on from its stalled run's kept state."""
+    search = "trials = 2\nprune = false\nseed = 3\npromote = { cap = 2, margin = 1.0, seeds = 2 }"
+    spec = tiny_spec(model=ONE_LAYER, proxy=STALLING, search=search)
+    promotion = run_search(spec, db, SearchOptions(study="s", trials=2, workers=2)).promotion
+    assert promotion is not None and promotion.budgets == (102_400, 204_800)
+    assert all(r.reason.startswith(worker.STALLED) for r in db.trials("s", "complete"))
+    stored = {(p.trial_number, p.budget_tokens, p.seed): p for p in db.promotions("s")}
+    assert sorted(stored) == sorted(
+        (n, b, seed) for n in promotion.contenders for b, seed in ((102_400, 4), (204_800, 3), (204_800, 4))
+    )
+    assert {p.status for p in stored.values()} == {"complete"}
+    for n in promotion.contenders:
+        repeat, longer = stored[(n, 102_400, 4)], stored[(n, 204_800, 4)]
+        assert repeat.reason.startswith(worker.STALLED + " (") and "512-token warm-up" in repeat.reason
+        # At 2x, seed 4 trains as its retry did, from step 0 (a warm-up fraction keeps no state).
+        assert longer.reason is None and longer.resumed_tokens == 0
+    n = promotion.contenders[0]
+    cfg = db.trials_by_number("s", [n])[0].config
+    data = worker_dataset(None, cfg.vocab_size, cfg.seq_len)
+    retry = dataclasses.replace(stall_retry(spec.proxy), seed=4)
+    assert stored[(n, 102_400, 4)].val_loss == pytest.approx(
+        train(cfg, data, retry).val_loss, rel=1e-6, abs=0
+    )
+    at_2x = train(cfg, data, dataclasses.replace(retry, tokens=204_800))
+    assert stored[(n, 204_800, 4)].val_loss == pytest.approx(at_2x.val_loss, rel=1e-6, abs=0)
+    # Promotion ended: the stalled run's kept state is gone too.
+    created = db.require_study("s").created_at
+    stalled = dataclasses.replace(spec.proxy, seed=4)
+    assert not kept_state_path("s", created, n, cfg, stalled, None).exists()

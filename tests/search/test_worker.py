@@ -240,3 +240,18 @@ def test_studies_of_one_shape_and_seed_sharing_a_cache_keep_their_states_apart()
     finally:
         for path in paths:
             path.unlink(missing_ok=True)
+
+
+def test_a_finished_run_is_judged_stalled_where_a_trial_would_have_stopped(monkeypatch):
+    # 4 evaluations, 128 tokens a step, 1,024 tokens by half the budget; the unigram loss is 5.0,
+    # so the plateau is from 4.9 up.
+    judge = dict(evals=4, unigram_loss=5.0, tokens_per_step=128)
+    curve = [(512, 5.2), (1024, 4.5), (1536, 4.95), (2048, 4.92)]
+    assert worker.stalled_at(curve, **judge) is None  # too short to tell at the real minimums
+    monkeypatch.setattr(worker, "STALL_MIN_STEPS", 8)
+    monkeypatch.setattr(worker, "STALL_MIN_TOKENS", 1000)
+    # The first evaluation at half the budget or later on the plateau is where it stalled.
+    assert worker.stalled_at(curve, **judge) == (1536, 4.95)
+    assert worker.stalled_at([(512, 5.2), (1024, 4.5), (1536, 4.5), (2048, 4.9)], **judge) == (2048, 4.9)
+    # On the plateau before half the budget only: not stalled.
+    assert worker.stalled_at([(512, 5.2), (1024, 4.5), (1536, 4.0), (2048, 3.5)], **judge) is None
