@@ -149,3 +149,19 @@ def cpu_bf16(request, monkeypatch):
 
     monkeypatch.setenv(CPU_BF16_ENV, request.param)
     return {"none": "fp32", "native": "bf16"}[request.param]
+
+
+@pytest.fixture
+def training_warmups(monkeypatch) -> list[float]:
+    """The warm-up fraction of every training run started in this process, in order (the stall
+    rule's retries show as a second, longer one)."""
+    from archsearch.evaluators import trainer
+
+    seen, real = [], trainer.train
+
+    def spy(cfg, data, settings, **kwargs):
+        seen.append(settings.warmup)
+        return real(cfg, data, settings, **kwargs)
+
+    monkeypatch.setattr(trainer, "train", spy)
+    return seen

@@ -203,3 +203,16 @@ def store_promotions(db, study: str, budget: int, losses: dict[int, float]) -> N
         row = db.promotion_id(trial_id, budget)
         curve = [(budget // 2, loss + 0.1), (budget, loss)]
         db.finish_promotion(row, status="complete", val_loss=loss, objective=loss, val_curve=curve)
+
+
+def table_without(table, column: str, *key: str):
+    """`table` as an older schema version made it: without `column`, unique on `key` (and, here,
+    with no foreign keys: the table lives in a metadata of its own), for the migration tests."""
+    from sqlalchemy import Column, MetaData, Table, UniqueConstraint
+
+    columns = [
+        Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
+        for c in table.columns
+        if c.name != column
+    ]
+    return Table(table.name, MetaData(), *columns, UniqueConstraint(*key))

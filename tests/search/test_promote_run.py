@@ -268,21 +268,6 @@ def test_a_seed_repeat_resumes_from_its_own_seeds_state(db, monkeypatch):
     assert promotion.ranked_at == 4096 and db.promotion_ranking("s").seeds == 2
 
 
-@pytest.fixture
-def warmups(monkeypatch):
-    """The warm-up of every training run started in this process, in order."""
-    from archsearch.evaluators import trainer
-
-    seen, real = [], trainer.train
-
-    def spy(cfg, data, settings, **kwargs):
-        seen.append(settings.warmup)
-        return real(cfg, data, settings, **kwargs)
-
-    monkeypatch.setattr(trainer, "train", spy)
-    return seen
-
-
 REPEAT_CFG = config_from_knobs(d_model=64, n_layers=1, head_dim=32, vocab_size=256, seq_len=32)
 
 
@@ -301,11 +286,13 @@ def _repeat_request(monkeypatch, unigram_loss: float) -> tuple[dict, object]:
     return request, settings
 
 
-def test_a_seed_repeat_that_stalls_is_trained_again_with_the_stall_retrys_warm_up(monkeypatch, warmups):
+def test_a_seed_repeat_that_stalls_is_trained_again_with_the_stall_retrys_warm_up(
+    monkeypatch, training_warmups
+):
     # Token frequencies "score" 0 nats: every loss sits on the plateau.
     request, settings = _repeat_request(monkeypatch, unigram_loss=0.0)
     out = long_run(request)
-    assert warmups == [0.05, worker.STALL_WARMUP]  # stalled, then trained again
+    assert training_warmups == [0.05, worker.STALL_WARMUP]  # stalled, then trained again
     assert out["status"] == "complete" and out["tokens"] == 2048
     assert out["reason"].startswith(worker.STALLED + " (") and "with a 5% warm-up" in out["reason"]
     assert out["reason"].endswith("trained again with a 50% warm-up")
@@ -318,20 +305,20 @@ def test_a_seed_repeat_that_stalls_is_trained_again_with_the_stall_retrys_warm_u
     assert out["val_curve"] == [list(p) for p in retried.val_curve]
 
 
-def test_a_seed_repeat_that_learns_or_is_not_a_repeat_is_trained_once(monkeypatch, warmups):
+def test_a_seed_repeat_that_learns_or_is_not_a_repeat_is_trained_once(monkeypatch, training_warmups):
     # Token frequencies "score" 100 nats: every run has left the plateau.
     request, settings = _repeat_request(monkeypatch, unigram_loss=100.0)
     out = long_run(request)
-    assert warmups == [0.05] and out["status"] == "complete" and out["reason"] is None
+    assert training_warmups == [0.05] and out["status"] == "complete" and out["reason"] is None
     # On the plateau, but not asked to follow the stall rule (a longer rung, or `validate`).
     monkeypatch.setattr(worker, "_unigram_loss", lambda *args: 0.0)
-    warmups.clear()
+    training_warmups.clear()
     out = long_run({**request, "stall": False})
-    assert warmups == [0.05] and out["reason"] is None
+    assert training_warmups == [0.05] and out["reason"] is None
     # Already at the retry's warm-up: nothing longer to try, as for a trial.
-    warmups.clear()
+    training_warmups.clear()
     out = long_run({**request, "settings": dataclasses.asdict(stall_retry(settings))})
-    assert warmups == [worker.STALL_WARMUP] and out["reason"] is None
+    assert training_warmups == [worker.STALL_WARMUP] and out["reason"] is None
 
 
 # A rate so small that every run sits on the unigram plateau, in runs long enough to be judged

@@ -150,21 +150,6 @@ def test_a_profile_at_another_batch_times_its_own_real_step():
     assert local["report"]["measured_steps"] == 10  # trainer.MEASURE_STEPS
 
 
-@pytest.fixture
-def trainings(monkeypatch):
-    """The warm-up of every training run `run_trial` starts, in order."""
-    from archsearch.evaluators import trainer
-
-    warmups, real = [], trainer.train
-
-    def spy(cfg, data, settings, **kwargs):
-        warmups.append(settings.warmup)
-        return real(cfg, data, settings, **kwargs)
-
-    monkeypatch.setattr(trainer, "train", spy)
-    return warmups
-
-
 def _plateau(monkeypatch, min_steps: int) -> None:
     """Every loss counts as the unigram plateau (token frequencies 'score' 0 nats: no loss is
     below it), and runs of `min_steps` steps by half their budget are long enough to be judged."""
@@ -173,12 +158,14 @@ def _plateau(monkeypatch, min_steps: int) -> None:
     monkeypatch.setattr(worker, "STALL_MIN_TOKENS", 1)
 
 
-def test_a_run_stalled_at_the_unigram_loss_is_trained_again_with_a_longer_warm_up(monkeypatch, trainings):
+def test_a_run_stalled_at_the_unigram_loss_is_trained_again_with_a_longer_warm_up(
+    monkeypatch, training_warmups
+):
     _plateau(monkeypatch, min_steps=1)
     asked = []
     rule = {"size_beta": None, "extrapolate": 2.0}
     out = run_trial(_request(profile=NO_LOCAL, loss_rule=rule), judge=lambda *args: asked.append(args))
-    assert trainings == [0.05, worker.STALL_WARMUP]  # stopped at half its budget, then again
+    assert training_warmups == [0.05, worker.STALL_WARMUP]  # stopped at half its budget, then again
     assert out.status == "complete" and out.train["tokens"] >= 4096  # the retry ran to its end
     assert out.reason.startswith("stalled at the unigram loss (") and "with a 5% warm-up" in out.reason
     assert out.reason.endswith("trained again with a 50% warm-up")
@@ -194,24 +181,24 @@ def test_a_run_stalled_at_the_unigram_loss_is_trained_again_with_a_longer_warm_u
     assert [p["device"] for p in out.profiles] == ["h100-sxm"]  # profiled as any complete trial
 
 
-def test_a_run_already_at_the_long_warm_up_or_too_short_to_tell_is_not_retried(monkeypatch, trainings):
+def test_a_run_already_at_the_long_warm_up_or_too_short_to_tell_is_not_retried(monkeypatch, training_warmups):
     _plateau(monkeypatch, min_steps=1)
     proxy = {**_plain()["proxy"], "warmup": worker.STALL_WARMUP}
     out = run_trial(_request(proxy=proxy, profile=NO_LOCAL))
-    assert trainings == [worker.STALL_WARMUP] and out.status == "complete" and out.reason is None
+    assert training_warmups == [worker.STALL_WARMUP] and out.status == "complete" and out.reason is None
     # 32 steps in all, 16 by half the budget: fewer than STALL_MIN_STEPS, so short, not stalled.
     _plateau(monkeypatch, min_steps=17)
-    trainings.clear()
+    training_warmups.clear()
     asked = []
     out = run_trial(_request(profile=NO_LOCAL), judge=lambda *args: asked.append(args))
-    assert trainings == [0.05] and out.reason is None and len(asked) == 2  # judged as usual
+    assert training_warmups == [0.05] and out.reason is None and len(asked) == 2  # judged as usual
 
 
-def test_a_run_that_learns_is_never_retried(trainings):
+def test_a_run_that_learns_is_never_retried(training_warmups):
     # 131,072 tokens in 256 steps: long enough to be checked at half its budget (65,536 tokens).
     proxy = {**_plain()["proxy"], "tokens": 131_072, "batch_size": 16}
     out = run_trial(_request(proxy=proxy, profile=NO_LOCAL, rungs=[]))
-    assert out.status == "complete" and trainings == [0.05] and out.reason is None
+    assert out.status == "complete" and training_warmups == [0.05] and out.reason is None
     assert out.train["val_loss"] < worker._unigram_loss(None, 256, 32) - worker.STALL_MARGIN
 
 

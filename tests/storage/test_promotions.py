@@ -11,6 +11,7 @@ from archsearch.space import preset
 from archsearch.storage import SCHEMA_VERSION, Storage, StorageError
 from archsearch.storage.promotions import CLAIMED
 from archsearch.trial import TrialOutcome
+from tests.helpers import table_without
 
 CFG = preset("byte-1m")
 SPEC = dict(spec_fingerprint="f" * 64, spec_source="[model]\n", spec={"a": 1}, objectives=("loss", "flops"))
@@ -287,16 +288,7 @@ def test_a_version_10_database_gives_its_promotions_their_studys_proxy_seed(back
 
 
 def _v10_promotions_table():
-    """archsearch_promotions as schema version 10 made it: no seed, a key of (trial, budget) (and,
-    here, no foreign keys: this table lives in a metadata of its own)."""
-    from sqlalchemy import Column, MetaData, Table, UniqueConstraint
-
+    """archsearch_promotions as schema version 10 made it: no seed, a key of (trial, budget)."""
     from archsearch.storage.schema import Promotion
 
-    now = Promotion.__table__
-    columns = [
-        Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
-        for c in now.columns
-        if c.name != "seed"
-    ]
-    return Table(now.name, MetaData(), *columns, UniqueConstraint("trial_id", "budget_tokens"))
+    return table_without(Promotion.__table__, "seed", "trial_id", "budget_tokens")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from sqlalchemy import Column, MetaData, Table, UniqueConstraint, create_engine, make_url, text
+from sqlalchemy import Table, create_engine, make_url, text
 from typer.testing import CliRunner
 
 from archsearch.cli import app
@@ -35,7 +35,7 @@ from archsearch.storage import (
 )
 from archsearch.storage.schema import LadderRung
 from archsearch.trial import TrialOutcome
-from tests.helpers import one_line, space_file
+from tests.helpers import one_line, space_file, table_without
 from tests.postgres import postgres_database
 from tests.readonly import read_only
 
@@ -515,16 +515,10 @@ def test_a_version_6_database_gains_batch_sizes_read_from_its_rungs_settings(bac
 
 
 def _v6_rungs_table() -> Table:
-    """archsearch_ladder_rungs as schema version 6 made it: no batch size, a key without it (and,
-    here, no foreign key: this table lives in a metadata of its own)."""
-    now = LadderRung.__table__
-    columns = [
-        Column(c.name, c.type, primary_key=c.primary_key, nullable=c.nullable)
-        for c in now.columns
-        if c.name != "batch_size"
-    ]
-    key = UniqueConstraint("study", "trial_number", "tokens_per_param", "shape_key", "seed")
-    return Table(now.name, MetaData(), *columns, key)
+    """archsearch_ladder_rungs as schema version 6 made it: no batch size, a key without it."""
+    return table_without(
+        LadderRung.__table__, "batch_size", "study", "trial_number", "tokens_per_param", "shape_key", "seed"
+    )
 
 
 @contextlib.contextmanager
