@@ -206,10 +206,11 @@ class PromotionStore(StorageCore):
             UnknownNameError: no study of that name.
         """
         record = self.require_study(study)  # type: ignore[attr-defined]
-        complete = self.promotions(study, COMPLETE)
+        every = self.promotions(study)
+        complete = [p for p in every if p.status == COMPLETE]
         primary = record.proxy_seed
         if seeds is None:
-            seeds = study_seeds(primary, self.promotions(study))
+            seeds = study_seeds(primary, every)
         first = self.first_passes(study)
         return seed_means(complete, budget_tokens, seeds, first, primary, record.proxy_tokens)
 
@@ -234,7 +235,7 @@ class PromotionStore(StorageCore):
             ).all()
         tokens: dict[int, int | None] = dict(rows)  # type: ignore[arg-type]
         first = {n: None if f is None else f.objective for n, f in passes.items()}
-        ranking = self.promotion_ranking(study)
+        ranking = self._ranking(study, passes)  # the same first passes: one read, one snapshot
         if ranking is None or ranking.budget is None:
             return {n: (v, tokens[n], False) for n, v in first.items()}
         promoted = {n: p.objective for n, p in ranking.ranked.items() if n in first}
@@ -256,6 +257,11 @@ class PromotionStore(StorageCore):
         Raises:
             UnknownNameError: no study of that name.
         """
+        return self._ranking(study, None)
+
+    def _ranking(self, study: str, first: Mapping[int, FirstPass | None] | None) -> PromotionRanking | None:
+        """`promotion_ranking`, over the study's first passes `first` where the caller has read
+        them (None: read here, only once the study is known to have promotions)."""
         record = self.require_study(study)  # type: ignore[attr-defined]
         every = self.promotions(study)
         if not every:
@@ -263,7 +269,8 @@ class PromotionStore(StorageCore):
         complete = [p for p in every if p.status == COMPLETE]
         primary, proxy = record.proxy_seed, record.proxy_tokens
         seeds = study_seeds(primary, every)
-        first = self.first_passes(study)
+        if first is None:
+            first = self.first_passes(study)
         budget = ranked_at(every, complete, seeds, first, primary, proxy)
         means = {} if budget is None else seed_means(complete, budget, seeds, first, primary, proxy)
         contenders = tuple(sorted({p.trial_number for p in every}))
