@@ -19,7 +19,7 @@ from archsearch.space.objectives import (
 )
 from archsearch.storage.query import ALIASES, COLUMNS
 from archsearch.trial import TrialOutcome
-from tests.specs import tiny_spec
+from tests.specs import LOCAL_PROFILE, tiny_spec
 
 
 def _spec_with(name: str):
@@ -29,6 +29,7 @@ def _spec_with(name: str):
     tables = {"objectives": f'minimize = ["loss", "{name}"]'}
     if name == "step_time":
         tables["objectives"] += '\nstep_time_device = "local"'
+        tables["profile"] = LOCAL_PROFILE
     if name in ("prefill_time", "decode_time"):
         tables["serve"] = 'device = "h100-sxm"'
     return tiny_spec(**tables)

@@ -23,7 +23,7 @@ from archsearch.search.driver import (
 )
 from archsearch.storage import Storage
 from archsearch.trial import TrialOutcome
-from tests.specs import tiny_spec
+from tests.specs import LOCAL_PROFILE, tiny_spec
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers need not import tests/
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -52,7 +52,8 @@ def _optuna_states(db, study):
 
 
 def test_a_search_trains_profiles_and_records_every_trial(db):
-    spec = tiny_spec(objectives='minimize = ["loss", "flops", "step_time"]\nstep_time_device = "h100-sxm"')
+    objectives = 'minimize = ["loss", "flops", "step_time"]\nstep_time_device = "h100-sxm"'
+    spec = tiny_spec(profile=LOCAL_PROFILE, objectives=objectives)
     summary = run_search(spec, db, SearchOptions(study="s", trials=3, workers=2))
     records = db.trials("s")
     assert [r.status for r in records] == ["complete"] * 3 and summary.signal is None

@@ -19,7 +19,7 @@ from archsearch.search.spec import (
 )
 from archsearch.space.objectives import DEFAULT_OBJECTIVES, OBJECTIVES
 from archsearch.space.search_space import Domain, SpaceError, sample_configs
-from tests.specs import tiny_spec
+from tests.specs import LOCAL_PROFILE, tiny_spec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -160,7 +160,8 @@ def test_threads_are_read_but_left_out_of_the_fingerprint():
 
 
 def test_a_size_beta_makes_the_loss_objective_size_adjusted_and_enters_the_fingerprint():
-    plain, credited = tiny_spec(), tiny_spec(objectives="size_beta = 0.15")
+    plain = tiny_spec(profile=LOCAL_PROFILE)
+    credited = tiny_spec(profile=LOCAL_PROFILE, objectives="size_beta = 0.15")
     assert plain.size_beta is None and credited.size_beta == 0.15
     assert credited.to_dict()["size_beta"] == 0.15 and credited.objectives == plain.objectives
     assert credited.fingerprint != plain.fingerprint  # another objective: a new study, not a resume
@@ -169,7 +170,8 @@ def test_a_size_beta_makes_the_loss_objective_size_adjusted_and_enters_the_finge
 
 
 def test_extrapolate_enters_the_loss_rule_and_the_fingerprint_only_when_given():
-    plain, carried = tiny_spec(), tiny_spec(objectives="size_beta = 0.15\nextrapolate = 2")
+    plain = tiny_spec(profile=LOCAL_PROFILE)
+    carried = tiny_spec(objectives="size_beta = 0.15\nextrapolate = 2")
     assert plain.extrapolate == 0.0 and plain.loss_rule.plain
     assert carried.extrapolate == 2.0 and isinstance(carried.extrapolate, float)  # 2 and 2.0: one study
     assert (carried.loss_rule.size_beta, carried.loss_rule.extrapolate) == (0.15, 2.0)
@@ -177,7 +179,7 @@ def test_extrapolate_enters_the_loss_rule_and_the_fingerprint_only_when_given():
     assert carried.fingerprint != tiny_spec(objectives="size_beta = 0.15").fingerprint  # a new study
     assert carried.fingerprint == tiny_spec(objectives="size_beta = 0.15\nextrapolate = 2.0").fingerprint
     # Left out, or 0 (the same objective): the fingerprint it had before the key existed.
-    assert plain.fingerprint == tiny_spec(objectives="extrapolate = 0.0").fingerprint
+    assert plain.fingerprint == tiny_spec(profile=LOCAL_PROFILE, objectives="extrapolate = 0.0").fingerprint
     assert plain.fingerprint == "773dd93112e444d9b9054b9a1f9f532dc451c513af38bd4b7fc72ae3abe071d4"
 
 
