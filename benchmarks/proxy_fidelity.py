@@ -92,7 +92,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 BASE = dict(tokens=PROXY_TOKENS, batch_size=16, evals=4, device="cpu", precision="fp32", seed=0)
 # name -> (variant, its retry): what a search does with stalled runs (`search.worker`), applied to
 # recorded runs. A shape whose first run sits on the unigram plateau at half its budget
-# (`worker.on_plateau`) takes the retry variant's run instead, and costs half a run more.
+# (`worker.stalled_at`) takes the retry variant's run instead, and costs half a run more.
 RETRIED = {
     "tokens2x-constant-retry": ("tokens2x-constant", "tokens2x-constant-warmup50"),
     "tokens2x-constant-seed1-retry": ("tokens2x-constant-seed1", "tokens2x-constant-warmup50-seed1"),
@@ -102,7 +102,7 @@ RETRIED = {
 def retried_runs(trials: list[dict], first: dict, retry: dict, batch_size: int) -> tuple[dict, list[int]]:
     """The runs of a RETRIED variant from its two trained variants' runs, and the stalled trials."""
     from archsearch.evaluators.data import load_dataset
-    from archsearch.search.worker import on_plateau
+    from archsearch.search.worker import stalled_at
 
     seq_len = trials[0]["config"]["seq_len"]
     unigram = load_dataset(None, None, seq_len=seq_len).unigram_loss()
@@ -110,19 +110,13 @@ def retried_runs(trials: list[dict], first: dict, retry: dict, batch_size: int) 
     for trial in trials:
         key = str(trial["trial"])
         run, curve = first[key], first[key]["val_curve"]
-        for i, (tokens, loss) in enumerate(curve):
-            fraction = (i + 1) / len(curve)
-            if fraction >= 0.5 and on_plateau(loss, unigram, tokens * 0.5 / fraction, batch_size * seq_len):
-                again = retry[key]
-                runs[key] = {
-                    **again,
-                    "tokens": tokens + again["tokens"],
-                    "wall_s": run["wall_s"] + again["wall_s"],
-                }
-                stalled.append(trial["trial"])
-                break
-        else:
+        where = stalled_at(curve, len(curve), unigram, batch_size * seq_len)
+        if where is None:
             runs[key] = run
+            continue
+        again = retry[key]
+        runs[key] = {**again, "tokens": where[0] + again["tokens"], "wall_s": run["wall_s"] + again["wall_s"]}
+        stalled.append(trial["trial"])
     return runs, stalled
 
 
