@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from archsearch.errors import ArchsearchError
+from archsearch.evaluators.settings import physical_memory_bytes
 
 _MEMORY_ERROR_MARKERS = ("out of memory", "can't allocate memory", "not enough memory")
 
@@ -104,13 +105,6 @@ def _cpu_model_name() -> str:
     return platform.processor() or platform.machine() or "unknown cpu"
 
 
-def _physical_memory_bytes() -> int:
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # not Linux / not POSIX
-        return 0
-
-
 def detect_device(device: str = "cpu") -> DeviceInfo:
     """Describe `device` ("cpu", "cuda" or "cuda:N") for measurements taken on it.
 
@@ -135,7 +129,7 @@ def detect_device(device: str = "cpu") -> DeviceInfo:
             name=_cpu_model_name(),
             units=os.cpu_count() or 1,
             capability=common["cpu_capability"],
-            memory_bytes=_physical_memory_bytes(),
+            memory_bytes=physical_memory_bytes(),
             **common,
         )
     if dev.type != "cuda":

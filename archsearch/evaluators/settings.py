@@ -242,6 +242,19 @@ def free_cores(cores: int, load: float) -> int:
     return max(1, min(cores, math.floor(cores - load + FREE_CORE_SLACK)))
 
 
+def logits_bytes(tokens: int, vocab_size: int) -> int:
+    """One fp32 copy of a step's logits: a floor under any shape's training memory at that vocab."""
+    return 4 * tokens * vocab_size
+
+
+def physical_memory_bytes() -> int:
+    """The host's physical memory (a CPU device's); 0 where it cannot be read."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not Linux / not POSIX
+        return 0
+
+
 def usable_cores() -> int:
     """The cores this process may run on: `os.sched_getaffinity`, else `os.cpu_count`."""
     if hasattr(os, "sched_getaffinity"):

@@ -52,6 +52,7 @@ from archsearch.evaluators.settings import (
     available_cores,
     check_threads,
     choose_threads,
+    logits_bytes,
 )
 from archsearch.fileio import write_atomic
 from archsearch.space.config import ArchConfig
@@ -237,11 +238,6 @@ def param_groups(model: ProxyLM, lr: float, base_width: int, weight_decay: float
         {"params": hidden, "lr": lr * scale, "weight_decay": weight_decay, "base_lr": lr * scale},
         {"params": vector, "lr": lr, "weight_decay": 0.0, "base_lr": lr},
     ]
-
-
-def logits_bytes(tokens: int, vocab_size: int) -> int:
-    """One fp32 copy of a step's logits: a floor under any shape's training memory at that vocab."""
-    return 4 * tokens * vocab_size
 
 
 def train_memory_bytes(cfg: ArchConfig, batch_size: int, seq_len: int) -> int:

@@ -282,20 +282,27 @@ class SearchSpec:
         Raises:
             SpecError: naming the bytes needed and the device's.
         """
-        from archsearch.evaluators.device import DeviceError, resolve_device
-        from archsearch.evaluators.trainer import logits_bytes
+        from archsearch.evaluators.settings import logits_bytes, physical_memory_bytes
 
         knobs = self.space.knob_values()
         seq_len = self.proxy.seq_len or knobs["seq_len"]
         need = logits_bytes(self.proxy.batch_size * seq_len, knobs["vocab_size"])
-        try:
-            info = resolve_device(self.proxy.device)
-        except DeviceError:
-            return
-        if info.memory_bytes and need > info.memory_bytes:
+        if self.proxy.device == "cpu":
+            # The host's memory, as `resolve_device` reads it, without importing torch: a search's
+            # driver, which trains nothing itself, then never pays torch's seconds of start-up.
+            kind, memory = "cpu", physical_memory_bytes()
+        else:
+            from archsearch.evaluators.device import DeviceError, resolve_device
+
+            try:
+                info = resolve_device(self.proxy.device)
+            except DeviceError:
+                return
+            kind, memory = info.type, info.memory_bytes
+        if memory and need > memory:
             raise SpecError(
                 f"{self.proxy.batch_size:,} sequences of {seq_len} tokens: their logits alone need "
-                f"{format_si(need, 'B')}, more than this {info.type}'s {format_si(info.memory_bytes, 'B')}",
+                f"{format_si(need, 'B')}, more than this {kind}'s {format_si(memory, 'B')}",
                 "[proxy].batch_size",
             )
 
