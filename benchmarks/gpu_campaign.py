@@ -1288,7 +1288,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"gpu campaign on {info.name} ({info.type}, fingerprint {info.fingerprint}), torch "
           f"{info.torch_version}; parts {','.join(map(str, args.parts))}; records in {args.out}; model "
           f"{args.model}; budget {limit}", flush=True)  # fmt: skip
-    files.event("start", argv=sys.argv[1:], device=info.name, fingerprint=info.fingerprint)
+    given = sys.argv[1:] if argv is None else argv  # called in process (a test): its own arguments
+    files.event("start", argv=given, device=info.name, fingerprint=info.fingerprint)
     try:
         run = {
             1: lambda: part_steps(args, info, files, budget),

@@ -90,8 +90,10 @@ def space_dict(example: dict[str, Any], vocab: int, data: Path) -> dict[str, Any
 
 
 def shrink_for_smoke(spec: dict[str, Any]) -> None:
-    """The smoke's runs, on the campaign's tiny CPU space: shorter windows, tokens and evaluations."""
+    """The smoke's runs, on the campaign's tiny CPU space: shorter windows, tokens and evaluations,
+    its narrowest width alone (the 4-layer d128 shapes' long runs took most of the smoke's training)."""
     spec["model"]["seq_len"] = 32
+    spec["model"]["d_model"] = {"min": 64, "max": 64, "step": 64}
     spec["proxy"] |= {"tokens": SMOKE["proxy_tokens"], "device": "cpu", "eval_batches": 1}
 
 

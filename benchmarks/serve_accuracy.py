@@ -2,7 +2,7 @@
 
 Run: python benchmarks/serve_accuracy.py [--contexts 128,512] [--batch 4] [--threads 1]
                                          [--min-run-time 0.3] [--rounds 3] [--out runs.json]
-     python benchmarks/serve_accuracy.py --smoke      # two shapes, one short context
+     python benchmarks/serve_accuracy.py --smoke      # two shapes, one short context, 2 rounds
 
 For each tiny shape (vocab 256, widths 64-256, 1-8 layers, MHA / GQA / MQA, head_dim 32 and 64,
 plain and gated MLPs) and each context, `serve_profiler.measure_serve` times the proxy's prefill
@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from archsearch.evaluators import serve_profiler
 from archsearch.evaluators.hardware import DeviceModel
 from archsearch.evaluators.serve_profiler import LocalServeModel, local_serve_model, measure_serve
 from archsearch.space.config import ArchConfig
@@ -170,8 +171,8 @@ def main() -> None:
         "host's speed drifts with the load of a shared machine)",
     )
     parser.add_argument(
-        "--rounds", type=int, default=3, help="times every (shape, context) is measured, in turn; "
-        "each is scored on the median of its rounds (a shared host's speed drifts)"
+        "--rounds", type=int, help="times every (shape, context) is measured, in turn (default 3; "
+        "the smoke's 2); each is scored on the median of its rounds (a shared host's speed drifts)"
     )  # fmt: skip
     parser.add_argument("--out", type=Path, help="write every row and the summary as JSON")
     parser.add_argument("--smoke", action="store_true", help="two shapes at one short context")
@@ -180,6 +181,16 @@ def main() -> None:
     names = SMOKE if args.smoke else tuple(SHAPES)
     contexts = (32,) if args.smoke else tuple(int(c) for c in args.contexts.split(","))
     min_run_time = 0.02 if args.smoke else args.min_run_time
+    if args.rounds is None:
+        args.rounds = 2 if args.smoke else 3
+    if args.smoke:
+        # The local model measured as briefly as the shapes, its streamed rates at two small working
+        # sets, once each: its full measurement (up to 256 MB, 3 repeats) took most of the run. The
+        # decode step's parts from 4 profiled calls: reading 20 calls' profiler events took seconds.
+        serve_profiler.CALIBRATION_MIN_RUN_TIME = 0.01
+        serve_profiler.STREAM_SET_BYTES = (1 << 18, 1 << 20)
+        serve_profiler.STREAM_REPEATS = 1
+        serve_profiler.PROFILED_CALLS = 4
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
     start = time.monotonic()

@@ -333,6 +333,9 @@ ELEMENTWISE_ELEMENTS = 1 << 18  # a prefill activation's size: 2048 tokens x 128
 STREAM_SET_BYTES = tuple(mb << 20 for mb in (1, 2, 4, 8, 12, 16, 32, 64, 256))
 STREAM_MATRICES = 16
 STREAM_REPEATS = 3  # each rate the median of 3 (`_interleaved_rate`)
+# Seconds of repeats per timing of the local model's own measurements (`local_serve_model`): its
+# GEMMs, streamed and attention rates; the elementwise rate and the reference step's op time twice it.
+CALIBRATION_MIN_RUN_TIME = 0.05
 LAYER_READS = 4  # a decoder layer's weight matrices: fused QKV, output, gate+up, down
 # The one-query SDPA calls the cache chain reads: 4 sequences of 4 heads of 32.
 CACHE_CALL = (4, 4, 32)
@@ -586,7 +589,9 @@ def _attention_efficiencies(
 
 def _reference_op_s(device: str, dtype: str) -> float:
     """Seconds per eager op: the reference shape's decode step over the ops it dispatches."""
-    reference = measure_serve(REFERENCE, device, batch=1, context=16, dtype=dtype)
+    reference = measure_serve(
+        REFERENCE, device, batch=1, context=16, dtype=dtype, min_run_time=2 * CALIBRATION_MIN_RUN_TIME
+    )
     return reference.decode_time_s / reference.decode_ops
 
 
@@ -596,8 +601,9 @@ def _local_serve_model(device: str, dtype: str, threads: int, interleaved: bool 
     calibrated, call_s, ceiling = _calibrated(device, dtype, threads)
     info = detect_device(device)
     torch_dtype = _check_dtype(info, dtype)
-    streams = _stream_bandwidths(info, torch_dtype, call_s, ceiling, 0.05, interleaved=interleaved)
-    caches = _cache_bandwidths(info, torch_dtype, ceiling, 0.05) if interleaved else ()
+    seconds = CALIBRATION_MIN_RUN_TIME
+    streams = _stream_bandwidths(info, torch_dtype, call_s, ceiling, seconds, interleaved=interleaved)
+    caches = _cache_bandwidths(info, torch_dtype, ceiling, seconds) if interleaved else ()
     return dataclasses.replace(calibrated, stream_bandwidths=streams, cache_bandwidths=caches)
 
 
@@ -610,8 +616,9 @@ def _calibrated(device: str, dtype: str, threads: int) -> tuple[LocalServeModel,
 
     info = detect_device(device)
     torch_dtype = _check_dtype(info, dtype)
+    seconds = CALIBRATION_MIN_RUN_TIME
     gemms = [
-        GemmMeasurement(m, n, k, dtype, time_gemm(m, n, k, info, dtype, min_run_time=0.05))
+        GemmMeasurement(m, n, k, dtype, time_gemm(m, n, k, info, dtype, min_run_time=seconds))
         for m, n, k in CALIBRATION_GEMMS
     ]
     base = local_cpu(cores=info.threads)
@@ -624,12 +631,12 @@ def _calibrated(device: str, dtype: str, threads: int) -> tuple[LocalServeModel,
         source=f"measured here: {len(gemms)} calibration GEMMs ({dtype}), eager op time",
     )
     rate = fitted.peak_flops(dtype) * fit.model.compute_efficiency
-    prefill_eff, decode_eff = _attention_efficiencies(info, torch_dtype, rate, 0.05)
+    prefill_eff, decode_eff = _attention_efficiencies(info, torch_dtype, rate, seconds)
     model = dataclasses.replace(
         fit.model, device=fitted, launch_overhead_s=op_s, attention_efficiency=prefill_eff,
         decode_attention_efficiency=decode_eff, other_head_dim_factor=1.0,  # measured at head_dim 32
     )  # fmt: skip
-    elementwise = _elementwise_bandwidth(info, torch_dtype, 0.1)
+    elementwise = _elementwise_bandwidth(info, torch_dtype, 2 * seconds)
     calibrated = LocalServeModel(
         model=model, dtype=dtype, op_s=op_s, peak_flops=fitted.peak_flops(dtype),
         bandwidth=fitted.memory_bandwidth, elementwise_bandwidth=elementwise,
