@@ -64,8 +64,11 @@ def _spec(
 def _search(url: str, spec, trials: int, workers: int, evaluate_fn=None) -> float:
     start = time.perf_counter()
     with Storage.open(url) as db:
-        run_search(spec, db, SearchOptions(study="bench", trials=trials, workers=workers, sampler="random"),
-                   evaluate_fn=evaluate_fn)  # fmt: skip
+        # The spec's own `prune = false` (`_spec`): the API's default would prune, and its pruning
+        # actor, a Ray worker of its own, would start in every search.
+        options = SearchOptions(study="bench", trials=trials, workers=workers, sampler="random",
+                                prune=spec.defaults.prune)  # fmt: skip
+        run_search(spec, db, options, evaluate_fn=evaluate_fn)
     return time.perf_counter() - start
 
 
