@@ -57,6 +57,9 @@ SNAPSHOT = DATA / "fidelity_cal3.sqlite"
 PROXY_SEEDS = (0, 1, 2)
 MULTIPLIER = 10
 SECOND_SEED_PER_BLOCK = 5  # 15 shapes with two reference seeds
+# The smoke run's proxy: two steps of 4 sequences (a quarter of the block's batch, so each run is a
+# quarter of the compute): it checks that every stage runs and records, not what the proxy measures.
+SMOKE_TOKENS, SMOKE_BATCH = 1024, 4
 
 
 @dataclass(frozen=True)
@@ -84,11 +87,13 @@ def study_name(block: Block, seed: int) -> str:
 
 
 def seeded_space(block: Block, seed: int, folder: Path, tokens: int | None) -> Path:
-    """The block's space file with `[proxy] seed` set (and, for a smoke run, the tokens and one
-    held-out batch per evaluation: at a few training steps, the default 8 would be most of the work)."""
+    """The block's space file with `[proxy] seed` set (and, for a smoke run, the tokens, the smoke's
+    batch and one held-out batch per evaluation: at a few training steps, the default 8 would be
+    most of the work)."""
     text = block.space.read_text().replace("[proxy]\n", f"[proxy]\nseed = {seed}\n", 1)
     if tokens is not None:
         text = text.replace("tokens = 240_000", f"tokens = {tokens}\neval_batches = 1")
+        text = text.replace("batch_size = 16", f"batch_size = {SMOKE_BATCH}")
     path = folder / f"{block.name}-p{seed}.toml"
     path.write_text(text)
     return path
@@ -694,14 +699,18 @@ def _frac(pair: list[int]) -> str:
     return f"{right}/{n} ({right / n:.0%})" if n else "-"
 
 
-def _start_ray(stack: contextlib.ExitStack, cpus: int) -> None:
-    """A local Ray in this process, shut down when `stack` closes: the steps run here use it."""
+def _start_ray(stack: contextlib.ExitStack, cpus: int, address: str | None = None) -> None:
+    """A local Ray in this process (or the cluster at `address` joined), shut down (left) when
+    `stack` closes: the steps run here use it."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
     from archsearch.search.pool import start_local_ray
 
-    start_local_ray(cpus, log_to_driver=False)
+    if address:
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
+    else:
+        start_local_ray(cpus, log_to_driver=False)
     stack.callback(ray.shutdown)
 
 
@@ -769,6 +778,10 @@ def main() -> None:
     parser.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)}")
     parser.add_argument("--workers", type=int, default=None, help="trials at once (default 2; --smoke 1)")
     parser.add_argument(
+        "--address", default=None, help="a Ray cluster the searches and validations join (default: each "
+        "starts its own; --smoke starts one for all its steps)"
+    )  # fmt: skip
+    parser.add_argument(
         "--promote-from", type=Path, default=EXAMPLE,
         help="the space file whose [search] promote the promote stage uses (default: the tiny example)",
     )  # fmt: skip
@@ -813,7 +826,7 @@ def main() -> None:
     blocks, tokens, multiplier, second = BLOCKS, None, MULTIPLIER, SECOND_SEED_PER_BLOCK
     if args.smoke:
         blocks = (Block("tiny", SPACES / "cal-tiny.toml", 4, 31),)
-        tokens, multiplier, second = 4096, 2, 4
+        tokens, multiplier, second = SMOKE_TOKENS, 2, 4
     work = Path(os.environ.get("ARCHSEARCH_CALIBRATION_DIR", ROOT / ".calibration"))
     work.mkdir(parents=True, exist_ok=True)
     db = args.db or work / "cal3.db"
@@ -830,17 +843,19 @@ def main() -> None:
         print(f"checkpoint: {len(data['shapes'])} shapes, {refs} long runs in {args.out} and {args.snapshot}")
         return
 
-    # The smoke run's steps run in this process, on one Ray started here rather than one each: a
-    # local start is most of a tiny step's time. On a database that exists (a resume) no Ray starts
-    # first: a step whose work is all stored needs none, and one that has work starts its own.
+    # The smoke run's steps run in this process, on one Ray started (or joined) here rather than one
+    # each: a local start is most of a tiny step's time. On a database that exists (a resume) no Ray
+    # starts first: a step whose work is all stored needs none, and one that has work starts its own.
+    # The recorded commands leave the address out.
     ray_up = contextlib.ExitStack()
+    join = ["--address", args.address] if args.address and not args.smoke else []
     if args.smoke and not db.exists():
-        _start_ray(ray_up, args.workers)
+        _start_ray(ray_up, args.workers, args.address)
 
     promote = example_promote(args.promote_from) if "promote" in stages else None
 
     def step(argv: list[str]) -> None:
-        (run_here if args.smoke else run)(argv)
+        (run_here if args.smoke else run)(argv + join)
         if (command := shlex.join(["archsearch", *argv[3:]])) not in commands:
             commands.append(command)
         snapshot(db, args.snapshot)
