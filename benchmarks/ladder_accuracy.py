@@ -262,17 +262,6 @@ def _start_ray(stack: contextlib.ExitStack, cpus: int, address: str | None) -> N
     stack.callback(ray.shutdown)
 
 
-def _smoke_cli_resamples() -> None:
-    """The smoke's `archsearch ladder` steps (run in this process) fit their law from the smoke's
-    `SMOKE_RESAMPLES` too: at the CLI's 200, each step's fit was seconds of CPU on the smoke's
-    poorly pinned rungs, in each of a test's three runs, for intervals the smoke only prints."""
-    import functools
-
-    from archsearch.results import ladder
-
-    ladder.fit_study_ladders = functools.partial(ladder.fit_study_ladders, resamples=SMOKE_RESAMPLES)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     # The example as the committed study was searched (before it turned promotion on), so it resumes.
@@ -352,7 +341,6 @@ def main() -> None:
     join = ["--address", args.address] if args.address and not args.smoke else []
     if args.smoke:
         _start_ray(ray_up, args.workers, args.address)
-        _smoke_cli_resamples()
 
     def step(argv: list[str]) -> None:
         (run_here if args.smoke else run)(argv + join)

@@ -36,6 +36,7 @@ How:
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Hashable, Iterable, Sequence
@@ -189,13 +190,12 @@ class LadderFit:
             By design: (predicted / measured - 1, the distance: the top rung over the largest one
             left). Empty when no design has 3 sizes, or the rest cannot be fitted.
         """
+        return dict(self._backtests)
+
+    @functools.cached_property
+    def _backtests(self) -> dict[Hashable, tuple[float, float]]:
         # Fitted once per fit: a ladder's report reads it several times (its record, its table,
         # its backtest line), and each is a fit of its own from every starting point.
-        if "_backtest" not in self.__dict__:
-            self.__dict__["_backtest"] = self._backtest()
-        return dict(self.__dict__["_backtest"])
-
-    def _backtest(self) -> dict[Hashable, tuple[float, float]]:
         tops: dict[Hashable, RungPoint] = {}
         for d in self.designs:
             mine = [p for p in self.points if p.design == d]

@@ -29,15 +29,11 @@ from tests.terminal import under_a_terminal
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SLOW_PROXY = 'seconds = {seconds}\nbatch_size = 4\nevals = 2\neval_batches = 1\ndevice = "cpu"'
-# No kernels timed after each trial: the real-process tests read no step times, and each trial's
-# local profile is a fraction of a CPU-second of a worker's time.
-UNPROFILED = "local = false"
 
 
 def _space(tmp_path: Path, trials: int = 3, seconds: float | None = None, **tables: str) -> Path:
     if seconds is not None:
         tables["proxy"] = SLOW_PROXY.format(seconds=seconds)
-        tables.setdefault("profile", UNPROFILED)
     path = tmp_path / "space.toml"
     path.write_text(tiny_toml(search=f"trials = {trials}\nprune = false", **tables))
     return path
@@ -506,7 +502,7 @@ def _drivers_share_one_study(
         "qk_norm = [true, false]\ntie_embeddings = [true, false]"
     )
     model = f"vocab_size = 256\nseq_len = 32\nhead_dim = 32\n{wide}"
-    space = _space(tmp_path, trials=n_trials, model=model, profile=UNPROFILED)
+    space = _space(tmp_path, trials=n_trials, model=model)
     address, env = head
     args = ["search", "--space", str(space), "--study", "s", "--storage", url, "--resume",
             "--address", address]  # fmt: skip

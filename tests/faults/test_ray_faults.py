@@ -88,8 +88,8 @@ def test_a_ray_node_that_dies_mid_search_ends_it_in_one_line_and_the_hint_finish
     url = f"sqlite:///{tmp_path / 'db' / 'trials.db'}"
     space = tmp_path / "space.toml"
     # One trial, the one the node's death stops (nothing else runs before it): the resume trains
-    # it again and nothing more. No kernels timed after it: nothing here reads step times.
-    space.write_text(tiny_toml(proxy=SLOW_PROXY, profile="local = false", search="trials = 1\nprune = false"))
+    # it again and nothing more.
+    space.write_text(tiny_toml(proxy=SLOW_PROXY, search="trials = 1\nprune = false"))
     proc = start_archsearch("search", "--space", str(space), "--study", "s", "--storage", url, cwd=tmp_path)
     # Waited for by state: a trial running in the database, a worker of this search running it.
     running = lambda: _counts(url).get("running") and running_task(proc.pid)  # noqa: E731
