@@ -272,7 +272,7 @@ class SearchSpec:
 
     def check_batch_memory(self) -> None:
         """Refuse a `[proxy] batch_size` whose logits alone outgrow the device the proxy trains on
-        here (`evaluators.trainer.logits_bytes`, a floor under every shape's training memory:
+        here (`evaluators.settings.logits_bytes`, a floor under every shape's training memory:
         `train_memory_bytes` counts them three times besides the weights and activations), so
         every trial would fail the trainer's own memory check.
 
