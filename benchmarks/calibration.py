@@ -128,15 +128,15 @@ def promoted_space(block: Block, seed: int, folder: Path, tokens: int | None, so
 
 
 def run(argv: list[str]) -> None:
-    """One CLI command, shown, its output streamed; a failure stops the recording (exit status)."""
+    """One CLI command, shown, its output streamed; a failure stops the benchmark (exit status)."""
     print("+ " + shlex.join(argv), flush=True)
     done = subprocess.run(argv, cwd=ROOT)
     if done.returncode != 0:
-        raise SystemExit(f"calibration: `{shlex.join(argv)}` exited {done.returncode}")
+        raise SystemExit(f"{Path(sys.argv[0]).stem}: `{shlex.join(argv)}` exited {done.returncode}")
 
 
 def run_here(argv: list[str]) -> None:
-    """`run` in this process (the smoke run's steps): the steps share one torch import and, on the
+    """`run` in this process (a smoke run's steps): the steps share one torch import and, on the
     Ray this process joined, one Ray job, whose workers import torch once rather than once a step
     (a tiny step's first trial took seconds more than its others, most of the step)."""
     from archsearch.cli import app
@@ -144,7 +144,7 @@ def run_here(argv: list[str]) -> None:
     print("+ " + shlex.join(argv), flush=True)
     code = app(argv[3:], prog_name="archsearch", standalone_mode=False)
     if code:  # None or 0: the command ended normally
-        raise SystemExit(f"calibration: `{shlex.join(argv)}` exited {code}")
+        raise SystemExit(f"{Path(sys.argv[0]).stem}: `{shlex.join(argv)}` exited {code}")
 
 
 def archsearch(*args: str) -> list[str]:
@@ -303,7 +303,7 @@ def record(
             "with the [search] promote line under `promote`, the contenders trained on at longer budgets. "
             "Losses in nats/token on the bundled corpus."
         ),
-        "measured": f"archsearch {__version__}, torch {torch.__version__}, {_cpu_description()}",
+        "measured": f"archsearch {__version__}, torch {torch.__version__}, {cpu_description()}",
         "updated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "blocks": {
             b.name: {"space": str(b.space.relative_to(ROOT)), "shapes": b.shapes, "seed": b.sampler_seed}
@@ -319,7 +319,7 @@ def record(
     return data
 
 
-def _cpu_description() -> str:
+def cpu_description() -> str:
     """ "2-core AMD EPYC ...": the machine's CPU as `evaluators.device` reads it."""
     from archsearch.evaluators.device import detect_device
 
@@ -602,7 +602,7 @@ def print_report(r: dict[str, Any]) -> None:
     print(
         f"{r['shapes']} shapes ({r['left_out']} left out), proxy seeds {r['proxy_seeds']}; reference noise "
         f"(rms gap of two seeds, {r['second_seed_shapes']} shapes) {r['reference_noise']:.4f}; reference "
-        f"ceiling (Spearman seed 1 vs 0) {_est(ceiling) if ceiling else '-'}; proxy compute per shape "
+        f"ceiling (Spearman seed 1 vs 0) {estimate(ceiling) if ceiling else '-'}; proxy compute per shape "
         f"{r['compute_per_shape']:.3f} of a 10x run"
     )
     head = ("predictor", "Spearman [95%]", "Kendall [95%]", "- params [95%]", "- FLOPs [95%]",
@@ -610,7 +610,8 @@ def print_report(r: dict[str, Any]) -> None:
     print("".join(f"{h:<26}" if i == 0 else f"{h:>21}" for i, h in enumerate(head)))
     for name, p in r["predictors"].items():
         cells = [
-            _est(p["spearman"]), _est(p["kendall"]), _est(p["vs_params"]), _est(p["vs_flops"]),
+            estimate(p["spearman"]), estimate(p["kendall"]),
+            estimate(p["vs_params"]), estimate(p["vs_flops"]),
             _frac(p["pairs"]), _frac(p["iso_pairs"]), _frac(p["front_recall"]), f"{p['knee_regret']:.4f}",
         ]  # fmt: skip
         print(f"{name:<26}" + "".join(f"{c:>21}" for c in cells))
@@ -624,8 +625,8 @@ def print_report(r: dict[str, Any]) -> None:
     for block, predictors in r.get("blocks", {}).items():
         print(f"block {block}:")
         for name, p in predictors.items():
-            print(f"  {name:<24} Spearman {_est(p['spearman'])}, front recall {_frac(p['front_recall'])}, "
-                  f"knee regret {p['knee_regret']:.4f}")  # fmt: skip
+            print(f"  {name:<24} Spearman {estimate(p['spearman'])}, "
+                  f"front recall {_frac(p['front_recall'])}, knee regret {p['knee_regret']:.4f}")  # fmt: skip
 
 
 # The grid of the loss objective's constants that `benchmarks/public_runs.py --sweep` scores on public
@@ -682,16 +683,15 @@ def print_sweep(data: dict[str, Any], min_shapes: int = MIN_SHAPES, partial: boo
             diff = [fs.paired_difference(v, b, target) for v, b in zip(values, shipped, strict=True)]
             above, below = sum(d.low > 0 for d in diff), sum(d.high < 0 for d in diff)
             print(
-                f"{beta:5.2f} {extrapolate:6g} {_est(rho.to_dict()):>20s} {_frac([right, counted]):>14s} "
+                f"{beta:5.2f} {extrapolate:6g} {estimate(rho.to_dict()):>20s} {_frac([right, counted]):>14s} "
                 f"{np.mean([d.value for d in diff]):+14.3f} {above:>5d} {below:>5d}"
             )
 
 
-def _est(e: dict[str, float | None]) -> str:
-    def f(x: float | None, spec: str) -> str:
-        return "-" if x is None else format(x, spec)
+def estimate(e: dict[str, float | None]) -> str:
+    from archsearch.search.fidelity_stats import estimate_text
 
-    return f"{f(e['value'], '.3f')} [{f(e['low'], '.2f')}, {f(e['high'], '.2f')}]"
+    return estimate_text(e, value_spec=".3f")
 
 
 def _frac(pair: list[int]) -> str:
@@ -699,7 +699,7 @@ def _frac(pair: list[int]) -> str:
     return f"{right}/{n} ({right / n:.0%})" if n else "-"
 
 
-def _start_ray(stack: contextlib.ExitStack, cpus: int, address: str | None = None) -> None:
+def start_ray(stack: contextlib.ExitStack, cpus: int, address: str | None = None) -> None:
     """A local Ray in this process (or the cluster at `address` joined), shut down (left) when
     `stack` closes: the steps run here use it."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -850,7 +850,7 @@ def main() -> None:
     ray_up = contextlib.ExitStack()
     join = ["--address", args.address] if args.address and not args.smoke else []
     if args.smoke and not db.exists():
-        _start_ray(ray_up, args.workers, args.address)
+        start_ray(ray_up, args.workers, args.address)
 
     promote = example_promote(args.promote_from) if "promote" in stages else None
 

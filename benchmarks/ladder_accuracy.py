@@ -50,7 +50,6 @@ import json
 import multiprocessing
 import os
 import shlex
-import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -58,6 +57,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+# Its steps run, and its Ray starts, as calibration.py's do.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from calibration import archsearch, cpu_description, estimate, run, run_here, start_ray
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "benchmarks" / "data"
@@ -94,29 +97,6 @@ seed = 3
 trials = 10
 prune = false
 """
-
-
-def run(argv: list[str]) -> None:
-    """One CLI command, shown, its output streamed; a failure stops the benchmark."""
-    print("+ " + shlex.join(argv), flush=True)
-    done = subprocess.run(argv, cwd=ROOT)
-    if done.returncode != 0:
-        raise SystemExit(f"ladder_accuracy: `{shlex.join(argv)}` exited {done.returncode}")
-
-
-def run_here(argv: list[str]) -> None:
-    """`run` in this process (the smoke's steps): the steps share one torch import and, on the Ray
-    this process joined, one Ray job, whose workers import torch once rather than once a step."""
-    from archsearch.cli import app
-
-    print("+ " + shlex.join(argv), flush=True)
-    code = app(argv[3:], prog_name="archsearch", standalone_mode=False)
-    if code:  # None or 0: the command ended normally
-        raise SystemExit(f"ladder_accuracy: `{shlex.join(argv)}` exited {code}")
-
-
-def archsearch(*args: str) -> list[str]:
-    return [sys.executable, "-m", "archsearch", *args]
 
 
 def design_key(cfg: Any) -> str:
@@ -233,35 +213,6 @@ def measures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _est(e: dict[str, Any]) -> str:
-    from archsearch.search.fidelity_stats import estimate_text
-
-    return estimate_text(e, value_spec=".3f")
-
-
-def _cpu_description() -> str:
-    """ "2-core AMD EPYC ...": the machine's CPU as `evaluators.device` reads it."""
-    from archsearch.evaluators.device import detect_device
-
-    cpu = detect_device("cpu")
-    return f"{cpu.units}-core {cpu.name}"
-
-
-def _start_ray(stack: contextlib.ExitStack, cpus: int, address: str | None) -> None:
-    """A local Ray in this process (or the cluster at `address` joined), shut down (left) when
-    `stack` closes: the steps run here use it."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    import ray
-
-    from archsearch.search.pool import start_local_ray
-
-    if address:
-        ray.init(address=address, log_to_driver=False, configure_logging=False)
-    else:
-        start_local_ray(cpus, log_to_driver=False)
-    stack.callback(ray.shutdown)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     # The example as the committed study was searched (before it turned promotion on), so it resumes.
@@ -340,7 +291,7 @@ def main() -> None:
     ray_up = contextlib.ExitStack()
     join = ["--address", args.address] if args.address and not args.smoke else []
     if args.smoke:
-        _start_ray(ray_up, args.workers, args.address)
+        start_ray(ray_up, args.workers, args.address)
 
     def step(argv: list[str]) -> None:
         (run_here if args.smoke else run)(argv + join)
@@ -463,7 +414,7 @@ def main() -> None:
             f"parameter, the rungs at batch {rung_batch}, the real runs at {real_batch}; losses in "
             "nats/token on the study's corpus"
         ),
-        "measured": f"archsearch {__version__}, {_cpu_description()}",
+        "measured": f"archsearch {__version__}, {cpu_description()}",
         "updated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "space": str(space.relative_to(ROOT)) if space.is_relative_to(ROOT) else str(space),
         "commands": commands,
@@ -498,9 +449,9 @@ def main() -> None:
         if "spearman" in m:
             s = m["spearman"]
             print(
-                f"Spearman against the real ranking: ladder {_est(s['ladder'])}, proxy {_est(s['proxy'])}, "
-                f"size-adjusted proxy {_est(s['proxy_adjusted'])}; ladder - proxy "
-                f"{_est(m['ladder_vs_proxy'])}"
+                f"Spearman against the real ranking: ladder {estimate(s['ladder'])}, "
+                f"proxy {estimate(s['proxy'])}, size-adjusted proxy {estimate(s['proxy_adjusted'])}; "
+                f"ladder - proxy {estimate(m['ladder_vs_proxy'])}"
             )
     for n in seed_noise:
         print(
