@@ -26,6 +26,7 @@ and the memory-bound ops with the launches), so an error can be traced to its pa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -36,9 +37,13 @@ from typing import Any
 
 import torch
 
-from archsearch.evaluators import serve_profiler
 from archsearch.evaluators.hardware import DeviceModel
-from archsearch.evaluators.serve_profiler import LocalServeModel, local_serve_model, measure_serve
+from archsearch.evaluators.serve_profiler import (
+    LocalServeModel,
+    brief_calibration,
+    local_serve_model,
+    measure_serve,
+)
 from archsearch.space.config import ArchConfig
 
 # name: d_model, n_layers, n_heads, n_kv_heads, head_dim, d_ff, activation
@@ -183,16 +188,19 @@ def main() -> None:
     min_run_time = 0.02 if args.smoke else args.min_run_time
     if args.rounds is None:
         args.rounds = 2 if args.smoke else 3
-    if args.smoke:
-        # The local model measured as briefly as the shapes, its streamed rates at two small working
-        # sets, once each: its full measurement (up to 256 MB, 3 repeats) took most of the run. The
-        # decode step's parts from 4 profiled calls: reading 20 calls' profiler events took seconds.
-        serve_profiler.CALIBRATION_MIN_RUN_TIME = 0.01
-        serve_profiler.STREAM_SET_BYTES = (1 << 18, 1 << 20)
-        serve_profiler.STREAM_REPEATS = 1
-        serve_profiler.PROFILED_CALLS = 4
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    # The smoke measures the local model as briefly as its shapes: the full measurement (up to 256
+    # MB of streamed weights, 3 repeats; 20 profiled decode calls) took most of the run.
+    with brief_calibration() if args.smoke else contextlib.nullcontext():
+        measure_all(args, names, contexts, min_run_time)
+
+
+def measure_all(
+    args: argparse.Namespace, names: tuple[str, ...], contexts: tuple[int, ...], min_run_time: float
+) -> None:
+    """Every shape at every context, `args.rounds` times in turn: the rows and the summary printed
+    (and written to `args.out`)."""
     start = time.monotonic()
     local = local_serve_model("cpu", "fp32")
     previous = local_serve_model("cpu", "fp32", interleaved=False)

@@ -17,8 +17,10 @@ step is all overhead, times the ops this shape's calls really dispatch (`_OpCoun
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -336,6 +338,14 @@ STREAM_REPEATS = 3  # each rate the median of 3 (`_interleaved_rate`)
 # Seconds of repeats per timing of the local model's own measurements (`local_serve_model`): its
 # GEMMs, streamed and attention rates; the elementwise rate and the reference step's op time twice it.
 CALIBRATION_MIN_RUN_TIME = 0.05
+# What `brief_calibration` measures the local model with: 0.01 s timings, the streamed rates at two
+# small working sets once each, the decode step's parts from 4 profiled calls.
+BRIEF_CALIBRATION = {
+    "CALIBRATION_MIN_RUN_TIME": 0.01,
+    "STREAM_SET_BYTES": (1 << 18, 1 << 20),
+    "STREAM_REPEATS": 1,
+    "PROFILED_CALLS": 4,
+}
 LAYER_READS = 4  # a decoder layer's weight matrices: fused QKV, output, gate+up, down
 # The one-query SDPA calls the cache chain reads: 4 sequences of 4 heads of 32.
 CACHE_CALL = (4, 4, 32)
@@ -643,3 +653,19 @@ def _calibrated(device: str, dtype: str, threads: int) -> tuple[LocalServeModel,
         calibration_error=fit.median_error,
     )  # fmt: skip
     return calibrated, fit.model.launch_s, fit.model.bandwidth
+
+
+@contextlib.contextmanager
+def brief_calibration() -> Iterator[None]:
+    """Inside the block, the local serving model is measured briefly (`BRIEF_CALIBRATION`): for
+    checking what the model and `profile --serve` report (smoke runs, tests), not how well it
+    predicts, in a second or two rather than most of a minute. The process's measured models are
+    dropped on entering and on leaving, so nothing outside the block reads a brief one."""
+    saved = {name: globals()[name] for name in BRIEF_CALIBRATION}
+    _local_serve_model.cache_clear()
+    globals().update(BRIEF_CALIBRATION)
+    try:
+        yield
+    finally:
+        globals().update(saved)
+        _local_serve_model.cache_clear()

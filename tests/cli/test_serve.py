@@ -68,20 +68,14 @@ def tiny_config(tmp_path):
 
 
 @pytest.fixture
-def brief_local_calibration(monkeypatch):
-    """The local serving model calibrated briefly (0.01 s timings, two small working sets, once each;
-    4 profiled decode calls): this checks what `profile --serve` reports, not how well the model
-    predicts (benchmarks/serve_accuracy.py), and the full calibration was most of its CPU. The
-    process's calibrated model is dropped before and after, so no other test reads a brief one."""
-    from archsearch.evaluators import serve_profiler
+def brief_local_calibration():
+    """The local serving model calibrated briefly (`serve_profiler.brief_calibration`): this checks
+    what `profile --serve` reports, not how well the model predicts (benchmarks/serve_accuracy.py),
+    and the full calibration was most of its CPU."""
+    from archsearch.evaluators.serve_profiler import brief_calibration
 
-    monkeypatch.setattr(serve_profiler, "CALIBRATION_MIN_RUN_TIME", 0.01)
-    monkeypatch.setattr(serve_profiler, "STREAM_SET_BYTES", (1 << 18, 1 << 20))
-    monkeypatch.setattr(serve_profiler, "STREAM_REPEATS", 1)
-    monkeypatch.setattr(serve_profiler, "PROFILED_CALLS", 4)
-    serve_profiler._local_serve_model.cache_clear()
-    yield
-    serve_profiler._local_serve_model.cache_clear()
+    with brief_calibration():
+        yield
 
 
 @pytest.mark.long

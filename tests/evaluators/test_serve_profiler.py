@@ -153,3 +153,19 @@ def test_the_streamed_rates_are_measured_with_a_layers_eager_ops_between_every_4
         assert all(ceiling / 20 <= rate <= ceiling for _, rate in measured)
     back_to_back = sp._stream_bandwidths(info, torch.float32, 1e-6, ceiling, 0.005, interleaved=False)
     assert [size for size, _ in back_to_back] == [1 << 16, 1 << 18]
+
+
+def test_a_brief_calibration_measures_the_local_model_briefly_inside_the_block_only():
+    from archsearch.evaluators import serve_profiler
+
+    full = {name: getattr(serve_profiler, name) for name in serve_profiler.BRIEF_CALIBRATION}
+    assert full != serve_profiler.BRIEF_CALIBRATION
+    with serve_profiler.brief_calibration():
+        brief = serve_profiler.local_serve_model("cpu", "fp32")
+        assert {name: getattr(serve_profiler, name) for name in full} == serve_profiler.BRIEF_CALIBRATION
+        # Its streamed rates at the brief working sets, and measured once in the block.
+        assert [size for size, _ in brief.stream_bandwidths] == [1 << 18, 1 << 20]
+        assert serve_profiler.local_serve_model("cpu", "fp32") is brief
+    assert {name: getattr(serve_profiler, name) for name in full} == full
+    # Outside, the brief model is gone: the next caller measures the full one, not the brief one.
+    assert serve_profiler._local_serve_model.cache_info().currsize == 0
