@@ -659,8 +659,8 @@ def _calibrated(device: str, dtype: str, threads: int) -> tuple[LocalServeModel,
 def brief_calibration() -> Iterator[None]:
     """Inside the block, the local serving model is measured briefly (`BRIEF_CALIBRATION`): for
     checking what the model and `profile --serve` report (smoke runs, tests), not how well it
-    predicts, in a second or two rather than most of a minute. The process's measured models are
-    dropped on entering and on leaving, so nothing outside the block reads a brief one."""
+    predicts. The process's measured models are dropped on entering and on leaving, so nothing
+    outside the block reads a brief one."""
     saved = {name: globals()[name] for name in BRIEF_CALIBRATION}
     _local_serve_model.cache_clear()
     globals().update(BRIEF_CALIBRATION)
