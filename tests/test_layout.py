@@ -15,6 +15,8 @@
   things under one name get a name each instead.
 - No test module imports a private name of another test module: what tests share lives in
   `tests/helpers.py` (and the other helper modules beside it) under a public name.
+- `docs/explanations/code-layout.md` names every module of `archsearch/` (in backticks, by its name,
+  its path or a dotted name in it): the page a newcomer reads first does not miss a room.
 
 No rule has an allow-list: an exception is fixed, not listed.
 """
@@ -230,3 +232,27 @@ def test_modules_that_share_a_name_name_each_other():
         "dotted path (`archsearch.results.report`); rename the ones that are different things:\n"
         + "\n".join(unnamed)
     )
+
+
+LAYOUT_PAGE = ROOT / "docs" / "explanations" / "code-layout.md"
+
+
+def _named_on(page: str, path: Path) -> bool:
+    """Whether `page` names the module at `path` in backticks: `name`, `pkg/name.py`, `name.Thing`."""
+    return re.search(r"`(?:\w+[/.])*" + re.escape(path.stem) + r"(?:\.\w+)*`", page) is not None
+
+
+def test_the_module_finder_reads_names_paths_and_dotted_names_in_backticks():
+    page = "the driver (`driver`), `search/spec.py`, `options.SearchOptions`; plain store, `stores`"
+    found = [
+        p.stem
+        for p in map(Path, ["a/driver.py", "a/spec.py", "a/options.py", "a/store.py"])
+        if _named_on(page, p)
+    ]
+    assert found == ["driver", "spec", "options"]
+
+
+def test_the_code_layout_page_names_every_module():
+    page = LAYOUT_PAGE.read_text(encoding="utf-8")
+    missing = [_relative(p) for p in PATHS if p.name != "__init__.py" and not _named_on(page, p)]
+    assert not missing, f"docs/explanations/code-layout.md does not name {missing}"
