@@ -532,7 +532,7 @@ def seed_repeats(
             }  # fmt: skip
             for first in value:
                 chosen = contenders(
-                    numbers, np.column_stack([first, np.log10(f)]), ["loss", "flops"], settings.margin_nats,
+                    numbers, np.column_stack([first, f]), ["loss", "flops"], settings.margin_nats,
                     settings.max_contenders,
                 )  # fmt: skip
                 change = float(np.median([mean[i] - first[i] for i in chosen]))

@@ -15,8 +15,8 @@ trained at all of them. A contender's value at a budget is then its mean over th
 PASHA's rule compares between rungs and the front ranks. Where the proxy is short, the order among
 the best shapes at one seed is partly that seed's luck, and a longer run at the lucky seed keeps
 it: on the tiny CPU proxy, ranking the contenders by their mean over 3 seeds at the proxy's budget
-raised front recall from 29/45 to 32/45 and removed a 1.56-nat knee regret, where longer budgets at
-one seed changed nothing (docs/accuracy.md, "Seed repeats instead of longer budgets, replayed").
+raised front recall from 29/45 to 31/45 and removed a 1.56-nat knee regret, where longer budgets at
+one seed changed nothing (docs/accuracy.md, "Seed repeats, built and trained").
 
 The margin is the loss objective's seed noise: two losses closer than it are ties. "auto" is
 `AUTO_MARGIN`, the tiny proxy's pooled within-shape standard deviation over seeds 0-2 on the
