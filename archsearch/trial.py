@@ -36,6 +36,9 @@ STATES: Mapping[str, str] = {
 }
 FINISHED = (COMPLETE, PRUNED, FAILED)  # the states that count towards a search's --trials
 OUTCOMES = FINISHED  # what one evaluation ends in (the trainer's run, the worker's trial)
+# How a complete trial's (or seed repeat's) reason starts where its run stalled on the unigram
+# plateau and was trained again with a longer warm-up (`search.worker.stall_note`).
+STALLED = "stalled at the unigram loss"
 
 
 def check_state(state: str, allowed: Mapping[str, Any] | tuple[str, ...] = tuple(STATES)) -> str:

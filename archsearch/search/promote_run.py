@@ -21,7 +21,7 @@ this machine are deleted once promotion ends.
 
 A seed repeat at the proxy's budget is the trial a study at its seed trains, stall rule included
 (`worker.stall_reason`): one that stalls is trained again with the stall retry's settings, its row
-holds the retry's result and a reason starting with `worker.STALLED`, as such a trial's does, and
+holds the retry's result and a reason starting with `trial.STALLED`, as such a trial's does, and
 its longer rungs train with those settings (`_Promoter.settings_at`).
 
 Optuna's view stays the first pass: the values its trials were told are never changed, and as
@@ -43,10 +43,10 @@ from archsearch.search.pareto import study_front
 from archsearch.search.pool import RayPool, Stop
 from archsearch.search.promotion import TENFOLD, climb, contenders, spent_tokens
 from archsearch.search.validate import long_run
-from archsearch.search.worker import STALLED, kept_state_path, stall_retry
+from archsearch.search.worker import kept_state_path, stall_retry
 from archsearch.space.costs import param_counts
 from archsearch.space.objectives import curve_change
-from archsearch.trial import COMPLETE, FAILED, INTERRUPTED, PRUNED, RUNNING
+from archsearch.trial import COMPLETE, FAILED, INTERRUPTED, PRUNED, RUNNING, STALLED
 from archsearch.units import whole
 
 if TYPE_CHECKING:

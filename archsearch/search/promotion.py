@@ -36,7 +36,7 @@ import numpy as np
 from archsearch.errors import ArchsearchError
 from archsearch.registry import Registry
 from archsearch.search.pareto import knee_index, pareto_mask, scaled
-from archsearch.trial import INTERRUPTED
+from archsearch.trial import INTERRUPTED, STALLED
 from archsearch.units import SEED_MAX
 
 if TYPE_CHECKING:
@@ -302,7 +302,8 @@ def spent_tokens(
     took over from a kept state (`PromotionRecord.resumed_tokens`; 0 when it trained from step 0,
     as it does when the state is missing or belongs to another run). A promotion stored without it
     counts as `promotion_tokens` plans it, resumed where its trial's settings keep a state
-    (`resumable`, by trial number)."""
+    (`resumable`, by trial number). A seed repeat trained again for stalling (its reason starts
+    with `trial.STALLED`) trained its budget twice: the stalled run, judged whole, then the retry."""
     known = [p for p in complete if p.resumed_tokens is not None]
     budgets: dict[int, list[int]] = {}
     for p in complete:
@@ -310,5 +311,6 @@ def spent_tokens(
             budgets.setdefault(p.trial_number, []).append(p.budget_tokens)
     planned = promotion_tokens(proxy_tokens, budgets, resumable)
     tokens = sum(p.budget_tokens - int(p.resumed_tokens or 0) for p in known) + planned
+    tokens += sum(p.budget_tokens for p in complete if (p.reason or "").startswith(STALLED))
     resumed = sum(1 for p in known if p.resumed_tokens)
     return Spent(tokens, resumed, len(known) - resumed, len(complete) - len(known))

@@ -40,7 +40,7 @@ from archsearch.search.pruning import rung_at
 from archsearch.space.config import ArchConfig
 from archsearch.space.costs import flop_counts, param_counts
 from archsearch.space.objectives import LossRule, curve_change
-from archsearch.trial import COMPLETE, FAILED, PRUNED, TrialOutcome
+from archsearch.trial import COMPLETE, FAILED, PRUNED, STALLED, TrialOutcome
 
 if TYPE_CHECKING:
     from archsearch.evaluators.settings import TrainSettings
@@ -124,7 +124,6 @@ STALL_MARGIN = 0.1
 STALL_MIN_STEPS = 30
 STALL_MIN_TOKENS = 50_000
 STALL_WARMUP = 0.5  # the retry's warm-up fraction (59 of the tiny proxy's 118 steps)
-STALLED = "stalled at the unigram loss"  # how a trial's reason says it was trained again
 
 
 def stall_retry(settings: TrainSettings) -> TrainSettings:

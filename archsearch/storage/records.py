@@ -208,7 +208,7 @@ class PromotionRecord:
     trial_number: int
     budget_tokens: int
     status: str  # running, complete or failed
-    reason: str | None  # why it failed; or `worker.STALLED`, a seed repeat trained again for stalling
+    reason: str | None  # why it failed; or `trial.STALLED`, a seed repeat trained again for stalling
     val_loss: float | None  # held-out nats per token; None unless complete
     objective: float | None  # the study's loss objective at this budget; None unless complete
     val_curve: tuple[tuple[int, float], ...]

@@ -21,6 +21,7 @@ from archsearch.search.promotion import (
     spent_tokens,
 )
 from archsearch.storage import PromotionRanking, PromotionRecord
+from archsearch.trial import STALLED
 
 OBJECTIVES = ("loss", "flops")
 
@@ -197,10 +198,10 @@ def test_climb_stops_when_the_order_holds_at_the_cap_or_when_training_is_stopped
     assert climb(settings, first, budget, lambda b: {0: 1.2}) == Climb((200,), None, HELD)
 
 
-def _promotion(number: int, budget: int, resumed: int | None) -> PromotionRecord:
+def _promotion(number: int, budget: int, resumed: int | None, reason: str | None = None) -> PromotionRecord:
     return PromotionRecord(
         id=0, study="s", trial_id=number, trial_number=number, budget_tokens=budget, status="complete",
-        reason=None, val_loss=2.0, objective=2.0, val_curve=(), wall_time_s=1.0, host="h", claimed_at=0.0,
+        reason=reason, val_loss=2.0, objective=2.0, val_curve=(), wall_time_s=1.0, host="h", claimed_at=0.0,
         lease_expires_at=None, finished_at=1.0, resumed_tokens=resumed,
     )  # fmt: skip
 
@@ -213,6 +214,14 @@ def test_the_tokens_spent_are_those_each_promotion_trained_resumed_or_from_step_
     spent = spent_tokens(2000, complete, {1: True, 2: True, 3: True})
     assert spent == Spent(tokens=2000 + 4000 + 4000 + 2000, resumed=2, afresh=1, unknown=1)
     assert spent_tokens(2000, [_promotion(3, 4000, None)], {3: False}).tokens == 4000
+
+
+def test_a_seed_repeat_trained_again_for_stalling_counts_the_stalled_run_too():
+    # The repeat at the proxy's budget (2,000) stalled: its whole run was judged, then retrained.
+    stalled = _promotion(1, 2000, 0, f"{STALLED} after 1,000 tokens at 5.4 nats")
+    assert spent_tokens(2000, [stalled, _promotion(2, 2000, 0)], {}).tokens == 2000 * 2 + 2000
+    # A failure's reason is not a stall: counted once, as any promotion.
+    assert spent_tokens(2000, [_promotion(3, 2000, 0, "out of memory")], {}).tokens == 2000
 
 
 def test_shapes_not_promoted_are_placed_at_the_budget_by_the_contenders_median_change():
