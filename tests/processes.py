@@ -14,27 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from archsearch.search.raystart import CPP_WAITS
-
 T = TypeVar("T")
 
 
-# Ray's waits as the test run was given them: a search in the test's own process sets the ones it
-# shortens (`raystart.shorten_ray_waits`, a quarter of its 120 s bound), and a child inheriting
-# those would keep them under its own shorter bound (a join bounded at 1 s then waited 40 s).
-_GIVEN_WAITS = {name: os.environ.get(name) for name in CPP_WAITS}
-
-
 def archsearch_env(**extra: str) -> dict[str, str]:
-    """This environment for a child archsearch: no Ray usage stats, unbuffered output, Ray's waits
-    as the run was given them."""
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
-    for name, given in _GIVEN_WAITS.items():
-        if given is None:
-            env.pop(name, None)
-        else:
-            env[name] = given
-    return {**env, **extra}
+    """This environment for a child archsearch: no Ray usage stats, unbuffered output."""
+    return {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1", **extra}
 
 
 def start_archsearch(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:

@@ -29,7 +29,7 @@ from archsearch.search.raystart import (
     bounded,
     native_stderr_to,
     refused,
-    shorten_ray_waits,
+    shortened_ray_waits,
     start_bound,
     start_failure_cause,
 )
@@ -178,7 +178,10 @@ class RayPool:
         if self.started:
             return
         bound = start_bound()
-        shorten_ray_waits(bound)  # before Ray reads its settings, on import
+        with shortened_ray_waits(bound):  # read by Ray on import and as it starts; put back after
+            self._start(bound)
+
+    def _start(self, bound: float) -> None:
         import ray
 
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

@@ -50,17 +50,26 @@ def start_bound() -> float:
 
 # Ray's own waits inside one C++ call, which no Python signal handler interrupts: a GCS connection
 # attempt (5 s by default) and the wait for the GCS's first answer (30 s; a join measured 44 s
-# under a 3 s bound with them), with Ray's defaults. `shorten_ray_waits` cuts each to fit.
+# under a 3 s bound with them), with Ray's defaults. `shortened_ray_waits` cuts each to fit.
 CPP_WAITS = {"RAY_gcs_rpc_server_connect_timeout_s": 5, "RAY_py_gcs_connect_timeout_s": 30}
 
 
-def shorten_ray_waits(seconds: float) -> None:
+@contextlib.contextmanager
+def shortened_ray_waits(seconds: float) -> Iterator[None]:
     """Cut Ray's C++ waits (`CPP_WAITS`) to a quarter of the bound where that is shorter (at least
-    1 s), so that a call returns in time for the bound to end it; a value set in the environment
-    is kept. Ray reads them once, on import: call this before `import ray` (else it changes
-    nothing). The default bound leaves Ray's defaults as they are."""
-    for name, default in CPP_WAITS.items():
-        os.environ.setdefault(name, str(max(1, min(default, int(seconds // 4)))))
+    1 s) inside the block, so that a call returns in time for the bound to end it; a value set in
+    the environment is kept. Ray reads them on import and as it starts: import and start Ray
+    inside the block. The environment is put back as it was when the block ends, so a process
+    started later (an archsearch under another bound) does not inherit them as if they were the
+    user's. The default bound leaves Ray's defaults as they are."""
+    set_here = [name for name in CPP_WAITS if name not in os.environ]
+    for name in set_here:
+        os.environ[name] = str(max(1, min(CPP_WAITS[name], int(seconds // 4))))
+    try:
+        yield
+    finally:
+        for name in set_here:
+            os.environ.pop(name, None)
 
 
 @contextlib.contextmanager
@@ -68,7 +77,7 @@ def bounded(seconds: float) -> Iterator[None]:
     """Raise `RayStartTimeout` in the block once `seconds` have passed, and again every `RETRY_S`
     until the block ends: raised at an arbitrary point, an exception can land in a fork handler
     of Ray's process start, where Python prints and drops it; Ray's waits inside one C++ call
-    delay it unless shortened (`shorten_ray_waits`). Main thread only (a signal timer); elsewhere
+    delay it unless shortened (`shortened_ray_waits`). Main thread only (a signal timer); elsewhere
     the block runs unbounded."""
     import threading
 

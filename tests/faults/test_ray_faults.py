@@ -24,7 +24,13 @@ from ray import cloudpickle  # Ray vendors it
 from archsearch.search import pool as pool_module
 from archsearch.search.driver import SearchOptions, run_search
 from archsearch.search.pool import RayPool, RayStartError, Stop, handle_signals
-from archsearch.search.raystart import RayStartTimeout, bounded, start_failure_cause
+from archsearch.search.raystart import (
+    CPP_WAITS,
+    RayStartTimeout,
+    bounded,
+    shortened_ray_waits,
+    start_failure_cause,
+)
 from archsearch.search.reaper import how_it_ended, local_raylet
 from archsearch.storage import Storage
 from archsearch.trial import TrialOutcome
@@ -192,6 +198,25 @@ def test_the_bound_is_raised_again_until_the_block_ends():
                 caught.append(1)
                 time.sleep(30)
     assert caught == [1]
+
+
+def test_ray_s_waits_are_shortened_inside_the_start_only_and_a_user_s_are_kept(monkeypatch):
+    # A 3 s bound cuts the GCS connect (5 s) and first-answer (30 s) waits to 1 s while Ray starts;
+    # after it, a child started later (an archsearch under its own bound) must not inherit them.
+    monkeypatch.delenv("RAY_gcs_rpc_server_connect_timeout_s", raising=False)
+    monkeypatch.setenv("RAY_py_gcs_connect_timeout_s", "17")  # the user's own: kept
+    with shortened_ray_waits(3):
+        assert os.environ["RAY_gcs_rpc_server_connect_timeout_s"] == "1"
+        assert os.environ["RAY_py_gcs_connect_timeout_s"] == "17"
+    assert "RAY_gcs_rpc_server_connect_timeout_s" not in os.environ
+    assert os.environ["RAY_py_gcs_connect_timeout_s"] == "17"
+    with pytest.raises(RuntimeError), shortened_ray_waits(3):  # put back on the way out of a failure
+        raise RuntimeError
+    assert "RAY_gcs_rpc_server_connect_timeout_s" not in os.environ
+    with shortened_ray_waits(120):  # the default bound: Ray's own values
+        assert os.environ["RAY_gcs_rpc_server_connect_timeout_s"] == str(
+            CPP_WAITS["RAY_gcs_rpc_server_connect_timeout_s"]
+        )
 
 
 # --- a failed local start names its cause ----------------------------------------------------------------
