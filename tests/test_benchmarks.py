@@ -200,6 +200,23 @@ def test_trainer_throughput_smoke_trains_in_the_precision_auto_resolves_to(cpu_b
     assert "d128 L4" in done.stdout, done.stdout[-3000:]
 
 
+def test_promotion_cal3_smoke_resumes_a_chain_and_replays_the_committed_record():
+    done = _smoke("promotion_cal3.py", timeout=300)
+    out = done.stdout
+    assert re.search(r"^smoke: trial \d+ at 1x [\d.]+, 2x resumed [\d.]+$", out, re.M), out
+    assert "promotion on calibration set 3 (tiny CPU regime), replayed from resumed runs" in out, out
+    # The record holds every shape's first pass at 3 seeds: no promotion is scored in both blocks.
+    none = re.search(r"^  no promotion \(margin 0.063\): front recall, blocks together, (\d+)/45", out, re.M)
+    assert none, out
+    blocks = re.findall(
+        r"^    (tiny|wide): front recall (\d+)/(\d+); knee regret by seed ([\d.]+)/([\d.]+)/([\d.]+)",
+        out,
+        re.M,
+    )
+    assert [b[0] for b in blocks[:2]] == ["tiny", "wide"], out
+    assert int(blocks[0][1]) + int(blocks[1][1]) == int(none[1]), out
+
+
 def test_every_benchmark_has_a_smoke_test():
     scripts = {p.stem for p in (ROOT / "benchmarks").glob("*.py")}
     tested = (
@@ -208,7 +225,7 @@ def test_every_benchmark_has_a_smoke_test():
     tested |= {"search_quality", "trainer_throughput", "calibration", "gpu_campaign", "ladder_accuracy"}
     tested |= {"gpu_campaign_serve"}  # gpu_campaign's part 3, run by its smoke test
     tested |= {"gpu_campaign_fidelity", "gpu_campaign_plan", "gpu_corpus"}  # part 5, its --dry-run, corpus
-    tested |= {"promotion_replay"}
+    tested |= {"promotion_replay", "promotion_cal3"}
     assert scripts == tested
 
 

@@ -560,7 +560,7 @@ KEY_DOCS: dict[str, str] = {
         "After the trials, train the front's contenders at 2x, 4x, ... the proxy's tokens until "
         'their ranking holds: { cap = 4, rule = "pasha", margin = "auto", max_contenders = 8, seeds = 1 }. '
         "cap: the largest multiple, >= 1; rule: pasha (stop once no two contenders swap by more "
-        "than the margin); "
+        "than the margin) or cap (every rung to the cap, whatever the order); "
         'margin: nats of the loss objective that count as a tie, "auto" = 0.063 (the tiny proxy\'s '
         "seed noise); max_contenders: the most shapes promoted, the knee and those nearest it, "
         ">= 2, default 8; seeds: proxy seeds each contender is trained at, at every rung, its value "

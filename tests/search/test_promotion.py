@@ -124,7 +124,7 @@ def test_auto_margin_is_the_documented_seed_noise():
         (dict(cap=True), "cap: must be a number from 1"),
         (dict(cap=float("inf")), "cap: must be a number from 1"),
         (dict(cap=2048), "cap: must be a number from 1 to 1024"),
-        (dict(rule="sha"), "rule: unknown rule 'sha'; valid: pasha"),
+        (dict(rule="sha"), "rule: unknown rule 'sha'; valid: pasha, cap"),
         (dict(rule=["pasha"]), r"rule: unknown rule \['pasha'\]"),
         (dict(margin="noise"), 'margin: must be "auto" or a number'),
         (dict(margin=float("nan")), 'margin: must be "auto" or a number'),
@@ -196,6 +196,10 @@ def test_climb_stops_when_the_order_holds_at_the_cap_or_when_training_is_stopped
     stopped = iter([swapped, None])
     assert climb(settings, first, budget, lambda b: next(stopped)) == Climb((200,), 200, INTERRUPTED)
     assert climb(settings, first, budget, lambda b: {0: 1.2}) == Climb((200,), None, HELD)
+    # The rule "cap" never holds: an order unchanged at every rung still trains on to the cap.
+    to_cap = PromoteSettings(cap=8, margin=0.01, rule="cap")
+    assert climb(to_cap, first, budget, lambda b: dict(first)) == Climb((200, 400, 800), 800, CAPPED)
+    assert RULES["cap"](first, first, 0.01) is False
 
 
 def _promotion(number: int, budget: int, resumed: int | None, reason: str | None = None) -> PromotionRecord:

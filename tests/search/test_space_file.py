@@ -128,7 +128,7 @@ SEEDS += "trained at)"
             "{ cap = nan }",
             "[search].promote.cap: must be a number from 1 to 1024 (x the proxy's tokens), got nan",
         ),
-        ('{ rule = "hyperband" }', "[search].promote.rule: unknown rule 'hyperband'; valid: pasha"),
+        ('{ rule = "hyperband" }', "[search].promote.rule: unknown rule 'hyperband'; valid: pasha, cap"),
         ("{ margin = -0.1 }", '[search].promote.margin: must be "auto" or a number of nats >= 0, got -0.1'),
         (
             "{ caps = 4 }",
