@@ -45,6 +45,7 @@ import numpy as np
 
 from archsearch.search import fidelity_stats as fs
 from archsearch.search.promotion import PromoteSettings, climb, contenders, promotion_tokens
+from archsearch.search.spec import load_spec
 from archsearch.space.objectives import curve_change, loss_objective
 from archsearch.storage import PromotionRanking
 from archsearch.trial import STALLED
@@ -57,13 +58,14 @@ SEEDS = (0, 1, 2)
 PROXY_TOKENS = 240_000
 SIZE_BETA = 0.15  # the blocks' loss objective (their spaces' [objectives] size_beta)
 OBJECTIVES = ("loss", "flops")
-# The blocks' proxy (benchmarks/spaces/cal-tiny.toml, the tiny example's, fp32), its warm-up in
-# tokens as the tiny example's: 5% of the first pass.
+# The blocks' proxy (benchmarks/spaces/cal-tiny.toml, the tiny example's pinned to fp32; the wide
+# block's is the same), its 5% warm-up fixed in tokens as the tiny example's, on one thread.
+_SPEC = load_spec(HERE / "spaces" / "cal-tiny.toml")
 PROXY = {
-    "batch_size": 16, "lr": 0.003, "min_lr": 0.1, "schedule": "constant", "warmup_tokens": 12_000,
-    "evals": 4, "eval_batches": 8, "grad_clip": 1.0, "weight_decay": 0.1, "base_width": 128,
-    "precision": "fp32", "device": "cpu", "compile": False, "threads": 1,
-}  # fmt: skip
+    **{k: v for k, v in dataclasses.asdict(_SPEC.proxy).items() if k not in ("tokens", "seed", "warmup")},
+    "warmup_tokens": round(_SPEC.proxy.warmup * PROXY_TOKENS),
+    "threads": 1,
+}
 
 
 # The `[search] promote` settings replayed, beside no promotion: the tiny example's, its cap
