@@ -264,12 +264,12 @@ def replay(block: str, seed: int, settings: PromoteSettings, records: dict[str, 
     at = values(done.ranked_at) if done.ranked_at is not None else {}
     placed, _ = PromotionRanking.place(dict(enumerate(map(float, first))), at)
     ranked = np.array([placed[i] for i in numbers], dtype=float)
-    # A retried shape trained its first pass twice (judged whole, then again) and trains each rung
-    # from step 0; the others resume.
+    # A search stops a stalled trial at half its budget and trains it again (1.5 proxy runs), and
+    # promotes a retried shape from step 0 at each rung; the others resume.
     retried = [(records[key(block, t, seed, 1.0)]["reason"] or "").startswith(STALLED) for t in trials]
     budgets = {i: list(done.budgets) for i in chosen}
     spent = promotion_tokens(PROXY_TOKENS, budgets, {i: not retried[i] for i in chosen})
-    first_pass = (len(shapes) + sum(retried)) * PROXY_TOKENS
+    first_pass = round((len(shapes) + sum(retried) / 2) * PROXY_TOKENS)
     return Outcome(
         fs.front_recall(ranked, target, flops), fs.knee_regret(ranked, target, flops),
         first_pass + spent, tuple(trials[i] for i in chosen), done.budgets, done.stopped,
