@@ -46,7 +46,7 @@ import numpy as np
 from archsearch.search import fidelity_stats as fs
 from archsearch.search.promotion import PromoteSettings, climb, contenders, promotion_tokens
 from archsearch.search.spec import load_spec
-from archsearch.space.objectives import curve_change, loss_objective
+from archsearch.space.objectives import curve_change
 from archsearch.storage import PromotionRanking
 from archsearch.trial import STALLED
 
@@ -55,12 +55,12 @@ SET = HERE / "data" / "fidelity_cal3.json"
 RECORDS = HERE / "data" / "promotion_cal3.jsonl"
 BLOCKS = ("tiny", "wide")
 SEEDS = (0, 1, 2)
-PROXY_TOKENS = 240_000
-SIZE_BETA = 0.15  # the blocks' loss objective (their spaces' [objectives] size_beta)
-OBJECTIVES = ("loss", "flops")
-# The blocks' proxy (benchmarks/spaces/cal-tiny.toml, the tiny example's pinned to fp32; the wide
-# block's is the same), its 5% warm-up fixed in tokens as the tiny example's, on one thread.
+# The blocks' proxy, objectives and loss rule (benchmarks/spaces/cal-tiny.toml: the tiny example's,
+# its proxy pinned to fp32; the wide block's are the same), the proxy's 5% warm-up fixed in tokens
+# as the tiny example's, on one thread.
 _SPEC = load_spec(HERE / "spaces" / "cal-tiny.toml")
+PROXY_TOKENS = _SPEC.proxy.tokens
+OBJECTIVES = _SPEC.objectives
 PROXY = {
     **{k: v for k, v in dataclasses.asdict(_SPEC.proxy).items() if k not in ("tokens", "seed", "warmup")},
     "warmup_tokens": round(_SPEC.proxy.warmup * PROXY_TOKENS),
@@ -135,13 +135,12 @@ def chain(job: Chain) -> list[dict[str, Any]]:
         k = key(job.block, job.shape["trial"], job.seed, multiple)
         if k not in job.done:
             settings = dict(PROXY, seed=job.seed, tokens=int(job.tokens * multiple))
+            request = {"config": job.shape["config"], "data": None, "cpus": 1}
             if retried:
-                settings = dataclasses.asdict(stall_retry(TrainSettings(**settings)))
-            request = {"config": job.shape["config"], "settings": settings, "data": None, "cpus": 1}
-            if retried:
-                request.update(checkpoint=False)
+                retry = dataclasses.asdict(stall_retry(TrainSettings(**settings)))
+                request.update(settings=retry, checkpoint=False)
             else:
-                request.update(checkpoint=str(job.state), keep=True, stall=multiple == 1.0)
+                request.update(settings=settings, checkpoint=str(job.state), keep=True, stall=multiple == 1.0)
             r = long_run(request)
             retried = retried or (r["reason"] or "").startswith(STALLED)
             row = {
@@ -215,10 +214,8 @@ def _multiples(upto: float) -> list[float]:
 
 
 def objective(shape: dict[str, Any], record: dict[str, Any]) -> float:
-    """The blocks' loss objective of one run (`objectives.loss_objective`, size beta 0.15)."""
-    return loss_objective(
-        record["val_loss"], curve_change(record["val_curve"]), shape["params_total"], SIZE_BETA
-    )
+    """The blocks' loss objective of one run (their spaces' `loss_rule`)."""
+    return _SPEC.loss_rule.value(record["val_loss"], curve_change(record["val_curve"]), shape["params_total"])
 
 
 @dataclass(frozen=True)
