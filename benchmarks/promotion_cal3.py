@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from archsearch.search import fidelity_stats as fs
-from archsearch.search.promotion import PromoteSettings, climb, contenders, promotion_tokens
+from archsearch.search.promotion import PromoteSettings, climb, contenders, promotion_tokens, stall_checked
 from archsearch.search.spec import load_spec
 from archsearch.space.objectives import curve_change
 from archsearch.storage import PromotionRanking
@@ -68,15 +68,19 @@ PROXY = {
 }
 
 
-# The `[search] promote` settings replayed, beside no promotion: the tiny example's, its cap
-# raised to 8x under PASHA's rule, and the same contenders trained to the cap (rule "cap").
+# The `[search] promote` settings replayed, beside no promotion: stall checks alone (cap 1), the
+# tiny example's, its cap raised to 8x under PASHA's rule, the same contenders trained to the cap
+# (rule "cap") with and without stall checks (`stall_seeds`, 2 by default).
 PLANS = {
+    "stall checks alone": PromoteSettings(cap=1, max_contenders=4),
     "the tiny example's": PromoteSettings(cap=2, max_contenders=4),
     "cap 8": PromoteSettings(cap=8, max_contenders=4),
     "cap 4, to the cap": PromoteSettings(cap=4, max_contenders=4, rule="cap"),
+    "cap 8, to the cap, no stall checks": PromoteSettings(cap=8, max_contenders=4, rule="cap", stall_seeds=0),
     "cap 8, to the cap": PromoteSettings(cap=8, max_contenders=4, rule="cap"),
     "cap 8, to the cap, 3 contenders": PromoteSettings(cap=8, max_contenders=3, rule="cap"),
 }
+NO_PROMOTION = PromoteSettings(cap=1, stall_seeds=0)
 
 
 def key(block: str, trial: int, seed: int, multiple: float) -> str:
@@ -222,10 +226,11 @@ def objective(shape: dict[str, Any], record: dict[str, Any]) -> float:
 class Outcome:
     recall: tuple[int, int]
     regret: float
-    tokens: int  # first pass and promotion, resumed
+    tokens: int  # first pass, stall checks and promotion, resumed
     contenders: tuple[int, ...]  # trial numbers
     budgets: tuple[int, ...]
     stopped: str
+    checked: tuple[int, ...] = ()  # trial numbers stall-checked
 
 
 class Missing(Exception):
@@ -236,40 +241,73 @@ class Missing(Exception):
 
 def replay(block: str, seed: int, settings: PromoteSettings, records: dict[str, dict[str, Any]]) -> Outcome:
     """One study's promotion (block, proxy seed) replayed from the records, as `promote_run` runs
-    it: the first pass's contenders, climbed rung by rung under the settings' rule, the others
-    placed at the budget ranked (`PromotionRanking.place`). Raises `Missing` for rungs not recorded."""
+    it: the first pass's contenders, those whose first pass stalled checked at the settings'
+    `check_seeds` (`stall_checked`: a check's record is that seed's first pass, stall rule and all)
+    and the contenders chosen again, then climbed rung by rung under the settings' rule, each
+    checked one shifted by its check, the others placed at the budget ranked
+    (`PromotionRanking.place`). Raises `Missing` for rungs not recorded."""
     shapes = shapes_of(block)
     trials = [s["trial"] for s in shapes]
     lacking = {(block, t, seed, 1.0) for t in trials if key(block, t, seed, 1.0) not in records}
     if lacking:
         raise Missing(lacking)
-    first = np.array([objective(s, records[key(block, s["trial"], seed, 1.0)]) for s in shapes])
+
+    def run(i: int, at_seed: int, multiple: float) -> dict[str, Any]:
+        return records[key(block, trials[i], at_seed, multiple)]
+
+    first = np.array([objective(s, run(i, seed, 1.0)) for i, s in enumerate(shapes)])
     flops = np.array([s["flops_forward_per_token"] for s in shapes])
     target = np.array([next(r["val_loss"] for r in s["references"] if r["seed"] == 0) for s in shapes])
     numbers = list(range(len(shapes)))
-    values_now = np.column_stack([first, flops])
-    chosen = contenders(numbers, values_now, OBJECTIVES, settings.margin_nats, settings.max_contenders)
+    retried = [(run(i, seed, 1.0)["reason"] or "").startswith(STALLED) for i in numbers]
+    value, checks = first.copy(), settings.check_seeds(seed)
+    checked: list[int] = []
+
+    def choose() -> tuple[int, ...]:
+        values_now = np.column_stack([value, flops])
+        return contenders(numbers, values_now, OBJECTIVES, settings.margin_nats, settings.max_contenders)
+
+    def check(chosen: list[int]) -> bool:
+        need = {
+            (block, trials[i], s, 1.0)
+            for i in chosen
+            for s in checks
+            if key(block, trials[i], s, 1.0) not in records
+        }
+        if need:
+            raise Missing(need)
+        for i in chosen:
+            value[i] = np.mean([first[i], *(objective(shapes[i], run(i, s, 1.0)) for s in checks)])
+        checked.extend(chosen)
+        return True
+
+    chosen = stall_checked(choose, lambda i: bool(checks) and retried[i], check)
+    assert chosen is not None  # `check` never stops
+    shift = value - first
 
     def values(budget: int) -> dict[int, float] | None:
         m = budget / PROXY_TOKENS
         need = {(block, trials[i], seed, m) for i in chosen if key(block, trials[i], seed, m) not in records}
         if need:  # under the rule "cap" every rung to the cap is trained: ask for them at once
             raise Missing({(b, t, s, settings.cap if settings.rule == "cap" else m) for b, t, s, _ in need})
-        return {i: objective(shapes[i], records[key(block, trials[i], seed, m)]) for i in chosen}
+        return {i: objective(shapes[i], run(i, seed, m)) + float(shift[i]) for i in chosen}
 
-    done = climb(settings, {i: float(first[i]) for i in chosen}, lambda m: round(PROXY_TOKENS * m), values)
+    done = climb(settings, {i: float(value[i]) for i in chosen}, lambda m: round(PROXY_TOKENS * m), values)
     at = values(done.ranked_at) if done.ranked_at is not None else {}
-    placed, _ = PromotionRanking.place(dict(enumerate(map(float, first))), at)
+    placed, _ = PromotionRanking.place(dict(enumerate(map(float, value))), at)
     ranked = np.array([placed[i] for i in numbers], dtype=float)
     # A search stops a stalled trial at half its budget and trains it again (1.5 proxy runs), and
-    # promotes a retried shape from step 0 at each rung; the others resume.
-    retried = [(records[key(block, t, seed, 1.0)]["reason"] or "").startswith(STALLED) for t in trials]
+    # promotes a retried shape from step 0 at each rung; the others resume. A stall check is judged
+    # whole, as a seed repeat (`promotion.spent_tokens`): 2 proxy runs where it stalled.
     budgets = {i: list(done.budgets) for i in chosen}
     spent = promotion_tokens(PROXY_TOKENS, budgets, {i: not retried[i] for i in chosen})
     first_pass = round((len(shapes) + sum(retried) / 2) * PROXY_TOKENS)
+    stalled = [(run(i, s, 1.0)["reason"] or "").startswith(STALLED) for i in checked for s in checks]
+    check_tokens = PROXY_TOKENS * (len(stalled) + sum(stalled))
     return Outcome(
         fs.front_recall(ranked, target, flops), fs.knee_regret(ranked, target, flops),
-        first_pass + spent, tuple(trials[i] for i in chosen), done.budgets, done.stopped,
+        first_pass + check_tokens + spent, tuple(trials[i] for i in chosen), done.budgets, done.stopped,
+        tuple(trials[i] for i in checked),
     )  # fmt: skip
 
 
@@ -294,7 +332,7 @@ def report(
         "tokens: first pass and promotion over every shape at 10x"
     )
     missing: set = set()
-    plans = {"no promotion": PromoteSettings(cap=1), **plans}
+    plans = {"no promotion": NO_PROMOTION, **plans}
     for name, settings in plans.items():
         recall, lines = [0, 0], []
         for block in BLOCKS:
@@ -309,11 +347,11 @@ def report(
                 held = [held[0] + o.recall[0], held[1] + o.recall[1]]
                 regrets.append(o.regret)
                 spent.append(o.tokens / tenx[block])
-                if o.contenders and settings.cap > 1:
-                    rungs = ",".join(f"{b / PROXY_TOKENS:g}" for b in o.budgets)
-                    info.append(
-                        f"seed {seed}: trials {','.join(map(str, o.contenders))} to {rungs}x ({o.stopped})"
-                    )
+                checked = f"; checked {','.join(map(str, o.checked))}" if o.checked else ""
+                if o.contenders and (settings.cap > 1 or o.checked):
+                    rungs = ",".join(f"{b / PROXY_TOKENS:g}" for b in o.budgets) or "1"
+                    chosen = ",".join(map(str, o.contenders))
+                    info.append(f"seed {seed}: trials {chosen} to {rungs}x ({o.stopped}){checked}")
             regret = "/".join("?" if math.isnan(r) else f"{r:.3f}" for r in regrets)
             within = all(r <= noise for r in regrets)
             cost = f"{max(spent):.3f}" if spent else "?"
@@ -329,7 +367,7 @@ def report(
             ""
             if settings.cap == 1
             else f"cap {settings.cap:g}, rule {settings.rule}, at most {settings.max_contenders}; "
-        )
+        ) + (f"stall checks at {settings.stall_seeds} seeds; " if settings.stall_seeds else "")
         print(f"  {name} ({rule}margin {settings.margin_nats:.3f}): front recall, blocks together, {share}")
         print("\n".join(lines))
     return missing

@@ -105,7 +105,20 @@ def search(
         budgets = ", ".join(f"{b:,}" for b in promotion.budgets) or "none"
         promoted = ", ".join(map(str, promotion.contenders))
         seeds = f" at {promotion.seeds} seeds each" if promotion.seeds > 1 else ""
-        typer.echo(f"promoted trials {promoted} to {budgets} tokens{seeds} ({promotion.stopped})", err=True)
+        # No contenders: stopped during the stall checks, before the contenders were chosen.
+        said = (
+            f"promoted trials {promoted} to {budgets} tokens{seeds}"
+            if promotion.contenders
+            else "promoted no trial yet"
+        )
+        typer.echo(f"{said} ({promotion.stopped})", err=True)
+        if promotion.checked:
+            checked = ", ".join(map(str, promotion.checked))
+            typer.echo(
+                f"stall-checked trials {checked} (their first pass stalled) at more seeds at the proxy's "
+                "budget: each ranked by its mean over them",
+                err=True,
+            )
         typer.echo(cost_line(promotion), err=True)
     if summary.signal is not None:
         typer.echo(

@@ -308,13 +308,16 @@ class StudyFront:
         are ranked at (None: the proxy's) and the proxy's tokens, at which every other trial is
         ranked, and where the contenders were trained at more than one proxy seed, how many ("seeds":
         their values are the means over them)}; else nothing, so a study without promotions reads as
-        it always did."""
+        it always did; and the stall-checked trials with the seeds each one's first pass is the
+        mean of ("stall_checked": {trial number: seeds})."""
         r = self.ranking
         if r is None:
             return {}
         said = {"contenders": list(r.contenders), "ranked_at": r.budget, "proxy_tokens": r.proxy_tokens}
         if r.seeds > 1:  # the contenders' values are means over seed repeats; one seed reads as it did
             said["seeds"] = r.seeds
+        if r.checked:  # stall-checked trials: their first pass is their mean over these seeds
+            said["stall_checked"] = {str(n): list(m.seeds) for n, m in r.checked.items()}
         return {"ranking": said}
 
 
@@ -338,7 +341,8 @@ def _ranked(
     storage: Storage, study: str, objectives: Sequence[str] | None, loss: str
 ) -> tuple[tuple[str, ...], list[int], np.ndarray, np.ndarray, np.ndarray]:
     """The trials a front of `study` ranks: (objectives, numbers, raw values, params_total, the
-    curves' last changes, 0 where none is stored).
+    curves' last changes, 0 where none is stored); a stall-checked trial's loss and change its
+    means over its seeds at the proxy's budget (`Storage.stall_checks`), its first pass.
 
     Complete trials with every objective, and with a parameter count when `loss` is "adjusted".
     """
@@ -349,6 +353,11 @@ def _ranked(
     table = np.array(rows, dtype=float).reshape(len(numbers), len(names) + 2)  # None -> NaN
     values, params, changes = table[:, :-2], table[:, -2], table[:, -1]
     changes = np.where(np.isnan(changes), 0.0, changes)  # rows from before the change was stored
+    if "loss" in names:
+        checks = storage.stall_checks(study)
+        for i, number in enumerate(numbers):
+            if (m := checks.get(number)) is not None and m.val_loss is not None:
+                values[i, names.index("loss")], changes[i] = m.val_loss, m.loss_change
     keep = ~np.isnan(values).any(axis=1)
     if loss == "adjusted":
         keep &= np.isfinite(values[:, 0]) & (params > 0)

@@ -4,6 +4,12 @@ their ranking holds (`promotion.RULES`) or the cap is reached; with seed repeats
 `PromoteSettings.seed_list` at each rung, the first of them at the proxy's own budget (the first
 pass being its first seed), each contender valued at its mean over them.
 
+Stall checks come first (`promotion.stall_checked`): a contender whose first pass stalled is
+trained at the settings' `check_seeds` at the proxy's budget, from step 0 under the stall rule as a
+seed repeat there, keeping no state; each is a promotion row with `stall_check` set, and the
+contenders are chosen again from the first-pass front, where a checked trial's value is its mean
+over its seeds (`Storage.stall_checks`). A check that failed counts for nothing.
+
 Every promotion is a row of the database (`Storage.claim_promotion`), inserted as its claim before
 it trains and finished in place with its loss, loss objective and curve, so:
 - nothing is trained twice: a stored promotion is read back, and drivers sharing a study train
@@ -41,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from archsearch.search.pareto import study_front
 from archsearch.search.pool import RayPool, Stop
-from archsearch.search.promotion import TENFOLD, climb, contenders, spent_tokens
+from archsearch.search.promotion import TENFOLD, climb, contenders, spent_tokens, stall_checked
 from archsearch.search.validate import long_run
 from archsearch.search.worker import kept_state_path, stall_retry
 from archsearch.space.costs import param_counts
@@ -83,6 +89,7 @@ class PromotionSummary:
     afresh: int = 0
     unknown: int = 0
     seeds: int = 1  # proxy seeds each contender was trained at (`PromoteSettings.seeds`)
+    checked: tuple[int, ...] = ()  # the trials stall-checked (`promotion.stall_checked`)
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,7 @@ class PromotionProgress:
     rung: int = 1
     rungs: int = 1
     seeds: int = 1  # proxy seeds per contender at a longer rung (one fewer at the proxy's budget)
+    checking: bool = False  # stall checks running, at the proxy's budget, before any rung
 
     @property
     def finished(self) -> int:
@@ -119,9 +127,10 @@ class PromotionProgress:
     @property
     def promotion_line(self) -> str:
         seeds = f", {self.seeds} seeds" if self.seeds > 1 else ""
+        where = "stall checks" if self.checking else f"rung {self.rung} of at most {self.rungs}{seeds}"
         return (
             f"promotions {self.done}/{self.planned} done, {self.running} running at {self.budget:,} tokens "
-            f"(rung {self.rung} of at most {self.rungs}{seeds})"
+            f"({where})"
         )
 
 
@@ -147,6 +156,10 @@ class _Promoter:
         settings = spec.defaults.promote
         assert settings is not None  # checked by the caller
         self.seeds = settings.seed_list(spec.proxy.seed)  # the first pass's first
+        self.check_seeds = settings.check_seeds(spec.proxy.seed)
+        self.checking: list[int] = []  # the trials stall-checked so far
+        self.records: dict[int, TrialRecord] = {}  # every trial promoted or checked, by number
+        self.chosen: tuple[int, ...] = ()  # the contenders as they stand
 
     def seeds_at(self, budget: int) -> tuple[int, ...]:
         """The seeds promotions train at `budget`: every seed, but the first pass's at the proxy's
@@ -166,7 +179,8 @@ class _Promoter:
         stored = self.storage.promotions(self.study)
         ended = {(p.trial_number, p.budget_tokens, p.seed) for p in stored if p.status != RUNNING}
         chosen_set = set(chosen)
-        planned = [(n, b, seed) for n in chosen for b in begun for seed in self.seeds_at(b)]
+        checks = [(n, proxy, seed) for n in self.checking for seed in self.check_seeds]
+        planned = checks + [(n, b, seed) for n in chosen for b in begun for seed in self.seeds_at(b)]
         done = sum(1 for key in planned if key in ended)
         # Seconds per token: the promotions' own (each ran from step 0 to its budget), else the
         # first pass's mean wall time over the proxy's tokens.
@@ -174,7 +188,7 @@ class _Promoter:
         search = self.progress()
         first = search.wall_times_s
         per_token = (sum(own) / len(own)) if own else (sum(first) / len(first) / proxy) if first else None
-        left = 0
+        left = proxy * sum(1 for key in checks if key not in ended)  # a check trains from step 0
         for n in chosen_set:
             resumed = n in self.records and trial_settings(self.spec, self.records[n]).budget_free
             for seed in self.seeds:
@@ -186,27 +200,52 @@ class _Promoter:
                         left += budget - previous if resumed else budget
                     previous = budget
         eta = None if per_token is None else per_token * left / max(1, self.options.workers)
+        checking = self.budget == proxy and bool(self.check_seeds) and bool(self.checking)
         said = PromotionProgress(
-            search, done, self.running, len(planned), self.budget, eta, len(begun), len(rungs), settings.seeds
-        )
+            search, done, self.running, len(planned), self.budget, eta, len(begun), len(rungs),
+            settings.seeds, checking,
+        )  # fmt: skip
         self.on_update(said)
 
     def run(self) -> PromotionSummary | None:
         settings = self.spec.defaults.promote
         assert settings is not None and self.spec.proxy.tokens is not None  # checked by the spec
-        # The first pass's front: a resumed promotion must choose the contenders it chose before.
-        front = study_front(self.storage, self.study, first_pass=True)
-        if front is None:
+        # The first pass's front (a stall-checked trial's value the mean over its seeds): a resumed
+        # promotion chooses the contenders it chose before.
+        if study_front(self.storage, self.study, first_pass=True) is None:
             return None
-        numbers = list(front.trial_numbers)
-        chosen = contenders(
-            numbers, front.trial_values, front.front.objectives, settings.margin_nats, settings.max_contenders
-        )
-        self.records = {r.number: r for r in self.storage.trials_by_number(self.study, chosen)}
-        self._forget(r for r in self.storage.trials(self.study, COMPLETE) if r.number not in self.records)
-        log.info("promoting %d contenders: trials %s", len(chosen), ", ".join(map(str, chosen)))
-        first = {n: float(front.trial_values[numbers.index(n), 0]) for n in chosen}
+        first: dict[int, float] = {}
         proxy = self.spec.proxy.tokens
+
+        def choose() -> tuple[int, ...]:
+            front = study_front(self.storage, self.study, first_pass=True)
+            assert front is not None  # it had a complete trial, and trials are never deleted
+            numbers = list(front.trial_numbers)
+            values, objectives = front.trial_values, front.front.objectives
+            chosen = contenders(numbers, values, objectives, settings.margin_nats, settings.max_contenders)
+            first.clear()
+            first.update({n: float(values[numbers.index(n), 0]) for n in chosen})
+            self.records.update((r.number, r) for r in self.storage.trials_by_number(self.study, chosen))
+            self.chosen = chosen
+            return chosen
+
+        def stalled(number: int) -> bool:
+            return bool(self.check_seeds) and (self.records[number].reason or "").startswith(STALLED)
+
+        def check(numbers: Sequence[int]) -> bool:
+            self.checking.extend(numbers)
+            log.info("stall checks of trials %s at seeds %s", ", ".join(map(str, numbers)), self.check_seeds)
+            self.budget = proxy
+            self._update(self.chosen)
+            self._rung(numbers, proxy, self.check_seeds, stall_check=True)
+            return self.stop.signum is None
+
+        found = stall_checked(choose, stalled, check)
+        if found is None:
+            return self._summary((), (), proxy, INTERRUPTED)
+        chosen = found
+        self._forget(r for r in self.storage.trials(self.study, COMPLETE) if r.number not in chosen)
+        log.info("promoting %d contenders: trials %s", len(chosen), ", ".join(map(str, chosen)))
 
         def train(budget: int) -> dict[int, float] | None:
             self.budget = budget
@@ -216,13 +255,19 @@ class _Promoter:
             return None if self.stop.signum is not None else current
 
         done = climb(settings, first, lambda multiple: whole(proxy * multiple), train)
-        ranked_at = proxy if done.ranked_at is None else done.ranked_at
         if done.stopped != INTERRUPTED:
             self._forget(self.records.values())
+        return self._summary(chosen, done.budgets, done.ranked_at or proxy, done.stopped)
+
+    def _summary(
+        self, chosen: Sequence[int], budgets: tuple[int, ...], ranked_at: int, stopped: str
+    ) -> PromotionSummary:
         first_pass, spent, tenfold = self._cost()
+        settings = self.spec.defaults.promote
+        assert settings is not None
         return PromotionSummary(
-            tuple(chosen), done.budgets, ranked_at, done.stopped, first_pass, spent.tokens, tenfold,
-            spent.resumed, spent.afresh, spent.unknown, settings.seeds,
+            tuple(chosen), budgets, ranked_at, stopped, first_pass, spent.tokens, tenfold,
+            spent.resumed, spent.afresh, spent.unknown, settings.seeds, tuple(self.checking),
         )  # fmt: skip
 
     def _cost(self) -> tuple[int, Any, int]:
@@ -241,25 +286,32 @@ class _Promoter:
         }
         return first, spent_tokens(proxy, complete, resumable), TENFOLD * proxy * shapes
 
-    def _rung(self, chosen: list[int] | tuple[int, ...], budget: int) -> dict[int, float]:
-        """Train every contender at `budget` and each seed there (`seeds_at`) that no driver has
-        (here, or waiting for another driver's); the loss objectives there of those complete at
-        every seed, each its mean over them (`Storage.seed_means`: the first pass stands for the
-        first seed at the proxy's budget)."""
-        seeds = self.seeds_at(budget)
+    def _rung(
+        self,
+        chosen: Sequence[int],
+        budget: int,
+        seeds: Sequence[int] | None = None,
+        stall_check: bool = False,
+    ) -> dict[int, float]:
+        """Train every trial of `chosen` at `budget` and each seed there (`seeds`; default
+        `seeds_at`) that no driver has (here, or waiting for another driver's), as stall checks
+        where `stall_check` says so; the loss objectives there of those complete at every seed of
+        the study's, each its mean over them (`Storage.seed_means`: the first pass stands for the
+        first seed at the proxy's budget; a stall-checked trial's shifted by its check)."""
+        seeds = self.seeds_at(budget) if seeds is None else seeds
         while self.stop.signum is None:
             stored = {(p.trial_number, p.seed): p for p in self._at(budget)}
             now = time.time()
             wanted = [(n, seed) for n in chosen for seed in seeds]
             todo = [key for key in wanted if key not in stored or self._free(stored[key], now)]
             if todo:
-                self._train(todo, budget)
+                self._train(todo, budget, stall_check)
             elif any(stored[key].status == RUNNING for key in wanted):
                 time.sleep(WAIT_S)  # another driver trains them: its results are read back
             else:
                 break
         means = self.storage.seed_means(self.study, budget, self.seeds)
-        return {n: m.objective for n, m in means.items() if n in self.records and m.objective is not None}
+        return {n: m.objective for n, m in means.items() if n in chosen and m.objective is not None}
 
     def _at(self, budget: int) -> list[PromotionRecord]:
         return [
@@ -274,26 +326,28 @@ class _Promoter:
         mine = promotion.host == self.storage.host
         return promotion.status == RUNNING and (mine or lease is None or lease <= now)
 
-    def _train(self, todo: list[tuple[int, int]], budget: int) -> None:
-        """Train each (trial number, seed) of `todo` at `budget`, those no other driver claims."""
+    def _train(self, todo: list[tuple[int, int]], budget: int, stall_check: bool = False) -> None:
+        """Train each (trial number, seed) of `todo` at `budget`, those no other driver claims (as
+        stall checks where `stall_check` says so)."""
         rows: dict[int, int] = {}
 
         def admit(index: int) -> bool:
             number, seed = todo[index]
             record = self.records[number]
-            claim = self.storage.claim_promotion(self.study, record.id, budget, self.options.lease_s, seed)
+            lease = self.options.lease_s
+            claim = self.storage.claim_promotion(self.study, record.id, budget, lease, seed, stall_check)
             if claim is not None:
                 return False  # finished or taken by another driver since it was listed
             rows[index] = self.storage.promotion_id(record.id, budget, seed)  # type: ignore[assignment]
             self.running += 1
-            self._update(list(self.records))
+            self._update(self.chosen)
             return True
 
         def done(index: int, result: dict[str, Any] | None, reason: str | None) -> None:
             number, seed = todo[index]
             self._store(rows[index], self.records[number], seed, result, reason)
             self.running -= 1
-            self._update(list(self.records))
+            self._update(self.chosen)
 
         def tick() -> None:
             if time.monotonic() - self.renewed >= self.options.lease_s / 4:
@@ -301,7 +355,8 @@ class _Promoter:
                 self.renewed = time.monotonic()
 
         requests = [
-            (self._what(n, seed, budget), self._request(self.records[n], budget, seed)) for n, seed in todo
+            (self._what(n, seed, budget), self._request(self.records[n], budget, seed, keep=not stall_check))
+            for n, seed in todo
         ]
         try:
             self.pool.run_each(
@@ -330,10 +385,12 @@ class _Promoter:
         settings = self.spec.proxy if repeat is None else trial_settings(self.spec, repeat)
         return dataclasses.replace(settings, seed=seed)
 
-    def _request(self, record: TrialRecord, budget: int, seed: int) -> dict[str, Any]:
+    def _request(self, record: TrialRecord, budget: int, seed: int, keep: bool = True) -> dict[str, Any]:
+        """A promotion's `long_run` request; with `keep`, resumed from and kept for the next rung
+        where the settings allow (a stall check never climbs: it keeps nothing)."""
         assert record.config is not None
         settings = self.settings_at(record, seed)
-        path = self.kept_state(record, seed) if settings.budget_free else None
+        path = self.kept_state(record, seed) if settings.budget_free and keep else None
         longer = dataclasses.replace(settings, tokens=budget)
         return dict(
             config=record.config.to_dict(), settings=dataclasses.asdict(longer),

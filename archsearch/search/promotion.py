@@ -19,6 +19,11 @@ it: on the tiny CPU proxy, ranking the contenders by their mean over 3 seeds at 
 raised front recall from 29/45 to 31/45 and removed a 1.56-nat knee regret, where longer budgets at
 one seed changed nothing (docs/accuracy.md, "Seed repeats, built and trained").
 
+Stall checks (`stall_seeds`, with one seed) spend seeds only where the first pass says a shape is
+fragile: a contender whose first pass stalled and trained only on the stall retry is trained at
+more seeds at the proxy's budget before any contender climbs, valued at its mean over them, and
+the contenders are chosen again (`stall_checked`).
+
 The margin is the loss objective's seed noise: two losses closer than it are ties. "auto" is
 `AUTO_MARGIN`, the tiny proxy's pooled within-shape standard deviation over seeds 0-2 on the
 14-shape calibration set (docs/accuracy.md, "The proxy: chosen by measured fidelity"); a proxy of
@@ -94,12 +99,13 @@ RULES.register("cap", to_the_cap)
 
 @dataclass(frozen=True)
 class PromoteSettings:
-    """A space file's `[search] promote = { cap, rule, margin, max_contenders, seeds }`.
+    """A space file's `[search] promote = { cap, rule, margin, max_contenders, seeds, stall_seeds }`.
 
     Raises:
         PromoteError: a cap that is not a number in [1, MAX_CAP], an unknown rule, a margin that
             is neither "auto" nor a finite number >= 0, a `max_contenders` that is not a whole
-            number >= 2, `seeds` that is not a whole number in [1, MAX_SEEDS].
+            number >= 2, `seeds` that is not a whole number in [1, MAX_SEEDS], `stall_seeds` that
+            is not a whole number in [0, MAX_SEEDS - 1].
     """
 
     cap: float = 4.0  # the largest budget, a multiple of the proxy's tokens
@@ -113,6 +119,11 @@ class PromoteSettings:
     # seed alone. 3 seeds at the proxy's budget (cap 1) is the replay that ranked best on the tiny
     # CPU proxy (module docstring), for (seeds - 1) proxy runs per contender.
     seeds: int = 1
+    # Proxy seeds more at which a contender whose first pass stalled is checked, at the proxy's
+    # budget, before any contender climbs (`stall_checked`); 0: none. Only with one seed (`seeds`
+    # repeats already average every contender's seeds). 2 found the tiny CPU proxy's one shape that
+    # trains at 1 seed in 5, which one seed ranked the knee (docs/accuracy.md, "Stall checks").
+    stall_seeds: int = 2
 
     def __post_init__(self) -> None:
         cap = self.cap
@@ -137,6 +148,13 @@ class PromoteSettings:
                 f"must be a whole number from 1 to {MAX_SEEDS} (the proxy seeds each contender is "
                 f"trained at), got {seeds!r}",
                 "seeds",
+            )
+        checks = self.stall_seeds
+        if isinstance(checks, bool) or not isinstance(checks, int) or not 0 <= checks < MAX_SEEDS:
+            raise PromoteError(
+                f"must be a whole number from 0 to {MAX_SEEDS - 1} (the proxy seeds more a contender "
+                f"whose first pass stalled is checked at), got {checks!r}",
+                "stall_seeds",
             )
         object.__setattr__(self, "cap", float(cap))
         if number:
@@ -168,6 +186,14 @@ class PromoteSettings:
         to 0 (consecutive seeds, so a seed repeat is the trial a study at that proxy seed trains)."""
         return tuple((primary + i) % (SEED_MAX + 1) for i in range(self.seeds))
 
+    def check_seeds(self, primary: int) -> tuple[int, ...]:
+        """The proxy seeds a stall check trains a contender at (`stall_checked`): primary + 1, ...,
+        `stall_seeds` of them, as `seed_list` counts on; none with seed repeats (`seeds` > 1),
+        which train every contender at several seeds already."""
+        if self.seeds > 1:
+            return ()
+        return tuple((primary + i) % (SEED_MAX + 1) for i in range(1, self.stall_seeds + 1))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "cap": self.cap,
@@ -175,6 +201,7 @@ class PromoteSettings:
             "margin": self.margin,
             "max_contenders": self.max_contenders,
             "seeds": self.seeds,
+            "stall_seeds": self.stall_seeds,
         }
 
 
@@ -215,6 +242,34 @@ def climb(
             return Climb(tuple(budgets), ranked_at, HELD)
         previous = dict(current)
     return Climb(tuple(budgets), ranked_at, CAPPED)
+
+
+def stall_checked(
+    choose: Callable[[], Sequence[int]],
+    stalled: Callable[[int], bool],
+    check: Callable[[Sequence[int]], bool],
+) -> tuple[int, ...] | None:
+    """The contenders once every one whose first pass stalled has been stall-checked: `choose()`
+    the contenders (from the first passes as they stand, a checked trial's the mean over its
+    seeds), `check` those of them that `stalled` and were not checked yet (trains them at the
+    settings' `check_seeds`; False: stopped, and None is returned), and choose again, until no
+    contender is left to check. A shape that trains at only some seeds falls back among the others
+    and a shape of the front takes its place, which is checked in turn if it stalled too.
+
+    Why: at the proxy's short warm-up some shapes stall at most seeds and train at a few (after
+    the stall retry); ranked at a lucky seed such a shape can take the knee, and a longer run at
+    that seed keeps the luck. Its 10x run, at the same warm-up fraction, stalls too (on the tiny
+    CPU proxy a shape stalled at 4 seeds of 5 and at 10x, and one seed put it at the knee with a
+    1.56-nat regret; docs/accuracy.md, "Stall checks")."""
+    checked: set[int] = set()
+    while True:
+        chosen = tuple(choose())
+        todo = [n for n in chosen if n not in checked and stalled(n)]
+        if not todo:
+            return chosen
+        if not check(todo):
+            return None
+        checked.update(todo)
 
 
 def contenders(
@@ -266,14 +321,27 @@ def ranking_line(ranking: PromotionRanking) -> str:
     numbers = ", ".join(map(str, ranking.contenders))
     n = len(ranking.contenders)
     promoted = f"the {n} promoted contender{'s' if n != 1 else ''} (trial{'s' if n != 1 else ''} {numbers})"
+    checked = ""
+    if ranking.checked:
+        many = len(ranking.checked) != 1
+        seeds = max(len(m.seeds) for m in ranking.checked.values())
+        checked = (
+            f"; trial{'s' if many else ''} {', '.join(map(str, ranking.checked))}, whose first pass "
+            f"stalled, by {'their' if many else 'its'} mean over {seeds} seeds there (stall checks)"
+        )
+    if not ranking.contenders:
+        return f"ranked at {at_proxy} for every trial, none promoted yet{checked}"
     if ranking.budget is None:
         which = f"at all {ranking.seeds} seeds" if ranking.seeds > 1 else "past the proxy's"
-        return f"ranked at {at_proxy} for every trial: no budget {which} was completed by all of {promoted}"
+        return (
+            f"ranked at {at_proxy} for every trial: no budget {which} was completed by all of {promoted}"
+            f"{checked}"
+        )
     multiple = f" ({ranking.budget / proxy:g}x the proxy)" if proxy else ""
     seeds = f", each the mean of {ranking.seeds} seeds," if ranking.seeds > 1 else ""
     return (
         f"ranked at {ranking.budget:,} tokens{multiple}{seeds} for {promoted}; the other trials "
-        f"estimated there: their value at {at_proxy} plus the contenders' median change"
+        f"estimated there: their value at {at_proxy} plus the contenders' median change{checked}"
     )
 
 

@@ -61,10 +61,12 @@ Every table and key is optional unless marked; unknown tables or keys are errors
     prune = true
     rungs = [0.25, 0.5]    # fractions of the proxy budget where losses are compared
     prune_min_trials = 4   # trials that must reach a rung before any is pruned there
-    promote = { cap = 4, rule = "pasha", margin = "auto", max_contenders = 8, seeds = 1 }
+    promote = { cap = 4, rule = "pasha", margin = "auto", max_contenders = 8, seeds = 1, stall_seeds = 2 }
                            # then train the front's contenders (at most 8, nearest the knee) on
                            # at 2x, 4x the proxy's tokens until their order holds, each at
-                           # `seeds` proxy seeds (their mean ranks them); left out: off
+                           # `seeds` proxy seeds (their mean ranks them); a contender whose
+                           # first pass stalled is first checked at `stall_seeds` more
+                           # seeds; left out: off
 
 Every error is one line: `space.toml: [model].d_model: ...`. A budget no config can meet is not
 an error here; `spec.space.check_feasible()` finds it at search start.
@@ -558,7 +560,8 @@ KEY_DOCS: dict[str, str] = {
     "search.prune_min_trials": "Trials that must reach a rung before it prunes any.",
     "search.promote": (
         "After the trials, train the front's contenders at 2x, 4x, ... the proxy's tokens until "
-        'their ranking holds: { cap = 4, rule = "pasha", margin = "auto", max_contenders = 8, seeds = 1 }. '
+        'their ranking holds: { cap = 4, rule = "pasha", margin = "auto", max_contenders = 8, seeds = 1, '
+        "stall_seeds = 2 }. "
         "cap: the largest multiple, >= 1; rule: pasha (stop once no two contenders swap by more "
         "than the margin) or cap (every rung to the cap, whatever the order); "
         'margin: nats of the loss objective that count as a tie, "auto" = 0.063 (the tiny proxy\'s '
@@ -566,7 +569,10 @@ KEY_DOCS: dict[str, str] = {
         ">= 2, default 8; seeds: proxy seeds each contender is trained at, at every rung, its value "
         "the mean over them (the first pass is the first; the others are [proxy].seed + 1, + 2, ... "
         "and train at the proxy's own budget first), 1 to 64, default 1; seeds = 3 with cap = 1 "
-        "ranks by seed repeats alone, for 2 proxy runs per contender. Needs [proxy].tokens; resumes "
+        "ranks by seed repeats alone, for 2 proxy runs per contender; stall_seeds: with one seed, "
+        "the proxy seeds more at which a contender whose first pass stalled is trained at the "
+        "proxy's budget before any climbs, its value the mean over them (contenders are then chosen "
+        "again), 0 to 63, default 2. Needs [proxy].tokens; resumes "
         'exactly with schedule = "constant" and warmup_tokens. Left out: off.'
     ),
 }

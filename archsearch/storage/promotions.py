@@ -3,6 +3,7 @@ and read back, averaged over their seeds; `Storage`'s promotion methods."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -38,12 +39,13 @@ class PromotionStore(StorageCore):
     is also the claim that keeps two drivers from training it twice."""
 
     def claim_promotion(
-        self, study: str, trial_id: int, budget_tokens: int, lease_s: float, seed: int | None = None
-    ) -> str | None:
+        self, study: str, trial_id: int, budget_tokens: int, lease_s: float, seed: int | None = None,
+        stall_check: bool = False,
+    ) -> str | None:  # fmt: skip
         """Claim trial `trial_id`'s run at `budget_tokens` and proxy `seed` (None: the study's
         `[proxy].seed`, the trial's own) for this storage's driver (`host`), for `lease_s` seconds,
         in one transaction holding the study's row locked: of two drivers racing for it, the first
-        wins.
+        wins. A new row is a stall check (`PromotionRecord.stall_check`) where `stall_check` says so.
 
         Returns:
             None when claimed (a new row, one this driver held, or one whose lease lapsed, taken
@@ -74,7 +76,7 @@ class PromotionStore(StorageCore):
                 s.add(schema.Promotion(
                     study=study, trial_id=trial_id, trial_number=trial.number,
                     budget_tokens=int(budget_tokens), seed=int(seed), status=RUNNING, host=self.host,
-                    claimed_at=now, lease_expires_at=now + lease_s,
+                    claimed_at=now, lease_expires_at=now + lease_s, stall_check=bool(stall_check),
                 ))  # fmt: skip
                 return None
             if row.status != RUNNING:
@@ -172,11 +174,40 @@ class PromotionStore(StorageCore):
 
     def first_passes(self, study: str) -> dict[int, FirstPass | None]:
         """Each complete trial's own run (`FirstPass`), by trial number; None where its loss is
-        missing.
+        missing. A stall-checked trial's is the mean over its seeds at the proxy's budget
+        (`stall_checks`).
 
         Raises:
             UnknownNameError: no study of that name.
         """
+        return self._checked(study, self._own_runs(study), self.promotions(study))[0]
+
+    def stall_checks(self, study: str) -> dict[int, SeedMean]:
+        """The stall-checked trials of `study` (`PromoteSettings.stall_seeds`): each its mean over
+        its own run and its complete stall checks, at the proxy's budget (`checked_means`). By
+        trial number.
+
+        Raises:
+            UnknownNameError: no study of that name.
+        """
+        return self._checked(study, self._own_runs(study), self.promotions(study))[1]
+
+    def _checked(
+        self, study: str, own: dict[int, FirstPass | None], every: Sequence[PromotionRecord]
+    ) -> tuple[dict[int, FirstPass | None], dict[int, SeedMean]]:
+        """(`own` with each stall-checked trial's run replaced by its mean over its seeds, those
+        means (`checked_means`))."""
+        record = self.require_study(study)  # type: ignore[attr-defined]
+        means = checked_means(every, own, record.proxy_seed)
+        first = dict(own)
+        for n, m in means.items():
+            assert m.val_loss is not None  # a check counts only where the trial's own loss is known
+            first[n] = FirstPass(m.val_loss, m.loss_change, m.objective)
+        return first, means
+
+    def _own_runs(self, study: str) -> dict[int, FirstPass | None]:
+        """Each complete trial's own run at the proxy's seed, as stored (`first_passes` before stall
+        checks)."""
         rule = self.require_study(study).loss_rule  # type: ignore[attr-defined]
         trial = schema.Trial
         with self._session(read_only=True) as s:
@@ -198,21 +229,25 @@ class PromotionStore(StorageCore):
         self, study: str, budget_tokens: int, seeds: Sequence[int] | None = None
     ) -> dict[int, SeedMean]:
         """`study`'s trials at `budget_tokens` (`SeedMean`), each the mean over `seeds` (default:
-        the study's proxy seed and every seed its promotions trained at), of those with a complete
-        run at every one of them: a complete promotion, or at the proxy's budget and the study's
-        proxy seed, the trial's own first pass. By trial number.
+        the study's proxy seed and every seed its promotions trained at, stall checks aside), of
+        those with a complete run at every one of them: a complete promotion, or at the proxy's
+        budget and the study's proxy seed, the trial's first pass (`first_passes`); a stall-checked
+        trial's promotion shifted by its check (`check_shifts`). By trial number.
 
         Raises:
             UnknownNameError: no study of that name.
         """
         record = self.require_study(study)  # type: ignore[attr-defined]
         every = self.promotions(study)
-        complete = [p for p in every if p.status == COMPLETE]
+        rungs = [p for p in every if not p.stall_check]
+        complete = [p for p in rungs if p.status == COMPLETE]
         primary = record.proxy_seed
         if seeds is None:
-            seeds = study_seeds(primary, every)
-        first = self.first_passes(study)
-        return seed_means(complete, budget_tokens, seeds, first, primary, record.proxy_tokens)
+            seeds = study_seeds(primary, rungs)
+        own = self._own_runs(study)
+        first, checks = self._checked(study, own, every)
+        shifts = check_shifts(checks, own)
+        return seed_means(complete, budget_tokens, seeds, first, primary, record.proxy_tokens, shifts)
 
     def ranked_objectives(self, study: str) -> dict[int, tuple[float | None, int | None, bool]]:
         """Each complete trial's loss objective as a front ranks it (`PromotionRanking.place`), the
@@ -266,20 +301,25 @@ class PromotionStore(StorageCore):
         every = self.promotions(study)
         if not every:
             return None
-        complete = [p for p in every if p.status == COMPLETE]
-        primary, proxy = record.proxy_seed, record.proxy_tokens
-        seeds = study_seeds(primary, every)
+        own = self._own_runs(study)
+        checked_first, checks = self._checked(study, own, every)
         if first is None:
-            first = self.first_passes(study)
-        budget = ranked_at(every, complete, seeds, first, primary, proxy)
-        means = {} if budget is None else seed_means(complete, budget, seeds, first, primary, proxy)
-        contenders = tuple(sorted({p.trial_number for p in every}))
+            first = checked_first
+        rungs = [p for p in every if not p.stall_check]
+        complete = [p for p in rungs if p.status == COMPLETE]
+        primary, proxy = record.proxy_seed, record.proxy_tokens
+        seeds = study_seeds(primary, rungs)
+        shifts = check_shifts(checks, own)
+        budget = ranked_at(rungs, complete, seeds, first, primary, proxy, shifts)
+        means = {} if budget is None else seed_means(complete, budget, seeds, first, primary, proxy, shifts)
+        contenders = tuple(sorted({p.trial_number for p in rungs}))
         return PromotionRanking(
             contenders=contenders,
             budget=budget,
             proxy_tokens=proxy,
             ranked={n: means[n] for n in contenders if n in means},
             seeds=len(seeds),
+            checked=checks,
         )
 
 
@@ -289,6 +329,58 @@ def study_seeds(primary: int, every: Sequence[PromotionRecord]) -> tuple[int, ..
     return (primary, *sorted({p.seed for p in every} - {primary}))
 
 
+class Shift(NamedTuple):
+    """What a trial's stall check moved its first pass by (`check_shifts`): the mean over its seeds
+    less its own run, in held-out loss, loss objective (None where either is missing) and change."""
+
+    loss: float
+    objective: float | None
+    change: float
+
+
+def checked_means(
+    every: Sequence[PromotionRecord],
+    own: Mapping[int, FirstPass | None],
+    primary: int,
+) -> dict[int, SeedMean]:
+    """The stall-checked trials' first passes: each trial with a complete stall check among `every`
+    (at the proxy's budget), its `SeedMean` over its own run (`own`, at seed `primary`) and every
+    complete check; a check's run that stalled again counts as it ended (the shape does not train
+    at that seed). Trials whose own loss is missing are left out. By trial number."""
+    checks: dict[int, list[PromotionRecord]] = {}
+    for p in every:
+        if p.stall_check and p.status == COMPLETE:
+            checks.setdefault(p.trial_number, []).append(p)
+    out: dict[int, SeedMean] = {}
+    for n, runs in sorted(checks.items()):
+        f = own.get(n)
+        if f is None:
+            continue
+        runs.sort(key=lambda p: p.seed)
+        out[n] = SeedMean(
+            trial_number=n, budget_tokens=runs[0].budget_tokens, seeds=(primary, *(p.seed for p in runs)),
+            val_loss=_mean([f.loss, *(p.val_loss for p in runs)]),
+            objective=_mean([f.objective, *(p.objective for p in runs)]),
+            loss_change=statistics.fmean([f.change, *(curve_change(p.val_curve) for p in runs)]),
+            runs=tuple(runs),
+        )  # fmt: skip
+    return out
+
+
+def check_shifts(checks: Mapping[int, SeedMean], own: Mapping[int, FirstPass | None]) -> dict[int, Shift]:
+    """What each stall-checked trial's check moved its first pass by (`Shift`): a promotion of it,
+    trained at its own seed, is shifted by as much, so the luck of the seed it climbs at is not
+    carried to the longer budget. By trial number."""
+    out: dict[int, Shift] = {}
+    for n, m in checks.items():
+        f = own.get(n)
+        if f is None or m.val_loss is None:
+            continue
+        gap = None if m.objective is None or f.objective is None else m.objective - f.objective
+        out[n] = Shift(m.val_loss - f.loss, gap, m.loss_change - f.change)
+    return out
+
+
 def seed_means(
     complete: Sequence[PromotionRecord],
     budget: int,
@@ -296,12 +388,15 @@ def seed_means(
     first: Mapping[int, FirstPass | None] | None = None,
     primary: int | None = None,
     proxy_tokens: int | None = None,
+    shifts: Mapping[int, Shift] | None = None,
 ) -> dict[int, SeedMean]:
     """Each trial's `SeedMean` at `budget` over `seeds`, of the trials with a run at every one of
     them: a promotion in `complete` at (`budget`, seed), or, where `budget` is `proxy_tokens` and
     the seed `primary`, the trial's first pass (`first`, by trial number). The means are
     `statistics.fmean`'s (a correctly rounded sum: the order of the seeds does not change them);
-    one seed's mean is that run's value exactly. By trial number, ascending."""
+    one seed's mean is that run's value exactly. A stall-checked trial's mean past the proxy's
+    budget is shifted by its check (`shifts`, by trial number; its first pass already holds it).
+    By trial number, ascending."""
     at: dict[int, dict[int, PromotionRecord]] = {}
     for p in complete:
         if p.budget_tokens == budget:
@@ -324,12 +419,21 @@ def seed_means(
             else:
                 break
         else:
-            out[n] = SeedMean(
+            mean = SeedMean(
                 trial_number=n, budget_tokens=budget, seeds=tuple(seeds),
                 val_loss=_mean(v[0] for v in values), objective=_mean(v[1] for v in values),
                 loss_change=statistics.fmean(v[2] for v in values),
                 runs=tuple(runs[s] for s in seeds if s in runs),
             )  # fmt: skip
+            shift = (shifts or {}).get(n)
+            if shift is not None and budget != proxy_tokens:
+                mean = dataclasses.replace(
+                    mean,
+                    val_loss=_plus(mean.val_loss, shift.loss),
+                    objective=_plus(mean.objective, shift.objective),
+                    loss_change=mean.loss_change + shift.change,
+                )
+            out[n] = mean
     return out
 
 
@@ -340,18 +444,23 @@ def ranked_at(
     first: Mapping[int, FirstPass | None] | None = None,
     primary: int | None = None,
     proxy_tokens: int | None = None,
+    shifts: Mapping[int, Shift] | None = None,
 ) -> int | None:
     """The largest budget of the promotions `every` at which every promoted trial (every trial of
     `every`) has a run at each of `seeds` (default: the seeds of `every`), as `seed_means` counts
-    them; None when there is none."""
+    them (`shifts` as it takes them); None when there is none."""
     contenders = {p.trial_number for p in every}
     if seeds is None:
         seeds = sorted({p.seed for p in every})
     for budget in sorted({p.budget_tokens for p in every}, reverse=True):
-        means = seed_means(complete, budget, seeds, first, primary, proxy_tokens)
+        means = seed_means(complete, budget, seeds, first, primary, proxy_tokens, shifts)
         if contenders and contenders <= set(means):
             return budget
     return None
+
+
+def _plus(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a + b
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
@@ -382,5 +491,5 @@ def _record(row: schema.Promotion) -> PromotionRecord:
         budget_tokens=row.budget_tokens, status=row.status, reason=row.reason, val_loss=row.val_loss,
         objective=row.objective, val_curve=curve, wall_time_s=row.wall_time_s, host=row.host,
         claimed_at=row.claimed_at, lease_expires_at=row.lease_expires_at, finished_at=row.finished_at,
-        resumed_tokens=row.resumed_tokens, seed=row.seed,
+        resumed_tokens=row.resumed_tokens, seed=row.seed, stall_check=bool(row.stall_check),
     )  # fmt: skip

@@ -6,7 +6,7 @@ import hashlib
 import math
 import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from archsearch.space.config import ArchConfig
@@ -222,6 +222,9 @@ class PromotionRecord:
     # The proxy seed it trained at: the study's `[proxy].seed` (its trials' own, and that of every
     # promotion stored before seeds were recorded) or a seed repeat's (`PromoteSettings.seed_list`).
     seed: int = 0
+    # A stall check (`PromoteSettings.stall_seeds`): the trial's run at the proxy's budget and
+    # another seed, averaged into its first pass (`SeedMean`), not a rung of its promotion.
+    stall_check: bool = False
 
 
 @dataclass(frozen=True)
@@ -250,7 +253,11 @@ class PromotionRanking:
     at `budget`, the largest budget every one of them completed at every seed, each by its mean
     over those seeds there (`ranked`; one seed: its promotion's values); every other trial placed
     at `budget` too, estimated (`place`); every trial by its first pass at the proxy's tokens when
-    `budget` is None."""
+    `budget` is None.
+
+    A trial that was stall-checked (`checked`: its first pass stalled, and it was trained at more
+    seeds at the proxy's budget) has for first pass the mean over them, and, promoted, its value
+    at `budget` is its own seed's there plus the same shift (`Storage.stall_checks`)."""
 
     contenders: tuple[int, ...]  # the promoted trial numbers
     # Tokens; None: no budget was completed by every contender at every seed (with seed repeats
@@ -259,6 +266,8 @@ class PromotionRanking:
     proxy_tokens: int | None  # the proxy's budget as the study's spec states it; None: not in tokens
     ranked: dict[int, SeedMean]  # contender number -> its value at `budget`, over `seeds` seeds
     seeds: int = 1  # the proxy seeds each contender's value at `budget` is the mean of
+    # The stall-checked trials' first passes: the mean over their seeds at the proxy's budget.
+    checked: Mapping[int, SeedMean] = field(default_factory=dict)
 
     @staticmethod
     def place(

@@ -38,8 +38,9 @@ from sqlalchemy.types import TypeDecorator
 # archsearch_ladder_rungs.batch_size, part of a rung's key (the table is rebuilt on opening, each row's
 # batch read from its stored settings), archsearch_ladder_fits.batch_size; 8: archsearch_ladder_claims;
 # 9: archsearch_promotions; 10: archsearch_promotions.resumed_tokens; 11: archsearch_promotions.seed,
-# part of a promotion's key (the table is rebuilt on opening, each row given its study's proxy seed)
-SCHEMA_VERSION = 11
+# part of a promotion's key (the table is rebuilt on opening, each row given its study's proxy seed);
+# 12: archsearch_promotions.stall_check
+SCHEMA_VERSION = 12
 ADDITIVE_SINCE = 1  # versions 1 .. SCHEMA_VERSION - 1 differ from this one only by missing tables
 # ... and by these nullable columns, added to existing tables on opening: (table, column).
 ADDED_COLUMNS = (
@@ -48,6 +49,7 @@ ADDED_COLUMNS = (
     ("archsearch_trials", "loss_change"),
     ("archsearch_ladder_fits", "batch_size"),
     ("archsearch_promotions", "resumed_tokens"),
+    ("archsearch_promotions", "stall_check"),
 )
 LOSS_CHANGE_SINCE = 6  # a database older than this gets loss_change from its curves when opened
 LADDER_BATCH_SINCE = 7  # ... and its ladder rungs' table rebuilt with their batch sizes
@@ -361,6 +363,9 @@ class Promotion(Base):
     # Tokens the run took over from a kept state (0: trained from step 0); NULL: not known (a
     # promotion stored before schema version 10).
     resumed_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    # True: a stall check (at the proxy's budget, another seed, of a contender whose first pass
+    # stalled: `promotion.PromoteSettings.stall_seeds`); NULL or False: a rung or a seed repeat.
+    stall_check: Mapped[bool | None] = mapped_column(Boolean)
     host: Mapped[str] = mapped_column(String(256))  # host:pid of the driver that holds or held it
     claimed_at: Mapped[float] = mapped_column(Real)
     lease_expires_at: Mapped[float | None] = mapped_column(Real)  # while running; renewed

@@ -109,3 +109,5 @@ def test_while_promotion_runs_the_line_counts_promotions_with_their_eta():
     ]
     text = _drawn([search, PromotionProgress(search, 1, 1, 4, 4096, 300.0)], lambda: 0.0)
     assert re.search(r"search .*; promotions 1/4 done, 1 running at 4,096 tokens.* ETA 0:05:00", text), text
+    checks = PromotionProgress(search, 0, 2, 6, 2048, 100.0, checking=True)
+    assert checks.promotion_line == "promotions 0/6 done, 2 running at 2,048 tokens (stall checks)"

@@ -15,6 +15,7 @@ import pytest
 from archsearch.evaluators.trainer import train
 from archsearch.search import promote_run, worker
 from archsearch.search.driver import SearchOptions, run_search
+from archsearch.search.pareto import study_front
 from archsearch.search.pool import RayPool
 from archsearch.search.validate import long_run
 from archsearch.search.worker import kept_state_path, stall_retry, worker_dataset
@@ -42,10 +43,10 @@ def test_contenders_resume_to_the_loss_of_one_longer_run_and_are_stored_once(db,
     kept_before: dict[int, bool] = {}  # each contender's first-pass state, there when promotion starts
     promote = promote_run._Promoter._train
 
-    def seeing_kept_states(self, todo, budget):
+    def seeing_kept_states(self, todo, budget, *check):
         for n, seed in todo:  # (trial number, seed): one seed here, the first pass's
             kept_before.setdefault(n, self.kept_state(self.records[n], seed).exists())
-        return promote(self, todo, budget)
+        return promote(self, todo, budget, *check)
 
     monkeypatch.setattr(promote_run._Promoter, "_train", seeing_kept_states)
     summary = run_search(spec, db, SearchOptions(study="s", trials=4, workers=2))
@@ -88,10 +89,10 @@ def test_a_contender_whose_kept_state_is_gone_trains_from_step_0_and_is_counted_
     spec = tiny_spec(proxy=FREE, search=SEARCH.format(cap=2, margin=1.0))
     promote = promote_run._Promoter._train
 
-    def losing_kept_states(self, todo, budget):
+    def losing_kept_states(self, todo, budget, *check):
         for n, seed in todo:  # as on another machine, or after the cache was cleared
             self.kept_state(self.records[n], seed).unlink(missing_ok=True)
-        return promote(self, todo, budget)
+        return promote(self, todo, budget, *check)
 
     monkeypatch.setattr(promote_run._Promoter, "_train", losing_kept_states)
     promotion = run_search(spec, db, SearchOptions(study="s", trials=3, workers=2)).promotion
@@ -242,10 +243,10 @@ def test_a_seed_repeat_resumes_from_its_own_seeds_state(db, monkeypatch):
     promote = promote_run._Promoter._train
     kept_before: dict[tuple[int, int, int], bool] = {}
 
-    def seeing_kept_states(self, todo, budget):
+    def seeing_kept_states(self, todo, budget, *check):
         for n, seed in todo:
             kept_before[(n, budget, seed)] = self.kept_state(self.records[n], seed).exists()
-        return promote(self, todo, budget)
+        return promote(self, todo, budget, *check)
 
     monkeypatch.setattr(promote_run._Promoter, "_train", seeing_kept_states)
     promotion = run_search(spec, db, SearchOptions(study="s", trials=3, workers=2)).promotion
@@ -369,3 +370,37 @@ def test_a_seed_repeat_that_stalls_is_retried_and_its_longer_rungs_train_as_the_
     created = db.require_study("s").created_at
     stalled = dataclasses.replace(spec.proxy, seed=4)
     assert not kept_state_path("s", created, n, cfg, stalled, None).exists()
+
+
+@pytest.mark.long
+def test_a_contender_whose_first_pass_stalled_is_checked_at_another_seed_and_ranked_by_its_mean(db):
+    """stall_seeds = 1: a contender whose first pass stalled is trained at the next seed at the
+    proxy's budget before any rung (a stall check, under the stall rule as a trial: it stalls and
+    is retried too), its first pass then the mean over both seeds, and it climbs at its own seed
+    from step 0 at the retry's settings, shifted by what its check moved it."""
+    search = "trials = 2\nprune = false\nseed = 3\npromote = { cap = 2, margin = 1.0, stall_seeds = 1 }"
+    spec = tiny_spec(model=ONE_LAYER, proxy=STALLING, search=search)
+    promotion = run_search(spec, db, SearchOptions(study="s", trials=2, workers=2)).promotion
+    assert promotion is not None and promotion.budgets == (204_800,)
+    assert promotion.checked == promotion.contenders  # every trial stalled, and every one contends
+    stored = {(p.trial_number, p.budget_tokens, p.seed): p for p in db.promotions("s")}
+    assert sorted(stored) == sorted(
+        (n, b, seed) for n in promotion.contenders for b, seed in ((102_400, 4), (204_800, 3))
+    )
+    for n in promotion.contenders:
+        check, longer = stored[(n, 102_400, 4)], stored[(n, 204_800, 3)]
+        assert check.stall_check and check.reason.startswith(worker.STALLED) and check.resumed_tokens == 0
+        assert not longer.stall_check and longer.resumed_tokens == 0
+    ranking = db.promotion_ranking("s")
+    assert ranking.checked.keys() == set(promotion.contenders) and ranking.budget == 204_800
+    first = {r.number: r["loss"] for r in db.trials("s", "complete")}
+    for n in promotion.contenders:
+        mean = (first[n] + stored[(n, 102_400, 4)].val_loss) / 2
+        assert ranking.checked[n].val_loss == pytest.approx(mean)
+        assert ranking.ranked[n].val_loss == pytest.approx(stored[(n, 204_800, 3)].val_loss + mean - first[n])
+    said = study_front(db, "s").to_dict()["ranking"]  # `pareto --json`'s entry
+    assert said["stall_checked"] == {str(n): [3, 4] for n in promotion.contenders}
+    # A resume trains nothing again.
+    again = run_search(spec, db, SearchOptions(study="s", trials=2, resume=True))
+    assert again.promotion is not None and again.promotion.checked == promotion.checked
+    assert {(p.trial_number, p.budget_tokens, p.seed): p for p in db.promotions("s")} == stored

@@ -19,8 +19,9 @@ from archsearch.search.promotion import (
     promotion_tokens,
     ranking_line,
     spent_tokens,
+    stall_checked,
 )
-from archsearch.storage import PromotionRanking, PromotionRecord
+from archsearch.storage import PromotionRanking, PromotionRecord, SeedMean
 from archsearch.trial import STALLED
 
 OBJECTIVES = ("loss", "flops")
@@ -137,6 +138,10 @@ def test_auto_margin_is_the_documented_seed_noise():
         (dict(seeds="3"), "seeds: must be a whole number from 1 to 64"),
         (dict(seeds=True), "seeds: must be a whole number from 1 to 64"),
         (dict(seeds=65), "seeds: must be a whole number from 1 to 64"),
+        (dict(stall_seeds=-1), "stall_seeds: must be a whole number from 0 to 63"),
+        (dict(stall_seeds=2.0), "stall_seeds: must be a whole number from 0 to 63"),
+        (dict(stall_seeds=False), "stall_seeds: must be a whole number from 0 to 63"),
+        (dict(stall_seeds=64), "stall_seeds: must be a whole number from 0 to 63"),
     ],
 )
 def test_bad_settings_are_refused(settings, match):
@@ -167,6 +172,47 @@ def test_the_ranking_line_says_the_budget_and_how_the_rest_are_placed():
         "ranked at the proxy's 2,048 tokens for every trial: no budget at all 3 seeds was completed by "
         "all of the 1 promoted contender (trial 7)"
     )
+
+
+def test_the_ranking_line_names_the_stall_checked_trials():
+    mean = SeedMean(trial_number=4, budget_tokens=2048, seeds=(0, 1, 2), val_loss=2.5, objective=2.5,
+                    loss_change=0.0, runs=())  # fmt: skip
+    checked = PromotionRanking((2, 5), budget=8192, proxy_tokens=2048, ranked={}, checked={4: mean})
+    assert ranking_line(checked).endswith(
+        "median change; trial 4, whose first pass stalled, by its mean over 3 seeds there (stall checks)"
+    )
+    only = PromotionRanking(contenders=(), budget=None, proxy_tokens=2048, ranked={}, checked={4: mean})
+    assert ranking_line(only) == (
+        "ranked at the proxy's 2,048 tokens for every trial, none promoted yet; trial 4, whose first pass "
+        "stalled, by its mean over 3 seeds there (stall checks)"
+    )
+
+
+def test_stall_checks_train_contenders_that_stalled_once_and_choose_again_until_none_is_left():
+    values = {0: 1.0, 1: 1.5, 2: 1.6, 3: 1.7}  # trial 0 stalled, then trained at its one lucky seed
+    stalled, checked = {0, 2}, []
+
+    def choose():  # the two best, as `contenders` would give them
+        return sorted(sorted(values, key=values.get)[:2])
+
+    def check(numbers):
+        checked.append(tuple(numbers))
+        values.update({n: 3.0 for n in numbers if n == 0})  # it stalls at the other seeds
+        return True
+
+    assert stall_checked(choose, stalled.__contains__, check) == (1, 2)  # trial 2 checked in turn
+    assert checked == [(0,), (2,)]
+    values[0] = 1.0
+    assert stall_checked(choose, stalled.__contains__, lambda numbers: False) is None  # stopped
+    assert stall_checked(choose, lambda n: False, check) == (0, 1)  # nothing stalled: nothing checked
+
+
+def test_stall_checks_take_the_seeds_after_the_first_pass_and_none_with_seed_repeats():
+    assert PromoteSettings().stall_seeds == 2 and PromoteSettings().check_seeds(5) == (6, 7)
+    assert PromoteSettings(stall_seeds=0).check_seeds(5) == ()
+    assert PromoteSettings(seeds=3).check_seeds(5) == ()  # every contender is averaged over seeds already
+    assert PromoteSettings(stall_seeds=1).check_seeds(2**32 - 1) == (0,)
+    assert PromoteSettings(stall_seeds=1).to_dict()["stall_seeds"] == 1
 
 
 def test_promotion_tokens_count_what_each_run_trained():

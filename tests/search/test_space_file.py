@@ -132,13 +132,19 @@ SEEDS += "trained at)"
         ("{ margin = -0.1 }", '[search].promote.margin: must be "auto" or a number of nats >= 0, got -0.1'),
         (
             "{ caps = 4 }",
-            "[search].promote.caps: unknown key; valid: cap, rule, margin, max_contenders, seeds",
+            "[search].promote.caps: unknown key; valid: cap, rule, margin, max_contenders, seeds, "
+            "stall_seeds",
         ),
         ("{ max_contenders = 1 }", f"{MOST}, got 1"),
         ("{ max_contenders = 4.5 }", f"{MOST}, got 4.5"),
         ("{ seeds = 0 }", f"{SEEDS}, got 0"),
         ("{ seeds = 1.5 }", f"{SEEDS}, got 1.5"),
         ('{ seeds = "x" }', f"{SEEDS}, got 'x'"),
+        (
+            "{ stall_seeds = -1 }",
+            "[search].promote.stall_seeds: must be a whole number from 0 to 63 (the proxy seeds more a "
+            "contender whose first pass stalled is checked at), got -1",
+        ),
     ],
     ids=[
         "cap-below-1",
@@ -152,6 +158,7 @@ SEEDS += "trained at)"
         "no-seeds",
         "fractional-seeds",
         "seeds-text",
+        "negative-stall-seeds",
     ],
 )
 def test_a_bad_promotion_setting_is_refused_in_one_line(tmp_path, monkeypatch, command, promote, message):

@@ -177,8 +177,8 @@ def _seeded_trial(db: Storage, number: int, loss: float) -> int:
     return slot
 
 
-def _finish(db: Storage, trial: int, budget: int, seed: int, loss: float) -> None:
-    assert db.claim_promotion("t", trial, budget, lease_s=60, seed=seed) is None
+def _finish(db: Storage, trial: int, budget: int, seed: int, loss: float, stall_check: bool = False) -> None:
+    assert db.claim_promotion("t", trial, budget, lease_s=60, seed=seed, stall_check=stall_check) is None
     curve = [(budget // 2, loss + 0.2), (budget, loss)]
     row = db.promotion_id(trial, budget, seed)
     db.finish_promotion(row, status="complete", val_loss=loss, objective=loss, val_curve=curve)
@@ -248,6 +248,53 @@ def test_seed_repeats_rank_each_contender_by_its_mean_with_the_first_pass_as_its
     assert storage.seed_means("t", 2000, (3,)).keys() == {0, 1}  # one seed: each its own promotion
     assert storage.seed_means("t", 2000, (3,))[1].objective == 1.5
     assert storage.seed_means("t", 1000, (3,)).keys() == {0, 1, 2}  # the first passes, at their budget
+
+
+def test_a_stall_checked_trial_ranks_by_its_mean_over_seeds_and_climbs_shifted_by_it(storage):
+    storage.create_study("t", **SEEDED)
+    a, b, c = _seeded_trial(storage, 0, 2.0), _seeded_trial(storage, 1, 2.2), _seeded_trial(storage, 2, 2.4)
+    # Trial 0 trained at its seed only on its stall retry (2.0); checked at seeds 4 and 5 it
+    # stalls at both (3.1), and no longer contends. Trial 2's checks train (2.1, 2.1): it climbs.
+    for trial, loss in ((a, 3.1), (c, 2.1)):
+        for seed in (4, 5):
+            _finish(storage, trial, 1000, seed, loss, stall_check=True)
+    _finish(storage, b, 2000, 3, 1.8)
+    _finish(storage, c, 2000, 3, 1.9)
+    mean_a, mean_c = (2.0 + 3.1 + 3.1) / 3, (2.4 + 2.1 + 2.1) / 3
+    first = storage.first_passes("t")
+    assert {n: f.objective for n, f in first.items()} == {
+        0: pytest.approx(mean_a), 1: 2.2, 2: pytest.approx(mean_c)
+    }  # fmt: skip
+    assert first[0].change == pytest.approx(-0.4 / 3)  # the checks' curves fall 0.2 at the end
+    ranking = storage.promotion_ranking("t")
+    assert (ranking.contenders, ranking.budget, ranking.seeds) == ((1, 2), 2000, 1)  # checks: no seeds
+    assert {n: m.seeds for n, m in ranking.checked.items()} == {0: (3, 4, 5), 2: (3, 4, 5)}
+    # Trial 2 climbed at its own seed, 0.1 above its mean at the proxy's budget: its 1.9 counts as 1.8.
+    assert ranking.ranked[2].objective == pytest.approx(1.9 + mean_c - 2.4)
+    assert ranking.ranked[2].loss_change == pytest.approx(-0.2 + (-0.4 / 3))
+    assert storage.seed_means("t", 2000)[2].objective == pytest.approx(1.9 + mean_c - 2.4)
+    # Trial 0 is placed from its mean by the contenders' median change (-0.4 and -0.3).
+    shift = ((1.8 - 2.2) + (1.9 - 2.4)) / 2
+    assert storage.ranked_objectives("t") == {
+        0: (pytest.approx(mean_a + shift), 2000, True), 1: (1.8, 2000, False),
+        2: (pytest.approx(1.9 + mean_c - 2.4), 2000, False),
+    }  # fmt: skip
+    assert [p.stall_check for p in storage.promotions("t")] == [True, True, False, True, True, False]
+
+
+def test_a_version_11_database_gains_the_stall_check_column_and_reads_it_as_no_check(backend_url):
+    with Storage.open(backend_url) as st:
+        st.create_study("t", **SEEDED)
+        trial = _seeded_trial(st, 0, 2.0)
+        _finish(st, trial, 2000, 3, 1.5)
+    _as_version(backend_url, 11, "ALTER TABLE archsearch_promotions DROP COLUMN stall_check")
+    with Storage.open(backend_url) as st:
+        assert [p.stall_check for p in st.promotions("t")] == [False]
+        assert st.promotion_ranking("t").budget == 2000
+    engine = create_engine(backend_url)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT value FROM archsearch_meta")).scalar_one() == str(SCHEMA_VERSION)
+    engine.dispose()
 
 
 def test_a_version_10_database_gives_its_promotions_their_studys_proxy_seed(backend_url):
