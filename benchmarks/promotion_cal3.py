@@ -12,8 +12,9 @@ the retry's settings), so a rung's loss is the one a promotion of that shape tra
 line per rung in `data/promotion_cal3.jsonl`, written as each finishes (the last line of a key
 stands); a rerun trains nothing recorded.
 
-It then replays promotion on them (`promotion.contenders` and `promotion.climb`, as `promote_run`
-runs them; the other shapes placed by `PromotionRanking.place`) for each `[search] promote`
+It then replays promotion on them (`promotion.contenders`, `promotion.stall_checked` and
+`promotion.climb`, as `promote_run` runs them, a stall check at seed s being that shape's first
+pass at seed s; the other shapes placed by `PromotionRanking.place`) for each `[search] promote`
 setting in `PLANS`, one study per block and proxy seed, and scores each front against the blocks'
 10x references (seed 0, cosine, `fidelity_cal3.json`): front recall, the knee's regret against the
 references' seed noise, and the tokens trained against every shape at 10x. Where a replay needs a
