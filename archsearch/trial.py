@@ -41,6 +41,12 @@ OUTCOMES = FINISHED  # what one evaluation ends in (the trainer's run, the worke
 STALLED = "stalled at the unigram loss"
 
 
+def retried_for_stalling(reason: str | None) -> bool:
+    """Whether a run's stored reason says it stalled and was trained again (`STALLED`): its result
+    is the retry's, at the retry's settings."""
+    return (reason or "").startswith(STALLED)
+
+
 def check_state(state: str, allowed: Mapping[str, Any] | tuple[str, ...] = tuple(STATES)) -> str:
     """`state`, if `allowed` holds it.
 

@@ -49,7 +49,7 @@ from archsearch.search.promotion import PromoteSettings, climb, contenders, prom
 from archsearch.search.spec import load_spec
 from archsearch.space.objectives import curve_change
 from archsearch.storage import PromotionRanking
-from archsearch.trial import STALLED
+from archsearch.trial import retried_for_stalling
 
 HERE = Path(__file__).resolve().parent
 SET = HERE / "data" / "fidelity_cal3.json"
@@ -134,7 +134,7 @@ def chain(job: Chain) -> list[dict[str, Any]]:
     from archsearch.search.worker import stall_retry
 
     first = next((r for r in job.records if r["multiple"] == 1.0), None)
-    retried = first is not None and (first["reason"] or "").startswith(STALLED)
+    retried = first is not None and retried_for_stalling(first["reason"])
     rows, multiple = [], 1.0
     while multiple <= job.upto:
         k = key(job.block, job.shape["trial"], job.seed, multiple)
@@ -147,7 +147,7 @@ def chain(job: Chain) -> list[dict[str, Any]]:
             else:
                 request.update(settings=settings, checkpoint=str(job.state), keep=True, stall=multiple == 1.0)
             r = long_run(request)
-            retried = retried or (r["reason"] or "").startswith(STALLED)
+            retried = retried or retried_for_stalling(r["reason"])
             row = {
                 "key": k,
                 "block": job.block,
@@ -260,7 +260,7 @@ def replay(block: str, seed: int, settings: PromoteSettings, records: dict[str, 
     flops = np.array([s["flops_forward_per_token"] for s in shapes])
     target = np.array([next(r["val_loss"] for r in s["references"] if r["seed"] == 0) for s in shapes])
     numbers = list(range(len(shapes)))
-    retried = [(run(i, seed, 1.0)["reason"] or "").startswith(STALLED) for i in numbers]
+    retried = [retried_for_stalling(run(i, seed, 1.0)["reason"]) for i in numbers]
     value, checks = first.copy(), settings.check_seeds(seed)
     checked: list[int] = []
 
@@ -303,7 +303,7 @@ def replay(block: str, seed: int, settings: PromoteSettings, records: dict[str, 
     budgets = {i: list(done.budgets) for i in chosen}
     spent = promotion_tokens(PROXY_TOKENS, budgets, {i: not retried[i] for i in chosen})
     first_pass = round((len(shapes) + sum(retried) / 2) * PROXY_TOKENS)
-    stalled = [(run(i, s, 1.0)["reason"] or "").startswith(STALLED) for i in checked for s in checks]
+    stalled = [retried_for_stalling(run(i, s, 1.0)["reason"]) for i in checked for s in checks]
     check_tokens = PROXY_TOKENS * (len(stalled) + sum(stalled))
     return Outcome(
         fs.front_recall(ranked, target, flops), fs.knee_regret(ranked, target, flops),

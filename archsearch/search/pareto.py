@@ -354,10 +354,10 @@ def _ranked(
     values, params, changes = table[:, :-2], table[:, -2], table[:, -1]
     changes = np.where(np.isnan(changes), 0.0, changes)  # rows from before the change was stored
     if "loss" in names:
-        checks = storage.stall_checks(study)
+        column, checks = names.index("loss"), storage.stall_checks(study)
         for i, number in enumerate(numbers):
             if (m := checks.get(number)) is not None and m.val_loss is not None:
-                values[i, names.index("loss")], changes[i] = m.val_loss, m.loss_change
+                values[i, column], changes[i] = m.val_loss, m.loss_change
     keep = ~np.isnan(values).any(axis=1)
     if loss == "adjusted":
         keep &= np.isfinite(values[:, 0]) & (params > 0)

@@ -52,7 +52,7 @@ from archsearch.search.validate import long_run
 from archsearch.search.worker import kept_state_path, stall_retry
 from archsearch.space.costs import param_counts
 from archsearch.space.objectives import curve_change
-from archsearch.trial import COMPLETE, FAILED, INTERRUPTED, PRUNED, RUNNING, STALLED
+from archsearch.trial import COMPLETE, FAILED, INTERRUPTED, PRUNED, RUNNING, retried_for_stalling
 from archsearch.units import whole
 
 if TYPE_CHECKING:
@@ -138,7 +138,7 @@ def trial_settings(spec: SearchSpec, record: TrialRecord | PromotionRecord) -> T
     """The settings a trial's final run trained with: the proxy's, or the stall retry's where the
     trial was trained again for stalling (its reason says so); so too for a seed repeat's
     promotion at the proxy's budget, at the proxy's seed (the caller sets its own)."""
-    return stall_retry(spec.proxy) if (record.reason or "").startswith(STALLED) else spec.proxy
+    return stall_retry(spec.proxy) if retried_for_stalling(record.reason) else spec.proxy
 
 
 class _Promoter:
@@ -230,7 +230,7 @@ class _Promoter:
             return chosen
 
         def stalled(number: int) -> bool:
-            return bool(self.check_seeds) and (self.records[number].reason or "").startswith(STALLED)
+            return bool(self.check_seeds) and retried_for_stalling(self.records[number].reason)
 
         def check(numbers: Sequence[int]) -> bool:
             self.checking.extend(numbers)

@@ -42,7 +42,7 @@ import numpy as np
 from archsearch.errors import ArchsearchError
 from archsearch.registry import Registry
 from archsearch.search.pareto import knee_index, pareto_mask, scaled
-from archsearch.trial import INTERRUPTED, STALLED
+from archsearch.trial import INTERRUPTED, retried_for_stalling
 from archsearch.units import SEED_MAX
 
 if TYPE_CHECKING:
@@ -95,6 +95,11 @@ RULES: Registry[Callable[[Mapping[int, float], Mapping[int, float], float], bool
 )
 RULES.register("pasha", order_holds)
 RULES.register("cap", to_the_cap)
+
+
+def _consecutive(primary: int, offsets: range) -> tuple[int, ...]:
+    """The proxy seeds `primary` + each of `offsets`, wrapping past SEED_MAX to 0."""
+    return tuple((primary + i) % (SEED_MAX + 1) for i in offsets)
 
 
 @dataclass(frozen=True)
@@ -184,15 +189,13 @@ class PromoteSettings:
         """The proxy seeds each contender is trained at, the first pass's (`primary`, the study's
         `[proxy].seed`) first: primary, primary + 1, ..., `seeds` of them, wrapping past SEED_MAX
         to 0 (consecutive seeds, so a seed repeat is the trial a study at that proxy seed trains)."""
-        return tuple((primary + i) % (SEED_MAX + 1) for i in range(self.seeds))
+        return _consecutive(primary, range(self.seeds))
 
     def check_seeds(self, primary: int) -> tuple[int, ...]:
         """The proxy seeds a stall check trains a contender at (`stall_checked`): primary + 1, ...,
         `stall_seeds` of them, as `seed_list` counts on; none with seed repeats (`seeds` > 1),
         which train every contender at several seeds already."""
-        if self.seeds > 1:
-            return ()
-        return tuple((primary + i) % (SEED_MAX + 1) for i in range(1, self.stall_seeds + 1))
+        return () if self.seeds > 1 else _consecutive(primary, range(1, self.stall_seeds + 1))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -390,6 +393,6 @@ def spent_tokens(
             budgets.setdefault(p.trial_number, []).append(p.budget_tokens)
     planned = promotion_tokens(proxy_tokens, budgets, resumable)
     tokens = sum(p.budget_tokens - int(p.resumed_tokens or 0) for p in known) + planned
-    tokens += sum(p.budget_tokens for p in complete if (p.reason or "").startswith(STALLED))
+    tokens += sum(p.budget_tokens for p in complete if retried_for_stalling(p.reason))
     resumed = sum(1 for p in known if p.resumed_tokens)
     return Spent(tokens, resumed, len(known) - resumed, len(complete) - len(known))

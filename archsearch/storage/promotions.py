@@ -180,30 +180,22 @@ class PromotionStore(StorageCore):
         Raises:
             UnknownNameError: no study of that name.
         """
-        return self._checked(study, self._own_runs(study), self.promotions(study))[0]
+        record = self.require_study(study)  # type: ignore[attr-defined]
+        return with_checks(self._own_runs(study), self.promotions(study), record.proxy_seed)[0]
 
     def stall_checks(self, study: str) -> dict[int, SeedMean]:
         """The stall-checked trials of `study` (`PromoteSettings.stall_seeds`): each its mean over
         its own run and its complete stall checks, at the proxy's budget (`checked_means`). By
-        trial number.
+        trial number; the trials' own runs are read only where the study has checks.
 
         Raises:
             UnknownNameError: no study of that name.
         """
-        return self._checked(study, self._own_runs(study), self.promotions(study))[1]
-
-    def _checked(
-        self, study: str, own: dict[int, FirstPass | None], every: Sequence[PromotionRecord]
-    ) -> tuple[dict[int, FirstPass | None], dict[int, SeedMean]]:
-        """(`own` with each stall-checked trial's run replaced by its mean over its seeds, those
-        means (`checked_means`))."""
         record = self.require_study(study)  # type: ignore[attr-defined]
-        means = checked_means(every, own, record.proxy_seed)
-        first = dict(own)
-        for n, m in means.items():
-            assert m.val_loss is not None  # a check counts only where the trial's own loss is known
-            first[n] = FirstPass(m.val_loss, m.loss_change, m.objective)
-        return first, means
+        every = self.promotions(study)
+        if not any(p.stall_check for p in every):
+            return {}
+        return checked_means(every, self._own_runs(study), record.proxy_seed)
 
     def _own_runs(self, study: str) -> dict[int, FirstPass | None]:
         """Each complete trial's own run at the proxy's seed, as stored (`first_passes` before stall
@@ -245,7 +237,7 @@ class PromotionStore(StorageCore):
         if seeds is None:
             seeds = study_seeds(primary, rungs)
         own = self._own_runs(study)
-        first, checks = self._checked(study, own, every)
+        first, checks = with_checks(own, every, primary)
         shifts = check_shifts(checks, own)
         return seed_means(complete, budget_tokens, seeds, first, primary, record.proxy_tokens, shifts)
 
@@ -260,7 +252,7 @@ class PromotionStore(StorageCore):
         Raises:
             UnknownNameError: no study of that name.
         """
-        passes = self.first_passes(study)  # first: a trial finishing meanwhile has its tokens below
+        own = self._own_runs(study)  # first: a trial finishing meanwhile has its tokens below
         trial = schema.Trial
         with self._session(read_only=True) as s:
             rows = s.execute(
@@ -269,8 +261,11 @@ class PromotionStore(StorageCore):
                 )
             ).all()
         tokens: dict[int, int | None] = dict(rows)  # type: ignore[arg-type]
+        every = self.promotions(study)
+        primary = self.require_study(study).proxy_seed  # type: ignore[attr-defined]
+        passes, _ = with_checks(own, every, primary)
         first = {n: None if f is None else f.objective for n, f in passes.items()}
-        ranking = self._ranking(study, passes)  # the same first passes: one read, one snapshot
+        ranking = self._ranking(study, own, every)  # the same reads: one snapshot
         if ranking is None or ranking.budget is None:
             return {n: (v, tokens[n], False) for n, v in first.items()}
         promoted = {n: p.objective for n, p in ranking.ranked.items() if n in first}
@@ -292,19 +287,23 @@ class PromotionStore(StorageCore):
         Raises:
             UnknownNameError: no study of that name.
         """
-        return self._ranking(study, None)
+        return self._ranking(study)
 
-    def _ranking(self, study: str, first: Mapping[int, FirstPass | None] | None) -> PromotionRanking | None:
-        """`promotion_ranking`, over the study's first passes `first` where the caller has read
-        them (None: read here, only once the study is known to have promotions)."""
+    def _ranking(
+        self,
+        study: str,
+        own: Mapping[int, FirstPass | None] | None = None,
+        every: Sequence[PromotionRecord] | None = None,
+    ) -> PromotionRanking | None:
+        """`promotion_ranking`, over the trials' own runs `own` and the promotions `every` where the
+        caller has read them (None: read here; the runs only once the study is known to have
+        promotions)."""
         record = self.require_study(study)  # type: ignore[attr-defined]
-        every = self.promotions(study)
+        every = self.promotions(study) if every is None else every
         if not every:
             return None
-        own = self._own_runs(study)
-        checked_first, checks = self._checked(study, own, every)
-        if first is None:
-            first = checked_first
+        own = self._own_runs(study) if own is None else own
+        first, checks = with_checks(own, every, record.proxy_seed)
         rungs = [p for p in every if not p.stall_check]
         complete = [p for p in rungs if p.status == COMPLETE]
         primary, proxy = record.proxy_seed, record.proxy_tokens
@@ -365,6 +364,19 @@ def checked_means(
             runs=tuple(runs),
         )  # fmt: skip
     return out
+
+
+def with_checks(
+    own: Mapping[int, FirstPass | None], every: Sequence[PromotionRecord], primary: int
+) -> tuple[dict[int, FirstPass | None], dict[int, SeedMean]]:
+    """(the trials' first passes: `own`, each stall-checked trial's run replaced by its mean over
+    its seeds; those means, `checked_means`)."""
+    means = checked_means(every, own, primary)
+    first = dict(own)
+    for n, m in means.items():
+        assert m.val_loss is not None  # a check counts only where the trial's own loss is known
+        first[n] = FirstPass(m.val_loss, m.loss_change, m.objective)
+    return first, means
 
 
 def check_shifts(checks: Mapping[int, SeedMean], own: Mapping[int, FirstPass | None]) -> dict[int, Shift]:
